@@ -1,0 +1,191 @@
+"""Collections: their registry row, naming rules, metrics and the DDL of their tables.
+
+Each collection is a table of its own (``c<id>_<name>``), with an HNSW index on ``embedding``, a GIN
+index on ``metadata`` and a unique ``external_id``. A collection made with ``partitions > 1`` is
+hash-partitioned on ``external_id``: every partition has its own HNSW index, so maintenance can
+vacuum or rebuild one partition at a time and the extra space of a rebuild stays bounded.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from psycopg import sql
+
+from memstore.errors import InvalidInputError
+
+NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
+# pgvector indexes `vector` columns of at most 2,000 dimensions with HNSW.
+HNSW_MAX_DIMENSIONS = 2000
+MAX_PARTITIONS = 256
+
+Metric = Literal["cosine", "l2", "inner_product"]
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    operator: str  # pgvector's distance operator
+    opclass: str  # the HNSW operator class
+    # score = sign * distance + offset: "higher is more similar" for every metric.
+    score_sign: float
+    score_offset: float
+
+
+METRICS: dict[str, MetricSpec] = {
+    # cosine distance is 1 - cosine similarity; the score is the similarity.
+    "cosine": MetricSpec("<=>", "vector_cosine_ops", -1.0, 1.0),
+    # Euclidean distance; the score is its negation.
+    "l2": MetricSpec("<->", "vector_l2_ops", -1.0, 0.0),
+    # pgvector's <#> is the negative inner product; the score is the inner product.
+    "inner_product": MetricSpec("<#>", "vector_ip_ops", -1.0, 0.0),
+}
+
+
+@dataclass(frozen=True)
+class Collection:
+    id: int
+    name: str
+    table_name: str
+    dimensions: int
+    metric: Metric
+    hnsw_m: int
+    hnsw_ef_construction: int
+    default_ef_search: int
+    partitions: int
+    model: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    created_at: datetime | None = None
+
+    @property
+    def spec(self) -> MetricSpec:
+        return METRICS[self.metric]
+
+    @property
+    def table(self) -> sql.Identifier:
+        return sql.Identifier(self.table_name)
+
+    @property
+    def index_name(self) -> str:
+        return f"{self.table_name}_hnsw"
+
+    def partition_tables(self) -> list[str]:
+        """The tables that hold rows: the table itself, or each of its partitions."""
+        if self.partitions == 1:
+            return [self.table_name]
+        return [partition_table_name(self.table_name, i) for i in range(self.partitions)]
+
+    def score(self, distance: float) -> float:
+        return self.spec.score_sign * distance + self.spec.score_offset
+
+
+def partition_table_name(table_name: str, index: int) -> str:
+    return f"{table_name}_p{index}"
+
+
+def validate_name(name: object) -> str:
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+        raise InvalidInputError(
+            f"invalid collection name {name!r}: use 1 to 48 characters, lowercase letters, digits and "
+            "underscores, starting with a letter"
+        )
+    return name
+
+
+def validate_collection_params(
+    *, dimensions: int, metric: str, hnsw_m: int, hnsw_ef_construction: int, ef_search: int, partitions: int
+) -> None:
+    if not isinstance(dimensions, int) or isinstance(dimensions, bool) or dimensions < 1:
+        raise InvalidInputError(f"dimensions must be a positive integer, not {dimensions!r}")
+    if dimensions > HNSW_MAX_DIMENSIONS:
+        raise InvalidInputError(
+            f"dimensions {dimensions} is over pgvector's HNSW limit of {HNSW_MAX_DIMENSIONS} for vector columns"
+        )
+    if metric not in METRICS:
+        raise InvalidInputError(f"metric must be one of {', '.join(METRICS)}, not {metric!r}")
+    if not 2 <= hnsw_m <= 100:
+        raise InvalidInputError(f"hnsw_m must be between 2 and 100, not {hnsw_m}")
+    if not 4 <= hnsw_ef_construction <= 1000:
+        raise InvalidInputError(f"hnsw_ef_construction must be between 4 and 1000, not {hnsw_ef_construction}")
+    if hnsw_ef_construction < 2 * hnsw_m:
+        raise InvalidInputError(
+            f"hnsw_ef_construction ({hnsw_ef_construction}) must be at least twice hnsw_m ({hnsw_m})"
+        )
+    if not 1 <= ef_search <= 1000:
+        raise InvalidInputError(f"ef_search must be between 1 and 1000, not {ef_search}")
+    if not 1 <= partitions <= MAX_PARTITIONS:
+        raise InvalidInputError(f"partitions must be between 1 and {MAX_PARTITIONS}, not {partitions}")
+
+
+def create_table_statements(c: Collection) -> list[sql.Composed]:
+    """DDL for a new, empty collection (so a plain CREATE INDEX is fine: there is nothing to lock out)."""
+    table = c.table
+    seq = sql.Identifier(f"{c.table_name}_id_seq")
+    columns = sql.SQL(
+        """
+        id           bigint NOT NULL DEFAULT nextval({seq_text}),
+        external_id  text NOT NULL,
+        embedding    vector({dims}),
+        metadata     jsonb NOT NULL DEFAULT '{{}}'::jsonb,
+        status       text NOT NULL DEFAULT 'ready' CHECK (status IN ('pending', 'ready', 'failed')),
+        error        text,
+        text         text,
+        content      bytea,
+        content_type text,
+        created_at   timestamptz NOT NULL DEFAULT now(),
+        updated_at   timestamptz NOT NULL DEFAULT now()
+        """
+    ).format(seq_text=sql.Literal(f"{c.table_name}_id_seq"), dims=sql.Literal(c.dimensions))
+    hnsw_with = sql.SQL("WITH (m = {m}, ef_construction = {ef})").format(
+        m=sql.Literal(c.hnsw_m), ef=sql.Literal(c.hnsw_ef_construction)
+    )
+    opclass = sql.SQL(c.spec.opclass)
+    out: list[sql.Composed] = [sql.SQL("CREATE SEQUENCE {}").format(seq)]
+    if c.partitions == 1:
+        out += [
+            sql.SQL("CREATE TABLE {t} ({cols}, PRIMARY KEY (id), UNIQUE (external_id))").format(t=table, cols=columns),
+            sql.SQL("CREATE INDEX {i} ON {t} USING hnsw (embedding {ops}) {w}").format(
+                i=sql.Identifier(c.index_name), t=table, ops=opclass, w=hnsw_with
+            ),
+        ]
+    else:
+        # A unique constraint on a partitioned table must contain the partition key, so rows are
+        # spread by external_id; ids come from one sequence and stay unique across partitions.
+        out.append(
+            sql.SQL("CREATE TABLE {t} ({cols}, UNIQUE (external_id)) PARTITION BY HASH (external_id)").format(
+                t=table, cols=columns
+            )
+        )
+        out += [
+            sql.SQL("CREATE TABLE {p} PARTITION OF {t} FOR VALUES WITH (MODULUS {n}, REMAINDER {r})").format(
+                p=sql.Identifier(part), t=table, n=sql.Literal(c.partitions), r=sql.Literal(i)
+            )
+            for i, part in enumerate(c.partition_tables())
+        ]
+        # Named per-partition indexes (maintenance rebuilds them one at a time), attached to the parent's.
+        out.append(
+            sql.SQL("CREATE INDEX {i} ON ONLY {t} USING hnsw (embedding {ops}) {w}").format(
+                i=sql.Identifier(c.index_name), t=table, ops=opclass, w=hnsw_with
+            )
+        )
+        for part in c.partition_tables():
+            out += [
+                sql.SQL("CREATE INDEX {i} ON {p} USING hnsw (embedding {ops}) {w}").format(
+                    i=sql.Identifier(f"{part}_hnsw"), p=sql.Identifier(part), ops=opclass, w=hnsw_with
+                ),
+                sql.SQL("ALTER INDEX {parent} ATTACH PARTITION {child}").format(
+                    parent=sql.Identifier(c.index_name), child=sql.Identifier(f"{part}_hnsw")
+                ),
+            ]
+    if c.partitions > 1:
+        # The primary key cannot be enforced across partitions; look-ups by id still need an index.
+        out.append(sql.SQL("CREATE INDEX {i} ON {t} (id)").format(i=sql.Identifier(f"{c.table_name}_id"), t=table))
+    out += [
+        sql.SQL("CREATE INDEX {i} ON {t} USING gin (metadata jsonb_path_ops)").format(
+            i=sql.Identifier(f"{c.table_name}_metadata"), t=table
+        ),
+        sql.SQL("ALTER SEQUENCE {s} OWNED BY {t}.id").format(s=seq, t=table),
+    ]
+    return out

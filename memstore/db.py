@@ -1,0 +1,94 @@
+"""One SQLAlchemy engine per process; pgvector's types registered on every new connection."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+import sqlalchemy as sa
+from pgvector.psycopg import register_vector
+from sqlalchemy import event
+
+from memstore.embedded import start_embedded_server
+from memstore.settings import Settings, get_settings
+
+_lock = threading.Lock()
+_engines: dict[str, sa.Engine] = {}
+
+
+def resolve_database_url(settings: Settings | None = None) -> str:
+    """``MEMSTORE_DATABASE_URL`` when set, else the embedded server (started or joined)."""
+    settings = settings or get_settings()
+    if settings.database_url:
+        return normalise_url(settings.database_url)
+    return start_embedded_server(
+        settings.data_dir,
+        maintenance_work_mem=settings.maintenance_work_mem,
+        max_parallel_maintenance_workers=settings.max_parallel_maintenance_workers,
+    )
+
+
+def normalise_url(url: str) -> str:
+    """Accept plain ``postgresql://`` URLs too; memstore always talks through psycopg 3."""
+    for prefix in ("postgresql+psycopg2://", "postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def libpq_url(url: str) -> str:
+    """The same URL as libpq understands it (for psycopg.connect and command-line tools)."""
+    return normalise_url(url).replace("postgresql+psycopg://", "postgresql://", 1)
+
+
+def _register_vector_types(dbapi_connection: Any, _record: Any) -> None:
+    conn: psycopg.Connection[Any] = dbapi_connection
+    try:
+        register_vector(conn)
+    except psycopg.ProgrammingError:
+        # The extension does not exist yet (before the first migration); nothing to register.
+        conn.rollback()
+    else:
+        conn.commit()
+
+
+def create_engine(url: str, *, pool_size: int = 8, max_overflow: int = 8) -> sa.Engine:
+    engine = sa.create_engine(
+        normalise_url(url),
+        pool_size=pool_size,
+        max_overflow=max_overflow,
+        pool_pre_ping=True,
+    )
+    event.listen(engine, "connect", _register_vector_types)
+    return engine
+
+
+def get_engine(settings: Settings | None = None) -> sa.Engine:
+    """The process's engine for the configured database (created on first use)."""
+    settings = settings or get_settings()
+    url = resolve_database_url(settings)
+    with _lock:
+        engine = _engines.get(url)
+        if engine is None:
+            engine = create_engine(url, pool_size=settings.pool_size, max_overflow=settings.pool_max_overflow)
+            _engines[url] = engine
+        return engine
+
+
+@contextmanager
+def raw_connection(engine: sa.Engine) -> Iterator[psycopg.Connection[Any]]:
+    """A pooled psycopg connection; committed on success, rolled back on error, then returned."""
+    proxied = engine.raw_connection()
+    conn: psycopg.Connection[Any] = proxied.driver_connection  # type: ignore[assignment]
+    try:
+        yield conn
+        conn.commit()
+    except BaseException:
+        if not conn.closed:
+            conn.rollback()
+        raise
+    finally:
+        proxied.close()

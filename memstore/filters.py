@@ -1,0 +1,63 @@
+"""Metadata filters: JSON containment (``metadata @> filter``), checked before it reaches SQL."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from memstore.errors import InvalidInputError
+
+MAX_FILTER_DEPTH = 8
+MAX_FILTER_BYTES = 16_384
+MAX_METADATA_BYTES = 65_536
+MAX_METADATA_DEPTH = 32
+
+
+def _depth(value: Any, level: int = 0, limit: int = MAX_FILTER_DEPTH) -> int:
+    if level > limit:
+        return level
+    if isinstance(value, dict):
+        return max((_depth(v, level + 1, limit) for v in value.values()), default=level + 1)
+    if isinstance(value, list):
+        return max((_depth(v, level + 1, limit) for v in value), default=level + 1)
+    return level
+
+
+def check_filter(value: Any) -> dict[str, Any] | None:
+    """None or a JSON object to match by containment: ``{"tag": "cat"}`` matches rows whose metadata has it."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise InvalidInputError(f"filter must be a JSON object, not {type(value).__name__}")
+    if _depth(value) > MAX_FILTER_DEPTH:
+        raise InvalidInputError(f"filter is nested deeper than {MAX_FILTER_DEPTH} levels")
+    encoded = _encode(value, "filter")
+    if len(encoded) > MAX_FILTER_BYTES:
+        raise InvalidInputError(f"filter is {len(encoded)} bytes; the limit is {MAX_FILTER_BYTES}")
+    return value
+
+
+def check_metadata(value: Any) -> dict[str, Any]:
+    """A JSON object of at most MAX_METADATA_BYTES; None means empty."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidInputError(f"metadata must be a JSON object, not {type(value).__name__}")
+    if _depth(value, limit=MAX_METADATA_DEPTH) > MAX_METADATA_DEPTH:
+        raise InvalidInputError(f"metadata is nested deeper than {MAX_METADATA_DEPTH} levels")
+    encoded = _encode(value, "metadata")
+    if len(encoded) > MAX_METADATA_BYTES:
+        raise InvalidInputError(f"metadata is {len(encoded)} bytes; the limit is {MAX_METADATA_BYTES}")
+    return value
+
+
+def _encode(value: Any, where: str) -> str:
+    try:
+        encoded = json.dumps(value, allow_nan=False, ensure_ascii=True)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"{where} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidInputError(f"{where} is nested too deeply") from None
+    if "\\u0000" in encoded:
+        raise InvalidInputError(f"{where} may not contain NUL characters (PostgreSQL's jsonb refuses them)")
+    return encoded

@@ -1,0 +1,148 @@
+"""SQL for items and search, kept apart from the store's argument checking."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from memstore.collections import Collection
+from memstore.models import Item
+
+COLLECTION_COLUMNS = (
+    "id, name, table_name, dimensions, metric, hnsw_m, hnsw_ef_construction, default_ef_search, "
+    "partitions, model, options, created_at"
+)
+ITEM_COLUMNS = (
+    "id, external_id, status, metadata, text, content_type, content IS NOT NULL AS has_content, error, "
+    "created_at, updated_at"
+)
+SIZES_SQL = "SELECT sum(pg_table_size(t::regclass)), sum(pg_indexes_size(t::regclass)) FROM unnest(%s::text[]) AS t"
+
+# xmax cannot be read through a partitioned table, so a row made by this statement is told apart by
+# its creation time: now() is the transaction's start, and the store runs one upsert per transaction.
+# An upsert that would store exactly what is there already is skipped: no dead tuple, no index work.
+_UPSERT_TAIL = """
+    ON CONFLICT (external_id) DO UPDATE SET
+        embedding = EXCLUDED.embedding, metadata = EXCLUDED.metadata, status = 'ready', error = NULL,
+        text = NULL, content = NULL, content_type = NULL, updated_at = now()
+    WHERE (t.embedding, t.metadata, t.status, t.text IS NULL AND t.content IS NULL)
+          IS DISTINCT FROM (EXCLUDED.embedding, EXCLUDED.metadata, 'ready', true)
+    RETURNING id, external_id, (t.created_at = now()) AS inserted
+"""
+_UPSERT_ONE = "INSERT INTO {} AS t (external_id, embedding, metadata, status) VALUES (%s, %s, %s, 'ready')"
+_STAGE = (
+    "CREATE TEMP TABLE IF NOT EXISTS memstore_stage (external_id text, embedding vector, metadata jsonb) "
+    "ON COMMIT DELETE ROWS"
+)
+_UPSERT_FROM_STAGE = (
+    "INSERT INTO {} AS t (external_id, embedding, metadata, status) "
+    "SELECT external_id, embedding, metadata, 'ready' FROM memstore_stage"
+)
+_DROP_QUEUED = "DELETE FROM memstore_ingest_queue WHERE collection_id = %s AND item_id = ANY(%s)"
+
+Returned = dict[str, tuple[int, Any]]
+
+
+def item_from_row(row: dict[str, Any]) -> Item:
+    embedding = row.pop("embedding", None)
+    vector = None if embedding is None else np.asarray(embedding.to_numpy(), dtype=np.float32)
+    return Item(vector=vector, **row)
+
+
+def _collect(rows: Sequence[tuple[Any, ...]]) -> Returned:
+    return {eid: (int(rid), "created" if inserted else "updated") for rid, eid, inserted in rows}
+
+
+def _forget_queued(conn: psycopg.Connection[Any], c: Collection, returned: Returned) -> None:
+    """A vector written by the caller supersedes any embedding still queued for that item."""
+    updated = [rid for rid, status in returned.values() if status == "updated"]
+    if updated:
+        conn.execute(_DROP_QUEUED, (c.id, updated))
+
+
+def upsert_direct(
+    conn: psycopg.Connection[Any],
+    c: Collection,
+    ids: list[str],
+    matrix: np.ndarray,
+    metas: list[dict[str, Any]],
+    unique: list[int],
+) -> Returned:
+    query = sql.SQL(_UPSERT_ONE + _UPSERT_TAIL).format(c.table)
+    rows: list[tuple[Any, ...]] = []
+    with conn.cursor() as cur:
+        cur.executemany(query, [(ids[i], matrix[i], Jsonb(metas[i])) for i in unique], returning=True)
+        while True:
+            rows.extend(cur.fetchall())
+            if not cur.nextset():
+                break
+    returned = _collect(rows)
+    _forget_queued(conn, c, returned)
+    return returned
+
+
+def upsert_via_copy(
+    conn: psycopg.Connection[Any],
+    c: Collection,
+    ids: list[str],
+    matrix: np.ndarray,
+    metas: list[dict[str, Any]],
+    unique: list[int],
+) -> Returned:
+    conn.execute(_STAGE)
+    with conn.cursor() as cur:
+        with cur.copy("COPY memstore_stage (external_id, embedding, metadata) FROM STDIN (FORMAT BINARY)") as copy:
+            copy.set_types(["text", "vector", "jsonb"])
+            for i in unique:
+                copy.write_row((ids[i], matrix[i], Jsonb(metas[i])))
+        rows = cur.execute(sql.SQL(_UPSERT_FROM_STAGE + _UPSERT_TAIL).format(c.table)).fetchall()
+    returned = _collect(rows)
+    _forget_queued(conn, c, returned)
+    return returned
+
+
+def search_statement(c: Collection, *, filtered: bool, exact: bool) -> sql.Composed:
+    """Nearest first; the MATERIALIZED CTE restores strict order after a relaxed iterative scan."""
+    op = sql.SQL(c.spec.operator)
+    where = sql.SQL("WHERE embedding IS NOT NULL") + (sql.SQL(" AND metadata @> %(f)s") if filtered else sql.SQL(""))
+    inner = sql.SQL(
+        "SELECT id, external_id, metadata, embedding {op} %(q)s AS distance FROM {t} {where} "
+        "ORDER BY embedding {op} %(q)s LIMIT %(k)s"
+    ).format(op=op, t=c.table, where=where)
+    if exact:
+        return inner
+    return sql.SQL(
+        "WITH c AS MATERIALIZED ({inner}) SELECT id, external_id, metadata, distance FROM c ORDER BY distance"
+    ).format(inner=inner)
+
+
+SETTINGS_SQL = (
+    "SELECT set_config('hnsw.ef_search', %s, true), set_config('hnsw.iterative_scan', %s, true), "
+    "set_config('hnsw.max_scan_tuples', %s, true), set_config('enable_indexscan', %s, true), "
+    "set_config('jit', 'off', true)"
+)
+
+
+def search_settings(*, ef_search: int, exact: bool, max_scan_tuples: int) -> tuple[str, ...]:
+    """Transaction-local settings for one search: they never leak into a pooled connection."""
+    return (
+        str(ef_search),
+        "off" if exact else "relaxed_order",
+        str(max_scan_tuples),
+        # Without index scans the planner can only answer ORDER BY distance by brute force.
+        "off" if exact else "on",
+    )
+
+
+def run_search(
+    conn: psycopg.Connection[Any], settings: tuple[str, ...], statement: sql.Composed, params: dict[str, Any]
+) -> list[tuple[Any, ...]]:
+    with conn.cursor() as cur:
+        cur.execute(SETTINGS_SQL, settings)
+        cur.execute(statement, params)
+        return cur.fetchall()

@@ -1,0 +1,38 @@
+"""Apply alembic migrations programmatically (``memstore db upgrade``, tests, ``memstore serve``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+
+
+def alembic_config(url: str | None = None) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    if url:
+        # ConfigParser interpolation treats % specially.
+        cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
+
+
+def upgrade(url: str | None = None, revision: str = "head") -> None:
+    """Bring the database at ``url`` (default: the configured one) up to ``revision``."""
+    command.upgrade(alembic_config(url), revision)
+
+
+def current_revision(url: str) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
+    from memstore.db import create_engine
+
+    engine = create_engine(url, pool_size=1, max_overflow=0)
+    try:
+        with engine.connect() as conn:
+            ctx = MigrationContext.configure(conn, opts={"version_table": "memstore_alembic_version"})
+            return ctx.get_current_revision()
+    finally:
+        engine.dispose()

@@ -1,0 +1,47 @@
+"""One settings object for the whole process, read from ``MEMSTORE_*`` environment variables."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MEMSTORE_", env_file=".env", extra="ignore")
+
+    database_url: str | None = Field(
+        default=None,
+        description="PostgreSQL >= 16 with pgvector >= 0.8. Unset: the embedded PostgreSQL 18 server.",
+    )
+    data_dir: Path = Field(
+        default=Path.home() / ".memstore",
+        description="Where the embedded server keeps its data (and other local state).",
+    )
+    # Server tuning applied to the embedded server (and printed as advice for external ones).
+    maintenance_work_mem: str = Field(
+        default="1GB", description="Memory for HNSW builds: a graph that fits builds several times faster."
+    )
+    max_parallel_maintenance_workers: int = Field(
+        default=2, ge=0, le=64, description="Extra processes for one index build."
+    )
+    pool_size: int = Field(default=8, ge=1, le=256, description="Connections kept per process.")
+    pool_max_overflow: int = Field(default=8, ge=0, le=256)
+
+    # Defaults for new collections.
+    default_hnsw_m: int = Field(default=16, ge=2, le=100)
+    default_hnsw_ef_construction: int = Field(default=64, ge=4, le=1000)
+    default_ef_search: int = Field(default=80, ge=1, le=1000)
+    # The most a filtered search or a search through dead tuples may visit before giving up.
+    max_scan_tuples: int = Field(default=20_000, ge=1)
+
+    # HTTP
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=1, le=65535)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

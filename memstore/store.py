@@ -1,0 +1,408 @@
+"""The vector store: collections, items and search over PostgreSQL + pgvector.
+
+Every public method is keyword-only and raises memstore's own errors (``memstore.errors``); bad input
+is refused before anything is written. The REST API, the ingest workers and maintenance all use it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import psycopg
+import sqlalchemy as sa
+from psycopg import sql
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from memstore import items as item_sql
+from memstore.collections import (
+    Collection,
+    create_table_statements,
+    validate_collection_params,
+    validate_name,
+)
+from memstore.db import raw_connection
+from memstore.errors import (
+    CollectionExistsError,
+    CollectionNotFoundError,
+    InvalidInputError,
+    ItemNotFoundError,
+)
+from memstore.filters import check_filter, check_metadata
+from memstore.models import CollectionStats, Item, ItemIn, SearchResult, UpsertResult
+from memstore.settings import Settings, get_settings
+from memstore.vectors import as_matrix, as_vector
+
+MAX_K = 1000
+# Above this many items an upsert goes through COPY ... FORMAT BINARY into a staging table.
+COPY_THRESHOLD = 32
+MAX_EXTERNAL_ID_LENGTH = 512
+# How long a process trusts its cached copy of a collection's registry row.
+COLLECTION_CACHE_SECONDS = 5.0
+
+
+def _check_k(k: int) -> int:
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_K:
+        raise InvalidInputError(f"k must be an integer between 1 and {MAX_K}, not {k!r}")
+    return k
+
+
+def _check_external_id(value: Any) -> str:
+    if value is None:
+        return uuid.uuid4().hex
+    if not isinstance(value, str) or not value or len(value) > MAX_EXTERNAL_ID_LENGTH or "\x00" in value:
+        raise InvalidInputError(
+            f"external_id must be a non-empty string of at most {MAX_EXTERNAL_ID_LENGTH} characters "
+            f"without NUL, not {value!r:.80}"
+        )
+    return value
+
+
+class VectorStore:
+    """Collections and their items in one PostgreSQL database, reached through ``engine``."""
+
+    def __init__(self, engine: sa.Engine, *, settings: Settings | None = None) -> None:
+        self.engine = engine
+        self.settings = settings or get_settings()
+        self._cache: dict[str, tuple[float, Collection]] = {}
+        self._cache_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ collections
+
+    def create_collection(
+        self,
+        *,
+        name: str,
+        dimensions: int,
+        metric: str = "cosine",
+        hnsw_m: int | None = None,
+        hnsw_ef_construction: int | None = None,
+        ef_search: int | None = None,
+        partitions: int = 1,
+        model: str | None = None,
+    ) -> Collection:
+        validate_name(name)
+        s = self.settings
+        m = hnsw_m if hnsw_m is not None else s.default_hnsw_m
+        efc = hnsw_ef_construction if hnsw_ef_construction is not None else s.default_hnsw_ef_construction
+        efs = ef_search if ef_search is not None else s.default_ef_search
+        validate_collection_params(
+            dimensions=dimensions,
+            metric=metric,
+            hnsw_m=m,
+            hnsw_ef_construction=efc,
+            ef_search=efs,
+            partitions=partitions,
+        )
+        with raw_connection(self.engine) as conn:
+            # Serialise creations of one name so the loser gets a clean CollectionExistsError.
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext('memstore.collection.' || %s))", (name,))
+            if conn.execute("SELECT 1 FROM memstore_collections WHERE name = %s", (name,)).fetchone():
+                raise CollectionExistsError(name)
+            row = conn.execute("SELECT nextval(pg_get_serial_sequence('memstore_collections', 'id'))").fetchone()
+            assert row is not None
+            cid = int(row[0])
+            collection = Collection(
+                id=cid,
+                name=name,
+                table_name=f"c{cid}_{name}",
+                dimensions=dimensions,
+                metric=metric,  # type: ignore[arg-type]
+                hnsw_m=m,
+                hnsw_ef_construction=efc,
+                default_ef_search=efs,
+                partitions=partitions,
+                model=model,
+            )
+            conn.execute(
+                """
+                INSERT INTO memstore_collections (id, name, table_name, dimensions, metric, hnsw_m,
+                    hnsw_ef_construction, default_ef_search, partitions, model)
+                OVERRIDING SYSTEM VALUE VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+                """,
+                (cid, name, collection.table_name, dimensions, metric, m, efc, efs, partitions, model),
+            )
+            for statement in create_table_statements(collection):
+                conn.execute(statement)
+        return self.get_collection(name=name, fresh=True)
+
+    def list_collections(self) -> list[Collection]:
+        with raw_connection(self.engine) as conn:
+            rows = (
+                conn.cursor(row_factory=dict_row)
+                .execute(f"SELECT {item_sql.COLLECTION_COLUMNS} FROM memstore_collections ORDER BY name")
+                .fetchall()
+            )
+        return [Collection(**r) for r in rows]
+
+    def get_collection(self, *, name: str, fresh: bool = False) -> Collection:
+        validate_name(name)
+        now = time.monotonic()
+        if not fresh:
+            with self._cache_lock:
+                hit = self._cache.get(name)
+            if hit and now - hit[0] < COLLECTION_CACHE_SECONDS:
+                return hit[1]
+        with raw_connection(self.engine) as conn:
+            row = (
+                conn.cursor(row_factory=dict_row)
+                .execute(f"SELECT {item_sql.COLLECTION_COLUMNS} FROM memstore_collections WHERE name = %s", (name,))
+                .fetchone()
+            )
+        if row is None:
+            self._forget(name)
+            raise CollectionNotFoundError(name)
+        collection = Collection(**row)
+        with self._cache_lock:
+            self._cache[name] = (now, collection)
+        return collection
+
+    def drop_collection(self, *, name: str) -> None:
+        collection = self.get_collection(name=name, fresh=True)
+        with raw_connection(self.engine) as conn:
+            conn.execute("SET LOCAL lock_timeout = '10s'")
+            deleted = conn.execute(
+                "DELETE FROM memstore_collections WHERE id = %s RETURNING id", (collection.id,)
+            ).fetchone()
+            if deleted is None:
+                raise CollectionNotFoundError(name)
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(collection.table))
+        self._forget(name)
+
+    def collection_stats(self, *, name: str) -> CollectionStats:
+        c = self.get_collection(name=name)
+        with raw_connection(self.engine) as conn:
+            counts = conn.execute(sql.SQL("SELECT status, count(*) FROM {} GROUP BY status").format(c.table)).fetchall()
+            sizes = conn.execute(item_sql.SIZES_SQL, (c.partition_tables(),)).fetchone()
+        by_status = {status: int(n) for status, n in counts}
+        assert sizes is not None
+        return CollectionStats(
+            collection=c,
+            items=sum(by_status.values()),
+            ready=by_status.get("ready", 0),
+            pending=by_status.get("pending", 0),
+            failed=by_status.get("failed", 0),
+            table_bytes=int(sizes[0] or 0),
+            index_bytes=int(sizes[1] or 0),
+        )
+
+    def _forget(self, name: str) -> None:
+        with self._cache_lock:
+            self._cache.pop(name, None)
+
+    def _collection_for_write(self, name: str) -> Collection:
+        return self.get_collection(name=name)
+
+    # ------------------------------------------------------------------ items
+
+    def upsert_item(
+        self,
+        *,
+        collection: str,
+        vector: Any,
+        external_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> UpsertResult:
+        return self.upsert_items(
+            collection=collection, items=[ItemIn(vector=vector, external_id=external_id, metadata=metadata)]
+        )[0]
+
+    def upsert_items(self, *, collection: str, items: Sequence[ItemIn]) -> list[UpsertResult]:
+        """Insert new items and update changed ones, keyed by ``external_id``; results in input order.
+
+        Re-sending an identical item changes nothing (no dead tuple, no index churn). When one batch
+        names the same external_id twice, the last occurrence wins.
+        """
+        c = self._collection_for_write(collection)
+        if not items:
+            return []
+        ids = [_check_external_id(it.external_id) for it in items]
+        matrix = as_matrix([it.vector for it in items], dimensions=c.dimensions)
+        metas = [check_metadata(it.metadata) for it in items]
+        last = {eid: i for i, eid in enumerate(ids)}
+        unique = sorted(last.values())
+        try:
+            with raw_connection(self.engine) as conn:
+                if len(unique) > COPY_THRESHOLD:
+                    returned = item_sql.upsert_via_copy(conn, c, ids, matrix, metas, unique)
+                else:
+                    returned = item_sql.upsert_direct(conn, c, ids, matrix, metas, unique)
+                missing = [ids[i] for i in unique if ids[i] not in returned]
+                if missing:
+                    for row_id, eid in conn.execute(
+                        sql.SQL("SELECT id, external_id FROM {} WHERE external_id = ANY(%s)").format(c.table),
+                        (missing,),
+                    ):
+                        returned[eid] = (int(row_id), "unchanged")
+        except psycopg.errors.UndefinedTable:
+            self._forget(collection)
+            raise CollectionNotFoundError(collection) from None
+        return [UpsertResult(id=returned[eid][0], external_id=eid, status=returned[eid][1]) for eid in ids]
+
+    def get_item(
+        self, *, collection: str, id: int | None = None, external_id: str | None = None, with_vector: bool = False
+    ) -> Item:
+        c = self.get_collection(name=collection)
+        where, value = self._item_key(id, external_id)
+        columns = item_sql.ITEM_COLUMNS + (", embedding" if with_vector else "")
+        with raw_connection(self.engine) as conn:
+            row = (
+                conn.cursor(row_factory=dict_row)
+                .execute(sql.SQL("SELECT " + columns + " FROM {} WHERE " + where).format(c.table), (value,))
+                .fetchone()
+            )
+        if row is None:
+            raise ItemNotFoundError(collection, id if id is not None else str(external_id))
+        return item_sql.item_from_row(row)
+
+    def list_items(
+        self,
+        *,
+        collection: str,
+        after_id: int = 0,
+        limit: int = 100,
+        external_id: str | None = None,
+        status: str | None = None,
+    ) -> list[Item]:
+        """Items in id order, ``limit`` at a time after ``after_id`` (keyset paging)."""
+        c = self.get_collection(name=collection)
+        if not 1 <= limit <= MAX_K:
+            raise InvalidInputError(f"limit must be between 1 and {MAX_K}, not {limit}")
+        clauses: list[str] = ["id > %s"]
+        params: list[Any] = [after_id]
+        if external_id is not None:
+            clauses.append("external_id = %s")
+            params.append(external_id)
+        if status is not None:
+            clauses.append("status = %s")
+            params.append(status)
+        query = sql.SQL(
+            "SELECT " + item_sql.ITEM_COLUMNS + " FROM {} WHERE " + " AND ".join(clauses) + " ORDER BY id LIMIT %s"
+        ).format(c.table)
+        with raw_connection(self.engine) as conn:
+            rows = conn.cursor(row_factory=dict_row).execute(query, [*params, limit]).fetchall()
+        return [item_sql.item_from_row(r) for r in rows]
+
+    def update_item(
+        self,
+        *,
+        collection: str,
+        id: int | None = None,
+        external_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        merge_metadata: bool = False,
+        vector: Any = None,
+    ) -> Item:
+        """Replace (or with ``merge_metadata`` merge into) the metadata and/or replace the vector."""
+        c = self.get_collection(name=collection)
+        where, value = self._item_key(id, external_id)
+        sets: list[str] = ["updated_at = now()"]
+        params: list[Any] = []
+        if metadata is not None:
+            sets.append("metadata = metadata || %s" if merge_metadata else "metadata = %s")
+            params.append(Jsonb(check_metadata(metadata)))
+        if vector is not None:
+            sets += ["embedding = %s", "status = 'ready'", "error = NULL"]
+            params.append(as_vector(vector, dimensions=c.dimensions))
+        if len(sets) == 1:
+            raise InvalidInputError("nothing to update: give metadata, vector or both")
+        query = sql.SQL(
+            "UPDATE {} SET " + ", ".join(sets) + " WHERE " + where + " RETURNING " + item_sql.ITEM_COLUMNS
+        ).format(c.table)
+        with raw_connection(self.engine) as conn:
+            row = conn.cursor(row_factory=dict_row).execute(query, [*params, value]).fetchone()
+        if row is None:
+            raise ItemNotFoundError(collection, id if id is not None else str(external_id))
+        return item_sql.item_from_row(row)
+
+    def delete_items(
+        self,
+        *,
+        collection: str,
+        ids: Iterable[int] | None = None,
+        external_ids: Iterable[str] | None = None,
+        filter: dict[str, Any] | None = None,
+    ) -> int:
+        """Delete by ids, by external ids, or every item whose metadata contains ``filter``; returns the count."""
+        c = self.get_collection(name=collection)
+        given = [x is not None for x in (ids, external_ids, filter)]
+        if sum(given) != 1:
+            raise InvalidInputError("give exactly one of ids, external_ids or filter")
+        param: Any
+        if filter is not None:
+            checked = check_filter(filter)
+            if not checked:
+                raise InvalidInputError("an empty filter would delete every item; drop the collection instead")
+            clause, param = "metadata @> %s", Jsonb(checked)
+        elif ids is not None:
+            clause, param = "id = ANY(%s)", [int(i) for i in ids]
+        else:
+            clause, param = "external_id = ANY(%s)", [str(e) for e in external_ids or ()]
+        with raw_connection(self.engine) as conn:
+            cur = conn.execute(sql.SQL("DELETE FROM {} WHERE " + clause).format(c.table), (param,))
+            return cur.rowcount
+
+    def delete_item(self, *, collection: str, id: int | None = None, external_id: str | None = None) -> None:
+        where, value = self._item_key(id, external_id)
+        n = self.delete_items(
+            collection=collection,
+            ids=[int(value)] if where.startswith("id") else None,
+            external_ids=[str(value)] if where.startswith("external_id") else None,
+        )
+        if n == 0:
+            raise ItemNotFoundError(collection, id if id is not None else str(external_id))
+
+    @staticmethod
+    def _item_key(id: int | None, external_id: str | None) -> tuple[str, Any]:
+        if (id is None) == (external_id is None):
+            raise InvalidInputError("give exactly one of id or external_id")
+        if id is not None:
+            if not isinstance(id, int) or isinstance(id, bool):
+                raise InvalidInputError(f"id must be an integer, not {id!r}")
+            return "id = %s", id
+        return "external_id = %s", external_id
+
+    # ------------------------------------------------------------------ search
+
+    def search(
+        self,
+        *,
+        collection: str,
+        vector: Any,
+        k: int = 10,
+        filter: dict[str, Any] | None = None,
+        ef_search: int | None = None,
+        exact: bool = False,
+    ) -> list[SearchResult]:
+        """The ``k`` nearest items to ``vector`` (nearest first), among those whose metadata contains ``filter``.
+
+        The HNSW index answers unless ``exact``; with ``hnsw.iterative_scan`` a filtered search keeps
+        scanning until it has ``k`` rows (or has visited ``max_scan_tuples``). ``exact`` is the
+        brute-force ground truth.
+        """
+        c = self.get_collection(name=collection)
+        _check_k(k)
+        efs = c.default_ef_search if ef_search is None else ef_search
+        if not isinstance(efs, int) or isinstance(efs, bool) or not 1 <= efs <= 1000:
+            raise InvalidInputError(f"ef_search must be an integer between 1 and 1000, not {efs!r}")
+        query_vector = as_vector(vector, dimensions=c.dimensions)
+        checked = check_filter(filter)
+        statement = item_sql.search_statement(c, filtered=bool(checked), exact=exact)
+        params: dict[str, Any] = {"q": query_vector, "k": k}
+        if checked:
+            params["f"] = Jsonb(checked)
+        settings = item_sql.search_settings(ef_search=efs, exact=exact, max_scan_tuples=self.settings.max_scan_tuples)
+        try:
+            with raw_connection(self.engine) as conn:
+                rows = item_sql.run_search(conn, settings, statement, params)
+        except psycopg.errors.UndefinedTable:
+            self._forget(collection)
+            raise CollectionNotFoundError(collection) from None
+        return [
+            SearchResult(id=r[0], external_id=r[1], distance=float(r[3]), score=c.score(float(r[3])), metadata=r[2])
+            for r in rows
+        ]

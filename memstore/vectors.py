@@ -1,0 +1,46 @@
+"""The one place where caller-supplied vectors are checked and converted."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from memstore.errors import DimensionMismatchError, InvalidInputError
+
+FloatMatrix = npt.NDArray[np.float32]
+
+
+def as_vector(values: Any, *, dimensions: int, where: str = "vector") -> FloatMatrix:
+    """A finite float32 vector of exactly ``dimensions`` numbers, or InvalidInputError."""
+    return as_matrix([values], dimensions=dimensions, where=where)[0]
+
+
+def as_matrix(rows: Sequence[Any] | np.ndarray, *, dimensions: int, where: str = "vector") -> FloatMatrix:
+    """Stack ``rows`` into an (n, dimensions) float32 matrix, refusing ragged, non-numeric or non-finite input."""
+    if isinstance(rows, np.ndarray) and rows.ndim == 2:
+        matrix = rows
+    else:
+        try:
+            matrix = np.asarray(rows, dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise InvalidInputError(f"{where}: expected lists of {dimensions} numbers ({exc})") from None
+    if matrix.ndim != 2:
+        lengths = sorted({len(r) if hasattr(r, "__len__") else 1 for r in rows})
+        bad = next((n for n in lengths if n != dimensions), lengths[0])
+        raise DimensionMismatchError(expected=dimensions, got=bad, where=where)
+    if matrix.shape[1] != dimensions:
+        raise DimensionMismatchError(expected=dimensions, got=int(matrix.shape[1]), where=where)
+    if not np.issubdtype(matrix.dtype, np.number) or np.issubdtype(matrix.dtype, np.complexfloating):
+        raise InvalidInputError(f"{where}: expected real numbers, not {matrix.dtype}")
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = matrix.astype(np.float32, copy=False)
+    finite = np.isfinite(out)
+    if not finite.all():
+        row, col = (int(v) for v in np.argwhere(~finite)[0])
+        original = matrix[row, col]
+        reason = "NaN" if np.isnan(original) else "infinite" if np.isinf(original) else "out of float32 range"
+        raise InvalidInputError(f"{where}: value {col} of row {row} is {reason}; vectors must be finite")
+    return np.ascontiguousarray(out)
