@@ -8,6 +8,9 @@ import logging
 import sys
 from collections.abc import Sequence
 
+import psycopg
+import sqlalchemy as sa
+
 from memstore.errors import MemstoreError
 
 # Each module defines register(subparsers) and gives its parsers a ``func(args) -> int``.
@@ -35,6 +38,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.func(args)
     except MemstoreError as exc:
         print(f"memstore: {exc}", file=sys.stderr)
+        return 2
+    except (psycopg.OperationalError, sa.exc.OperationalError) as exc:
+        reason = str(getattr(exc, "orig", None) or exc).strip()
+        print(f"memstore: cannot reach the database ({reason}); check MEMSTORE_DATABASE_URL", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -60,7 +60,9 @@ def create_engine(url: str, *, pool_size: int = 8, max_overflow: int = 8) -> sa.
         normalise_url(url),
         pool_size=pool_size,
         max_overflow=max_overflow,
-        pool_pre_ping=True,
+        # No ping per checkout (a round trip on every search); a connection that fails is
+        # invalidated by raw_connection instead, and the pool opens a new one next time.
+        pool_pre_ping=False,
     )
     event.listen(engine, "connect", _register_vector_types)
     return engine
@@ -86,6 +88,10 @@ def raw_connection(engine: sa.Engine) -> Iterator[psycopg.Connection[Any]]:
     try:
         yield conn
         conn.commit()
+    except psycopg.OperationalError:
+        # The server went away or the connection broke: never hand this one out again.
+        proxied.invalidate()
+        raise
     except BaseException:
         if not conn.closed:
             conn.rollback()

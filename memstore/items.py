@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -108,12 +109,17 @@ def upsert_via_copy(
 
 def search_statement(c: Collection, *, filtered: bool, exact: bool) -> sql.Composed:
     """Nearest first; the MATERIALIZED CTE restores strict order after a relaxed iterative scan."""
-    op = sql.SQL(c.spec.operator)
+    return _search_statement(c.table_name, c.spec.operator, filtered, exact)
+
+
+@lru_cache(maxsize=1024)
+def _search_statement(table: str, operator: str, filtered: bool, exact: bool) -> sql.Composed:
+    op = sql.SQL(operator)
     where = sql.SQL("WHERE embedding IS NOT NULL") + (sql.SQL(" AND metadata @> %(f)s") if filtered else sql.SQL(""))
     inner = sql.SQL(
         "SELECT id, external_id, metadata, embedding {op} %(q)s AS distance FROM {t} {where} "
         "ORDER BY embedding {op} %(q)s LIMIT %(k)s"
-    ).format(op=op, t=c.table, where=where)
+    ).format(op=op, t=sql.Identifier(table), where=where)
     if exact:
         return inner
     return sql.SQL(

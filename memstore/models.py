@@ -28,7 +28,7 @@ class UpsertResult:
     status: UpsertStatus
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SearchResult:
     id: int
     external_id: str

@@ -1,0 +1,152 @@
+"""``python -m bench.store --json``: the store against raw psycopg on the same rows, index and SQL.
+
+Measured side by side in one run (the two sides alternate batch by batch, so drift on a noisy machine
+hits both alike):
+- ingest_ratio: rows/s of ``VectorStore.upsert_items`` (COPY BINARY to a staging table, then an
+  idempotent INSERT ... ON CONFLICT) over rows/s of a raw ``COPY ... FORMAT BINARY`` straight into a
+  same-shaped table with the same HNSW index;
+- search_ratio: queries/s of ``VectorStore.search`` over queries/s of one raw psycopg connection
+  running the same SQL (settings, the search statement, commit);
+- recall_at_10 of the index at the collection's default ef_search, against exact answers (numpy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psycopg
+from pgvector.psycopg import register_vector
+from tqdm import tqdm
+
+from bench.data import clustered, exact_neighbours, load_npz, recall_at_k
+from memstore import items as item_sql
+from memstore import migrate
+from memstore.db import create_engine, libpq_url, normalise_url
+from memstore.embedded import start_embedded_server
+from memstore.models import ItemIn
+from memstore.settings import Settings
+from memstore.store import VectorStore
+
+
+def _database(args: argparse.Namespace, tmp: str) -> str:
+    if args.database_url:
+        return normalise_url(args.database_url)
+    return start_embedded_server(Path(tmp), maintenance_work_mem="1GB", max_parallel_maintenance_workers=1)
+
+
+def _raw_copy(conn: psycopg.Connection[Any], table: str, ids: list[str], rows: np.ndarray) -> None:
+    with conn.cursor() as cur:
+        with cur.copy(f"COPY {table} (external_id, embedding, metadata) FROM STDIN (FORMAT BINARY)") as copy:
+            copy.set_types(["text", "vector", "jsonb"])
+            for eid, row in zip(ids, rows, strict=True):
+                copy.write_row((eid, row, psycopg.types.json.Jsonb({})))
+    conn.commit()
+
+
+def bench_ingest(store: VectorStore, raw: psycopg.Connection[Any], base: np.ndarray, batch: int) -> dict[str, float]:
+    store.create_collection(name="bench_store", dimensions=base.shape[1])
+    raw_table = store.create_collection(name="bench_raw", dimensions=base.shape[1]).table_name
+    t_store = t_raw = 0.0
+    for start in tqdm(range(0, len(base), batch), desc="ingest (store vs raw COPY)", file=sys.stderr):
+        rows = base[start : start + batch]
+        ids = [str(i) for i in range(start, start + len(rows))]
+        items = [ItemIn(vector=r, external_id=e, metadata={}) for r, e in zip(rows, ids, strict=True)]
+        # Alternate which side goes first so cache warmth favours neither.
+        order = ("store", "raw") if (start // batch) % 2 == 0 else ("raw", "store")
+        for side in order:
+            t0 = time.perf_counter()
+            if side == "store":
+                store.upsert_items(collection="bench_store", items=items)
+                t_store += time.perf_counter() - t0
+            else:
+                _raw_copy(raw, raw_table, ids, rows)
+                t_raw += time.perf_counter() - t0
+    n = len(base)
+    return {"ingest_rows_per_s_store": n / t_store, "ingest_rows_per_s_raw": n / t_raw, "ingest_ratio": t_raw / t_store}
+
+
+def bench_search(
+    store: VectorStore, raw: psycopg.Connection[Any], queries: np.ndarray, k: int, rounds: int
+) -> tuple[dict[str, float], list[list[int]]]:
+    c = store.get_collection(name="bench_store")
+    statement = item_sql.search_statement(c, filtered=False, exact=False)
+    settings = item_sql.search_settings(
+        ef_search=c.default_ef_search, exact=False, max_scan_tuples=store.settings.max_scan_tuples
+    )
+    found: list[list[int]] = []
+    t_store = t_raw = 0.0
+    for r in tqdm(range(rounds), desc="search (store vs raw psycopg)", file=sys.stderr):
+        for side in ("store", "raw") if r % 2 == 0 else ("raw", "store"):
+            t0 = time.perf_counter()
+            if side == "store":
+                results = [store.search(collection="bench_store", vector=q, k=k) for q in queries]
+                t_store += time.perf_counter() - t0
+                if r == 0:
+                    found = [[int(x.external_id) for x in res] for res in results]
+            else:
+                for q in queries:
+                    item_sql.run_search(raw, settings, statement, {"q": q, "k": k})
+                    raw.commit()
+                t_raw += time.perf_counter() - t0
+    n = rounds * len(queries)
+    return {"search_qps_store": n / t_store, "search_qps_raw": n / t_raw, "search_ratio": t_raw / t_store}, found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.store", description=__doc__.split("\n")[0])
+    parser.add_argument("--json", action="store_true", help="print only the JSON result (last line)")
+    parser.add_argument("--data", type=Path, help="an .npz with arrays base and queries (default: synthetic)")
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--dimensions", type=int, default=128)
+    parser.add_argument("--queries", type=int, default=1000)
+    parser.add_argument("--batch", type=int, default=5000)
+    parser.add_argument("--search-rounds", type=int, default=4)
+    parser.add_argument("--database-url", help="an empty database to use (default: a temporary embedded server)")
+    args = parser.parse_args(argv)
+
+    if args.data:
+        base, queries = load_npz(args.data)
+    else:
+        every = clustered(args.rows + args.queries, args.dimensions, seed=42)
+        base, queries = every[: args.rows], every[args.rows :]
+    with tempfile.TemporaryDirectory(prefix="memstore-bench-") as tmp:
+        url = _database(args, tmp)
+        migrate.upgrade(url)
+        engine = create_engine(url)
+        store = VectorStore(engine, settings=Settings(database_url=url))
+        for name in ("bench_store", "bench_raw"):
+            if name in {c.name for c in store.list_collections()}:
+                store.drop_collection(name=name)
+        with psycopg.connect(libpq_url(url)) as raw:
+            register_vector(raw)
+            ingest = bench_ingest(store, raw, base, args.batch)
+            search, found = bench_search(store, raw, queries, 10, args.search_rounds)
+        truth = exact_neighbours(base, queries, 10)
+        c = store.get_collection(name="bench_store")
+        for name in ("bench_store", "bench_raw"):
+            store.drop_collection(name=name)
+        engine.dispose()
+    result = {
+        "rows": len(base),
+        "dimensions": int(base.shape[1]),
+        "queries": len(queries),
+        "hnsw": {"m": c.hnsw_m, "ef_construction": c.hnsw_ef_construction, "ef_search": c.default_ef_search},
+        **{key: round(value, 3) for key, value in {**ingest, **search}.items()},
+        "recall_at_10": round(recall_at_k(found, truth), 4),
+        "goals": {"ingest_ratio": ">= 0.5", "search_ratio": ">= 0.8", "recall_at_10": ">= 0.95"},
+    }
+    if not args.json:
+        print(json.dumps(result, indent=2))
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

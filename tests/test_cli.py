@@ -1,0 +1,102 @@
+"""The ``memstore`` command as a user runs it: migrations on a fresh database, and ``serve`` on the embedded one."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import psycopg
+import sqlalchemy as sa
+from psycopg import sql
+
+from memstore.db import libpq_url
+
+MEMSTORE = [sys.executable, "-m", "memstore.cli"]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSTORE_")}
+    env.update(extra)
+    return env
+
+
+def test_db_upgrade_on_a_fresh_database(server_url: str) -> None:
+    name = f"memstore_cli_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(libpq_url(server_url), autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    url = sa.make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    try:
+        env = _env(MEMSTORE_DATABASE_URL=url)
+        out = subprocess.run(
+            [*MEMSTORE, "db", "upgrade", "--json"], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert out.returncode == 0, out.stderr
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        assert result["before"] is None and result["after"] is not None
+        again = subprocess.run(
+            [*MEMSTORE, "db", "upgrade", "--json"], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert json.loads(again.stdout.strip().splitlines()[-1]) == {
+            "before": result["after"],
+            "after": result["after"],
+        }
+        with psycopg.connect(libpq_url(url)) as conn:
+            tables = {r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE tablename LIKE 'memstore_%'")}
+            assert {"memstore_collections", "memstore_ingest_queue", "memstore_maintenance_actions"} <= tables
+            assert conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'vector'").fetchone() == (1,)
+    finally:
+        with psycopg.connect(libpq_url(server_url), autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def test_bad_database_url_fails_with_a_message() -> None:
+    env = _env(MEMSTORE_DATABASE_URL="postgresql://nobody@127.0.0.1:1/none")
+    out = subprocess.run([*MEMSTORE, "db", "upgrade"], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "cannot reach the database" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_serve_on_the_embedded_database_answers_health(tmp_path: Path) -> None:
+    """The first quick-start command: embedded server up, migrations applied, /health answering."""
+    port = _free_port()
+    env = _env(MEMSTORE_DATA_DIR=str(tmp_path / "data"))
+    proc = subprocess.Popen(
+        [*MEMSTORE, "serve", "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        body = None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                response = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+                body = response.json()
+                break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        assert body is not None, "memstore serve never answered /health"
+        assert body["status"] == "ok"
+        assert body["database"]["server_version"].startswith("18")
+        assert body["database"]["revision"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    pidfile = tmp_path / "data" / "pg" / "postmaster.pid"
+    deadline = time.monotonic() + 20
+    while pidfile.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not pidfile.exists(), "the embedded server kept running after memstore serve exited"
