@@ -42,11 +42,11 @@ def _database(args: argparse.Namespace, tmp: str) -> str:
 
 
 def _raw_copy(conn: psycopg.Connection[Any], table: str, ids: list[str], rows: np.ndarray) -> None:
-    with conn.cursor() as cur:
-        with cur.copy(f"COPY {table} (external_id, embedding, metadata) FROM STDIN (FORMAT BINARY)") as copy:
-            copy.set_types(["text", "vector", "jsonb"])
-            for eid, row in zip(ids, rows, strict=True):
-                copy.write_row((eid, row, psycopg.types.json.Jsonb({})))
+    statement = f"COPY {table} (external_id, embedding, metadata) FROM STDIN (FORMAT BINARY)"
+    with conn.cursor() as cur, cur.copy(statement) as copy:
+        copy.set_types(["text", "vector", "jsonb"])
+        for eid, row in zip(ids, rows, strict=True):
+            copy.write_row((eid, row, psycopg.types.json.Jsonb({})))
     conn.commit()
 
 

@@ -15,10 +15,14 @@ FloatMatrix = npt.NDArray[np.float32]
 
 def as_vector(values: Any, *, dimensions: int, where: str = "vector") -> FloatMatrix:
     """A finite float32 vector of exactly ``dimensions`` numbers, or InvalidInputError."""
-    if isinstance(values, np.ndarray) and values.shape == (dimensions,) and values.dtype == np.float32:
-        # The common case on the search path (vectors from the encoder or numpy): no copy.
-        if np.isfinite(values).all():
-            return values
+    # The common case on the search path (vectors from the encoder or numpy): no copy.
+    if (
+        isinstance(values, np.ndarray)
+        and values.shape == (dimensions,)
+        and values.dtype == np.float32
+        and np.isfinite(values).all()
+    ):
+        return values
     return as_matrix([values], dimensions=dimensions, where=where)[0]
 
 
