@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
+from memstore import items as item_sql
 from memstore.db import raw_connection
 from memstore.errors import CollectionNotFoundError, DimensionMismatchError, InvalidInputError
 from memstore.models import ItemIn
@@ -131,3 +133,32 @@ def test_recall_at_10_on_real_bge_m3_embeddings(store: VectorStore, collection_n
     recall = float(np.mean(recalls))
     print(f"recall@10 on bge-m3 at default ef_search: {recall:.4f}")
     assert recall >= 0.95
+
+
+@pytest.mark.parametrize("partitions", [1, 2])
+def test_plans_use_the_hnsw_index_unless_exact(store: VectorStore, collection_name: str, partitions: int) -> None:
+    """Recall figures only mean something if the index answers: check the plan, not just the rows.
+
+    (On a few thousand rows per partition the planner rightly prefers a sequential scan and sort,
+    which is exact; the index takes over as tables grow.)
+    """
+    c = store.create_collection(name=collection_name, dimensions=8, partitions=partitions)
+    rng = np.random.default_rng(4)
+    store.upsert_items(
+        collection=collection_name,
+        items=[ItemIn(vector=v, metadata={"g": i % 3}) for i, v in enumerate(rng.normal(size=(12_000, 8)))],
+    )
+    with raw_connection(store.engine) as conn:
+        conn.execute(sql.SQL("ANALYZE {}").format(c.table))
+    for filtered in (False, True):
+        for exact in (False, True):
+            statement = item_sql.search_statement(c, filtered=filtered, exact=exact)
+            params: dict[str, object] = {"q": rng.normal(size=8).astype(np.float32), "k": 10}
+            if filtered:
+                params["f"] = Jsonb({"g": 1})
+            settings = item_sql.search_settings(ef_search=40, exact=exact, max_scan_tuples=20000)
+            with raw_connection(store.engine) as conn, conn.cursor() as cur:
+                cur.execute(item_sql.SETTINGS_SQL, settings)
+                cur.execute(sql.SQL("EXPLAIN ") + statement, params)
+                plan = "\n".join(r[0] for r in cur.fetchall())
+            assert ("_hnsw" in plan) is not exact, plan
