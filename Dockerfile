@@ -1,0 +1,50 @@
+# syntax=docker/dockerfile:1
+# One image serves every role: api (`memstore serve`), worker (`memstore worker`), migrate
+# (`memstore db upgrade`), encoder (`encoder`) and maintenance (`memstore-maint daemon`).
+#
+#   docker build -t memstore:latest .                                        # CUDA torch (GPU hosts; runs on CPU too)
+#   docker build -t memstore:cpu --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu .
+#
+# The CPU variant takes torch from PyTorch's CPU-only wheel index: about 1 GB smaller.
+
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ARG TORCH_INDEX_URL=""
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv /opt/memstore
+ENV PATH=/opt/memstore/bin:$PATH
+WORKDIR /src
+# Dependencies first, so code changes do not reinstall torch.
+COPY pyproject.toml README.md ./
+RUN if [ -n "$TORCH_INDEX_URL" ]; then \
+        pip install --index-url "$TORCH_INDEX_URL" torch==2.14.1 torchvision==0.29.1; \
+    fi \
+ && mkdir -p memstore encoder maintenance \
+ && touch memstore/__init__.py encoder/__init__.py maintenance/__init__.py \
+ && pip install . \
+ && pip uninstall -y memstore
+COPY memstore memstore
+COPY encoder encoder
+COPY maintenance maintenance
+RUN pip install --no-deps . && python -m compileall -q /opt/memstore
+
+FROM ${PYTHON_IMAGE} AS runtime
+# libgomp for torch's CPU kernels; tini reaps children and forwards SIGTERM for a clean stop.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends libgomp1 tini \
+ && rm -rf /var/lib/apt/lists/* \
+ && useradd --system --uid 10001 --user-group --create-home --home-dir /home/memstore memstore \
+ && mkdir -p /var/lib/memstore /var/cache/huggingface \
+ && chown memstore:memstore /var/lib/memstore /var/cache/huggingface
+COPY --from=build /opt/memstore /opt/memstore
+ENV PATH=/opt/memstore/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    MEMSTORE_DATA_DIR=/var/lib/memstore \
+    HF_HOME=/var/cache/huggingface \
+    HF_HUB_OFFLINE=1
+USER memstore
+WORKDIR /home/memstore
+EXPOSE 8000 8001
+ENTRYPOINT ["tini", "--"]
+CMD ["memstore", "serve", "--host", "0.0.0.0"]
