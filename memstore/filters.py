@@ -58,6 +58,10 @@ def _encode(value: Any, where: str) -> str:
         raise InvalidInputError(f"{where} is not valid JSON: {exc}") from None
     except RecursionError:
         raise InvalidInputError(f"{where} is nested too deeply") from None
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInputError(f"{where} contains text that is not valid Unicode (a lone surrogate)") from None
     if "\\u0000" in encoded:
         raise InvalidInputError(f"{where} may not contain NUL characters (PostgreSQL's jsonb refuses them)")
     return encoded

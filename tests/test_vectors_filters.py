@@ -70,3 +70,11 @@ def test_metadata_refuses_nan_nul_and_oversize() -> None:
         check_metadata({"x": "a\x00b"})
     with pytest.raises(InvalidInputError, match="bytes"):
         check_metadata({"x": "y" * 70_000})
+
+
+def test_lone_surrogates_are_refused() -> None:
+    """Found by the filter fuzzer: PostgreSQL's json parser rejects them, which must not become a 500."""
+    with pytest.raises(InvalidInputError, match="Unicode"):
+        check_metadata({"\ud800": 1})
+    with pytest.raises(InvalidInputError, match="Unicode"):
+        check_filter({"k": "\udfff"})
