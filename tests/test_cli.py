@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import psycopg
+import pytest
 import sqlalchemy as sa
 from psycopg import sql
 
@@ -88,7 +89,10 @@ def test_serve_on_the_embedded_database_answers_health(tmp_path: Path) -> None:
                 break
             except httpx.HTTPError:
                 time.sleep(0.5)
-        assert body is not None, "memstore serve never answered /health"
+        if body is None:
+            proc.kill()
+            output = proc.stdout.read() if proc.stdout else ""
+            pytest.fail(f"memstore serve never answered /health; it printed:\n{output[-4000:]}")
         assert body["status"] == "ok"
         assert body["database"]["server_version"].startswith("18")
         assert body["database"]["revision"]
