@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import select
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -55,6 +56,22 @@ def _register_vector_types(dbapi_connection: Any, _record: Any) -> None:
         conn.commit()
 
 
+def _discard_dead_connections(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
+    """Refuse a pooled connection whose server end is gone, without a round trip.
+
+    An idle connection has nothing to read; if its socket is readable the server has closed it
+    (restart, crash, idle timeout) or sent an error. Raising DisconnectionError makes the pool
+    discard it and hand out a fresh one, so a database restart costs no failed request.
+    """
+    conn: psycopg.Connection[Any] = dbapi_connection
+    try:
+        dead = conn.closed or conn.broken or bool(select.select([conn.fileno()], [], [], 0)[0])
+    except (OSError, ValueError, psycopg.Error):
+        dead = True
+    if dead:
+        raise sa.exc.DisconnectionError("the server closed this connection")
+
+
 def create_engine(url: str, *, pool_size: int = 8, max_overflow: int = 8) -> sa.Engine:
     engine = sa.create_engine(
         normalise_url(url),
@@ -65,6 +82,7 @@ def create_engine(url: str, *, pool_size: int = 8, max_overflow: int = 8) -> sa.
         pool_pre_ping=False,
     )
     event.listen(engine, "connect", _register_vector_types)
+    event.listen(engine, "checkout", _discard_dead_connections)
     return engine
 
 
