@@ -1,0 +1,191 @@
+"""Maintenance statements, run safely online.
+
+Every statement runs on an autocommit connection of its own with ``lock_timeout`` (so no reader or
+writer waits behind it for longer than that), is retried on lock timeouts, and is cancelled when the
+worker is asked to stop. One worker per index: the caller holds a session advisory lock on the index's
+name while acting. A failed or cancelled ``REINDEX ... CONCURRENTLY`` leaves an INVALID index behind;
+it is dropped at once, and any found later is dropped before anything else is done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from maintenance.config import MaintenanceConfig
+from maintenance.progress import Kind, ProgressCallback, Watch
+from maintenance.targets import Target, targets_for
+
+log = logging.getLogger(__name__)
+
+
+class Interrupted(Exception):
+    """The worker was asked to stop while a statement ran; the statement was cancelled."""
+
+
+class Busy(Exception):
+    """Another worker holds the index, or the foreground is over its latency SLO: try later."""
+
+
+class Executor:
+    def __init__(
+        self,
+        connect: Callable[[], psycopg.Connection[Any]],
+        config: MaintenanceConfig,
+        *,
+        stop: threading.Event,
+        on_progress: ProgressCallback | None = None,
+    ) -> None:
+        self.connect = connect
+        self.config = config
+        self.stop = stop
+        self.on_progress = on_progress
+
+    # ------------------------------------------------------------------ locking
+
+    @contextlib.contextmanager
+    def index_lock(self, conn: psycopg.Connection[Any], target: Target) -> Iterator[None]:
+        """Hold the index's advisory lock (session level) or raise Busy; released on exit."""
+        row = conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (target.lock_key,)).fetchone()
+        if not row or not row[0]:
+            raise Busy(f"another worker is maintaining {target.index or target.table}")
+        try:
+            yield
+        finally:
+            if not conn.closed and not conn.broken:
+                conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (target.lock_key,))
+
+    # ------------------------------------------------------------------ statements
+
+    def execute(
+        self,
+        conn: psycopg.Connection[Any],
+        statement: sql.Composed,
+        *,
+        label: str,
+        kind: Kind | None = None,
+        before_retry: Callable[[], object] | None = None,
+    ) -> None:
+        """Run one statement with the lock timeout, retrying lock timeouts with a growing pause."""
+        attempt = 0
+        while True:
+            if self.stop.is_set():
+                raise Interrupted(f"stopped before {label}")
+            try:
+                if kind is None:
+                    conn.execute(statement)
+                else:
+                    with Watch(
+                        conn, self.connect, kind=kind, label=label, stop=self.stop, on_progress=self.on_progress
+                    ) as watch:
+                        try:
+                            conn.execute(statement)
+                        except psycopg.errors.QueryCanceled:
+                            if watch.cancelled:
+                                raise Interrupted(f"cancelled {label}") from None
+                            raise
+                return
+            except psycopg.errors.LockNotAvailable:
+                attempt += 1
+                if attempt > self.config.ddl_retries:
+                    raise
+                pause = self.config.retry_backoff_s * 2 ** (attempt - 1)
+                log.info("%s: lock timeout, retry %d in %.1fs", label, attempt, pause)
+                if before_retry:
+                    before_retry()
+                if self.stop.wait(pause):
+                    raise Interrupted(f"stopped while retrying {label}") from None
+
+    def drop_leftovers(self, conn: psycopg.Connection[Any], target: Target) -> list[str]:
+        """Drop INVALID indexes of the target's table, unless a build is running there right now.
+
+        The caller holds the index's advisory lock, so no other memstore worker is rebuilding it; the
+        progress check protects a build someone started by hand.
+        """
+        fresh = next(t for t in targets_for(conn, target.collection) if t.table == target.table)
+        dropped: list[str] = []
+        for leftover in fresh.leftovers:
+            if leftover.build_running:
+                log.warning(
+                    "%s: %s is INVALID but a build is running on the table; left alone", target.label, leftover.name
+                )
+                continue
+            self.execute(
+                conn,
+                sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(sql.Identifier(leftover.name)),
+                label=f"drop {leftover.name}",
+            )
+            dropped.append(leftover.name)
+        return dropped
+
+    def vacuum(self, conn: psycopg.Connection[Any], target: Target, *, index_cleanup: bool = True) -> None:
+        # INDEX_CLEANUP ON overrides the table's vacuum_index_cleanup = off: this is the worker's cleaning.
+        option = sql.SQL("ON" if index_cleanup else "OFF")
+        self.execute(
+            conn,
+            sql.SQL("VACUUM (INDEX_CLEANUP {}) {}").format(option, sql.Identifier(target.table)),
+            label=target.label,
+            kind="vacuum",
+        )
+
+    def rebuild(self, conn: psycopg.Connection[Any], target: Target) -> None:
+        """REINDEX INDEX CONCURRENTLY: readers and writers go on; a failure leaves ``*_ccnew`` behind."""
+        assert target.index is not None
+        statement = sql.SQL("REINDEX INDEX CONCURRENTLY {}").format(sql.Identifier(target.index))
+        try:
+            self.execute(
+                conn,
+                statement,
+                label=target.label,
+                kind="create_index",
+                before_retry=lambda: self.drop_leftovers(conn, target),
+            )
+        except BaseException:
+            self._cleanup_after_failure(target)
+            raise
+
+    def _cleanup_after_failure(self, target: Target) -> None:
+        """Drop what an interrupted rebuild left, on a fresh connection (the old one may be cancelled)."""
+        stop, self.stop = self.stop, threading.Event()  # the cleanup must run even while stopping
+        try:
+            with self.connect() as conn:
+                self.drop_leftovers(conn, target)
+        except Exception as exc:  # the next pass drops it; never hide the original error
+            log.warning("%s: could not drop leftovers yet: %s", target.label, exc)
+        finally:
+            self.stop = stop
+
+    def own_index_cleanup(self, conn: psycopg.Connection[Any], target: Target, *, own: bool = True) -> None:
+        """Take index cleanup from autovacuum (``vacuum_index_cleanup = off``) or hand it back."""
+        table = sql.Identifier(target.table)
+        statement = (
+            sql.SQL("ALTER TABLE {} SET (vacuum_index_cleanup = off)").format(table)
+            if own
+            else sql.SQL("ALTER TABLE {} RESET (vacuum_index_cleanup)").format(table)
+        )
+        self.execute(conn, statement, label=f"{'own' if own else 'hand back'} index cleanup of {target.label}")
+
+
+def wait_for_slo(
+    latency_ms: Callable[[], float | None], config: MaintenanceConfig, stop: threading.Event
+) -> float | None:
+    """Wait (doubling pauses) while foreground search latency is over the SLO; Busy after the max wait."""
+    deadline = time.monotonic() + config.slo_max_wait_s
+    pause = 1.0
+    while True:
+        current = latency_ms()
+        if current is None or current <= config.slo_p99_ms:
+            return current
+        if time.monotonic() + pause > deadline:
+            raise Busy(f"search latency {current:.0f} ms over the {config.slo_p99_ms:.0f} ms SLO")
+        log.info("search latency %.0f ms over SLO; waiting %.0fs", current, pause)
+        if stop.wait(pause):
+            raise Interrupted("stopped while waiting for latency to recover")
+        pause = min(pause * 2, 30.0)

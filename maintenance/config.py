@@ -1,0 +1,84 @@
+"""The maintenance worker's knobs, read from ``MEMSTORE_MAINT_*`` environment variables.
+
+The defaults come from measurements on this project's machine (docs/maintenance.md has the numbers
+and the commands that produced them).
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class MaintenanceConfig(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MEMSTORE_MAINT_", env_file=".env", extra="ignore")
+
+    # --- policy (see maintenance.policy) ---
+    compact_dead_fraction: float = Field(
+        default=0.10,
+        gt=0,
+        le=1,
+        description="Dead index entries per live row from which the index is compacted: above about 5% "
+        "pgvector's VACUUM repairs most of the graph and a concurrent rebuild is cheaper.",
+    )
+    max_size_ratio: float = Field(
+        default=1.09, gt=1, description="Compact when the index is this much larger than a fresh build would be."
+    )
+    recall_floor: float = Field(default=0.95, ge=0, le=1, description="Compact when sampled recall falls below.")
+    recall_drop: float = Field(
+        default=0.02, ge=0, le=1, description="Compact when sampled recall is this far below the index's fresh recall."
+    )
+    small_index_bytes: int = Field(
+        default=1 << 20,
+        ge=0,
+        description="Below this index size a plain VACUUM (tens of ms) beats a concurrent rebuild's fixed cost.",
+    )
+    max_dead_age_s: float = Field(
+        default=24 * 3600.0,
+        ge=0,
+        description="Dead entries older than this are cleaned (by VACUUM while they are few) even below the "
+        "compaction threshold, so a slowly churning index still gets its space back.",
+    )
+    own_index_cleanup: bool = Field(
+        default=True,
+        description="Set vacuum_index_cleanup = off on collection tables: autovacuum then only prunes the heap "
+        "and the worker decides when the index is cleaned (by a rebuild, which is cheaper).",
+    )
+
+    # --- recall probe ---
+    recall_k: int = Field(default=10, ge=1, le=100)
+    recall_sample: int = Field(default=20, ge=1, le=1000, description="Query vectors per recall probe.")
+    recall_churn_fraction: float = Field(
+        default=0.10,
+        ge=0,
+        description="Measure recall again once this fraction of the rows changed since the last measurement.",
+    )
+    recall_interval_s: float = Field(default=3600.0, ge=0, description="... or once this much time has passed.")
+    recall_cost_fraction: float = Field(
+        default=0.1,
+        gt=0,
+        description="A recall probe may cost at most this fraction of the index's last rebuild time (at least "
+        "5 queries): the check must stay cheap next to the remedy.",
+    )
+    rebuild_rows_per_s: float = Field(
+        default=4000.0,
+        gt=0,
+        description="Assumed build speed before the worker has timed a rebuild of an index (measured here: "
+        "100k x 128-d in 25 s, 720 x 1024-d in 0.17 s).",
+    )
+    recall_budget_s: float = Field(
+        default=10.0, gt=0, description="Stop adding exact searches to a probe past this many seconds (min 5 queries)."
+    )
+
+    # --- safety ---
+    lock_timeout_ms: int = Field(default=2000, ge=1, description="lock_timeout of every maintenance statement.")
+    ddl_retries: int = Field(default=5, ge=0, description="Retries of a statement that hit the lock timeout.")
+    retry_backoff_s: float = Field(default=1.0, ge=0)
+    slo_p99_ms: float = Field(default=250.0, gt=0, description="Foreground search latency above which work waits.")
+    slo_max_wait_s: float = Field(default=300.0, ge=0, description="How long to wait for latency to recover.")
+    vacuum_cost_delay_ms: float = Field(
+        default=0.0, ge=0, le=100, description="vacuum_cost_delay of the worker's VACUUMs (0: full speed)."
+    )
+
+    # --- loop ---
+    interval_s: float = Field(default=300.0, gt=0, description="Seconds between passes of the daemon.")

@@ -1,0 +1,66 @@
+"""The policy: from a probe's figures to nothing, VACUUM or compaction. A pure function.
+
+Why these rules (measurements in docs/maintenance.md):
+- pgvector's VACUUM repairs every live element that has a dead neighbour; at m=16 an element has 32
+  layer-0 neighbours, so with a dead fraction d about 1-(1-d)^32 of the graph is searched again
+  (5% dead: 80%). Past a few percent a concurrent rebuild is cheaper, and it also restores the size
+  and the graph quality a fresh build has. So dead entries are left to accumulate while recall and
+  size are healthy, and then cleaned all at once by a rebuild.
+- VACUUM stays the right tool where a rebuild's fixed costs dominate (tiny tables) and where few dead
+  entries have waited long (their repair touches little of the graph).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from maintenance.config import MaintenanceConfig
+from maintenance.probes import Probe
+
+Action = Literal["nothing", "vacuum", "compact"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    reason: str
+    cleanup: bool = False  # INVALID leftovers to drop first (always done before anything else)
+
+    @property
+    def label(self) -> str:
+        return (
+            f"{self.action}+cleanup"
+            if self.cleanup and self.action != "nothing"
+            else ("cleanup" if self.cleanup else self.action)
+        )
+
+
+def decide(p: Probe, config: MaintenanceConfig) -> Decision:
+    cleanup = bool(p.leftovers)
+    if p.index is None:
+        return Decision("nothing", "no valid HNSW index", cleanup)
+    if p.live_rows == 0 and p.dead_entries == 0:
+        return Decision("nothing", "empty", cleanup)
+    small = p.index_bytes < config.small_index_bytes
+    heavy: Action = "vacuum" if small else "compact"
+    recall = p.recall_value
+    if recall is not None:
+        if p.fresh_recall is None:
+            # Never rebuilt by the worker: the absolute floor; one rebuild then tells what fresh gives.
+            if recall < config.recall_floor:
+                return Decision(heavy, f"recall {recall:.3f} below {config.recall_floor:.3f}", cleanup)
+        elif recall < p.fresh_recall - config.recall_drop and (p.churn_since_rebuild or 0) > 0:
+            # Relative to what a fresh build gave: a rebuild cannot beat that, so no rebuild loops.
+            return Decision(
+                heavy, f"recall {recall:.3f} drifted from {p.fresh_recall:.3f} after the last rebuild", cleanup
+            )
+    if p.dead_fraction >= config.compact_dead_fraction:
+        return Decision(
+            heavy, f"dead fraction {p.dead_fraction:.3f} at or over {config.compact_dead_fraction:.3f}", cleanup
+        )
+    if p.size_ratio >= config.max_size_ratio and p.index_bytes > 4 * 8192:
+        return Decision(heavy, f"index {p.size_ratio:.2f}x a fresh build (limit {config.max_size_ratio:.2f})", cleanup)
+    if p.dead_entries > 0 and p.dead_age_s is not None and p.dead_age_s >= config.max_dead_age_s:
+        return Decision("vacuum", f"{p.dead_entries} dead entries older than {config.max_dead_age_s:.0f}s", cleanup)
+    return Decision("nothing", "healthy", cleanup)

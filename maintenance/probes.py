@@ -1,0 +1,254 @@
+"""Probes: what state an index is in (rows, dead entries, churn, size against fresh, recall, leftovers)."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from maintenance import sqlfiles
+from maintenance.config import MaintenanceConfig
+from maintenance.recall import RecallResult, measure_recall
+from maintenance.sizing import estimate_index_bytes, fresh_bytes
+from maintenance.targets import Target, representation
+
+COUNTERS = ("n_tup_ins", "n_tup_upd", "n_tup_hot_upd", "n_tup_del")
+
+
+def index_entries_made(c: dict[str, Any]) -> int:
+    """Index entries ever added: inserts plus non-HOT updates (a HOT update adds no index entry)."""
+    return int(c["n_tup_ins"]) + int(c["n_tup_upd"]) - int(c["n_tup_hot_upd"])
+
+
+def index_entries_killed(c: dict[str, Any]) -> int:
+    """Index entries ever made dead: deletes plus non-HOT updates."""
+    return int(c["n_tup_del"]) + int(c["n_tup_upd"]) - int(c["n_tup_hot_upd"])
+
+
+@dataclass
+class Probe:
+    collection: str
+    table: str
+    index: str | None
+    partition: int | None
+    live_rows: int
+    dead_tuples: int  # heap tuples not yet vacuumed (pg_stat_user_tables.n_dead_tup)
+    dead_entries: int  # estimated dead elements still in the HNSW graph
+    churn_since_rebuild: int | None
+    index_bytes: int
+    fresh_bytes: int
+    leftovers: list[str]
+    owned: bool  # vacuum_index_cleanup = off: the worker, not autovacuum, cleans this index
+    counters: dict[str, int]
+    dead_age_s: float | None  # seconds since the index was last known clean
+    fresh_recall: float | None  # recall measured right after the last rebuild
+    recall_due: bool = True  # enough churn or time since the last recall measurement
+    rebuild_s: float | None = None  # how long the last rebuild took (bounds the recall probe's cost)
+    recall: RecallResult | None = None
+    duration_s: float = 0.0
+    taken_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+    @property
+    def dead_fraction(self) -> float:
+        return self.dead_entries / max(self.live_rows, 1)
+
+    @property
+    def size_ratio(self) -> float:
+        return self.index_bytes / max(self.fresh_bytes, 1)
+
+    @property
+    def recall_value(self) -> float | None:
+        return None if self.recall is None else self.recall.recall
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-ready summary (used for --json output and the history's before/after figures)."""
+        out = {k: v for k, v in asdict(self).items() if k not in ("recall", "taken_at")}
+        out.update(
+            dead_fraction=round(self.dead_fraction, 5),
+            size_ratio=round(self.size_ratio, 4),
+            recall=self.recall_value,
+            recall_queries=None if self.recall is None else self.recall.queries,
+            recall_source=None if self.recall is None else self.recall.source,
+            taken_at=self.taken_at.isoformat(),
+        )
+        return out
+
+
+def parse_json(value: Any) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    return value if isinstance(value, dict) else json.loads(value)
+
+
+def probe(
+    conn: psycopg.Connection[Any],
+    target: Target,
+    config: MaintenanceConfig,
+    *,
+    max_scan_tuples: int,
+    with_recall: bool = True,
+) -> Probe:
+    """Read the state of ``target`` (the connection must be in autocommit mode)."""
+    t0 = time.perf_counter()
+    c = target.collection
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    stats = conn.cursor(row_factory=dict_row).execute(sqlfiles.text("table_stats"), {"table": target.table}).fetchone()
+    if stats is None:
+        raise LookupError(f"table {target.table} does not exist")
+    history = conn.cursor(row_factory=dict_row).execute(sqlfiles.text("last_clean"), {"table": target.table}).fetchone()
+    assert history is not None
+    counters = {k: int(stats[k]) for k in COUNTERS}
+    live = int(stats["n_live_tup"]) or int(stats["reltuples"])
+    if live == 0:
+        # Statistics not flushed yet (a fresh table): count, which is cheap exactly then.
+        row = conn.execute(sqlfiles.composed("count_rows", table=target.table)).fetchone()
+        live = int(row[0]) if row else 0
+    owned = str(stats["index_cleanup"]).lower() in ("off", "false", "0", "no")
+    index_bytes = 0
+    if target.index:
+        row = conn.execute("SELECT pg_relation_size(to_regclass(%s))", (target.index,)).fetchone()
+        index_bytes = int(row[0] or 0) if row else 0
+
+    last_recall = parse_json(history["last_recall"])
+    recall_due = _recall_due(last_recall, counters, live, config)
+    last_clean = parse_json(history["last_clean"])
+    last_compact = parse_json(history["last_compact"])
+    dead_entries, dead_age = int(stats["n_dead_tup"]), None
+    if last_clean is not None:
+        after = last_clean.get("after") or {}
+        base = after.get("counters")
+        finished = datetime.fromisoformat(last_clean["finished_at"])
+        vacuumed = [t for t in (stats["last_vacuum"], stats["last_autovacuum"]) if t is not None]
+        # Trust the counters only when nothing outside the worker cleaned the index since.
+        trusted = owned or not vacuumed or max(vacuumed) <= finished
+        if base and all(counters[k] >= int(base.get(k, 0)) for k in COUNTERS) and trusted:
+            since = index_entries_killed(counters) - index_entries_killed(base)
+            dead_entries = max(dead_entries, int(after.get("dead_entries", 0)) + since)
+        dead_age = (datetime.now(UTC) - finished).total_seconds()
+    churn = None
+    correction = None
+    fresh_recall = None
+    rebuild_s = None
+    if last_compact is not None:
+        after = last_compact.get("after") or {}
+        base = after.get("counters")
+        if base and all(counters[k] >= int(base.get(k, 0)) for k in COUNTERS):
+            churn = (index_entries_made(counters) - index_entries_made(base)) + (
+                index_entries_killed(counters) - index_entries_killed(base)
+            )
+        if after.get("index_bytes") and after.get("live_rows"):
+            built = estimate_index_bytes(int(after["live_rows"]), dims=c.dimensions, m=c.hnsw_m)
+            correction = int(after["index_bytes"]) / built
+        fresh_recall = after.get("recall")
+        rebuild_s = last_compact.get("duration_s")
+
+    result = Probe(
+        collection=c.name,
+        table=target.table,
+        index=target.index,
+        partition=target.partition,
+        live_rows=live,
+        dead_tuples=int(stats["n_dead_tup"]),
+        dead_entries=dead_entries,
+        churn_since_rebuild=churn,
+        index_bytes=index_bytes,
+        fresh_bytes=fresh_bytes(live, dims=c.dimensions, m=c.hnsw_m, correction=correction),
+        leftovers=[lo.name for lo in target.leftovers],
+        owned=owned,
+        counters=counters,
+        dead_age_s=dead_age,
+        fresh_recall=fresh_recall,
+        recall_due=recall_due,
+        rebuild_s=None if rebuild_s is None else float(rebuild_s),
+    )
+    if with_recall:
+        attach_recall(conn, target, result, config, max_scan_tuples=max_scan_tuples)
+    result.duration_s = time.perf_counter() - t0
+    return result
+
+
+def attach_recall(
+    conn: psycopg.Connection[Any], target: Target, p: Probe, config: MaintenanceConfig, *, max_scan_tuples: int
+) -> None:
+    """Measure sampled recall into ``p`` (the costly part of a probe: exact searches)."""
+    if not target.index or p.live_rows <= 0:
+        return
+    if representation(target.collection) != "full":
+        # The probe's searches order by the full vector; a compact index would need the store's
+        # candidate-and-rerank query, per partition. Until then the cheap signals decide alone.
+        return
+    t0 = time.perf_counter()
+    p.recall = measure_recall(
+        conn,
+        target,
+        k=config.recall_k,
+        sample=config.recall_sample,
+        budget_s=recall_budget(p, config),
+        ef_search=target.collection.default_ef_search,
+        max_scan_tuples=max_scan_tuples,
+    )
+    p.duration_s += time.perf_counter() - t0
+
+
+def recall_budget(p: Probe, config: MaintenanceConfig) -> float:
+    """Seconds the recall probe may take: a fraction of what rebuilding this index last cost."""
+    rebuild_s = p.rebuild_s if p.rebuild_s is not None else p.live_rows / config.rebuild_rows_per_s
+    return min(config.recall_budget_s, config.recall_cost_fraction * rebuild_s)
+
+
+def _recall_due(last: dict[str, Any] | None, counters: dict[str, int], live: int, config: MaintenanceConfig) -> bool:
+    """Recall is measured again only after enough churn or time: its exact searches are the probe's cost."""
+    if last is None or last.get("counters") is None:
+        return True
+    age = (datetime.now(UTC) - datetime.fromisoformat(last["taken_at"])).total_seconds()
+    if age >= config.recall_interval_s:
+        return True
+    base = last["counters"]
+    if not all(counters[k] >= int(base.get(k, 0)) for k in COUNTERS):
+        return True  # statistics were reset
+    changed = (index_entries_made(counters) - index_entries_made(base)) + (
+        index_entries_killed(counters) - index_entries_killed(base)
+    )
+    return changed >= config.recall_churn_fraction * max(live, 1)
+
+
+def record_probe(conn: psycopg.Connection[Any], p: Probe, recommendation: str) -> None:
+    r = p.recall
+    conn.execute(
+        sqlfiles.text("record_probe"),
+        {
+            "collection": p.collection,
+            "partition_table": p.table,
+            "index_name": p.index,
+            "live_rows": p.live_rows,
+            "dead_rows": p.dead_entries,
+            "churn_since_rebuild": p.churn_since_rebuild,
+            "index_bytes": p.index_bytes,
+            "fresh_index_bytes": p.fresh_bytes,
+            "invalid_indexes": len(p.leftovers),
+            "recall": None if r is None else r.recall,
+            "recall_k": None if r is None else r.k,
+            "recall_sample": None if r is None else r.queries,
+            "ef_search": None if r is None else r.ef_search,
+            "duration_s": p.duration_s,
+            "recommendation": recommendation,
+            "details": Jsonb(
+                {
+                    "counters": p.counters,
+                    "dead_tuples": p.dead_tuples,
+                    "owned": p.owned,
+                    "leftovers": p.leftovers,
+                    "dead_age_s": p.dead_age_s,
+                    "fresh_recall": p.fresh_recall,
+                    "recall_source": None if r is None else r.source,
+                    "recall_seconds": None if r is None else round(r.seconds, 3),
+                }
+            ),
+        },
+    )

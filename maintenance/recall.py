@@ -1,0 +1,111 @@
+"""Sampled recall: recall@k of an index against exact search, at the collection's search settings.
+
+Queries are, in order of preference: the ones given, real recent queries sampled by the API
+(``memstore_query_samples``), or random stored vectors. The exact searches are the expensive part,
+so the probe stops adding queries once its time budget is spent (after at least ``MIN_QUERIES``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import psycopg
+
+from maintenance import sqlfiles
+from maintenance.targets import Target
+from memstore.items import SETTINGS_SQL, search_settings
+
+MIN_QUERIES = 5
+# Distances equal to the k-th exact one count as hits: ties must not cost recall.
+TIE_EPSILON = 1e-6
+
+
+@dataclass(frozen=True)
+class RecallResult:
+    recall: float | None  # None when there was nothing to query (empty table)
+    k: int
+    queries: int
+    ef_search: int
+    source: str  # "given", "query_samples" or "stored"
+    seconds: float
+    found: list[list[int]] = field(default_factory=list, repr=False)
+    exact: list[list[int]] = field(default_factory=list, repr=False)
+
+
+def sample_queries(conn: psycopg.Connection[Any], target: Target, n: int) -> tuple[list[np.ndarray], str]:
+    params = {"collection_id": target.collection.id, "n": n}
+    rows = conn.cursor(binary=True).execute(sqlfiles.text("sample_queries"), params).fetchall()
+    dims = target.collection.dimensions
+    vectors = [v for v in (as_numpy(r[0]) for r in rows) if v.shape == (dims,)]
+    if vectors:
+        return vectors, "query_samples"
+    rows = conn.cursor(binary=True).execute(sqlfiles.composed("sample_stored", table=target.table), {"n": n}).fetchall()
+    return [as_numpy(r[0]) for r in rows], "stored"
+
+
+def as_numpy(value: Any) -> np.ndarray:
+    """pgvector's loader gives ``Vector`` objects (or arrays, depending on the version)."""
+    return np.asarray(value.to_numpy() if hasattr(value, "to_numpy") else value, dtype=np.float32)
+
+
+def hits(found: Sequence[tuple[int, float]], exact: Sequence[tuple[int, float]], k: int) -> int:
+    """How many of the index's answers are among the true k nearest (ties at the k-th distance count)."""
+    if not exact:
+        return 0
+    exact_ids = {i for i, _ in exact}
+    kth = exact[min(k, len(exact)) - 1][1]
+    return min(sum(1 for i, d in found if i in exact_ids or d <= kth + TIE_EPSILON), len(exact))
+
+
+def measure_recall(
+    conn: psycopg.Connection[Any],
+    target: Target,
+    *,
+    k: int,
+    sample: int,
+    budget_s: float,
+    ef_search: int,
+    max_scan_tuples: int,
+    queries: Sequence[np.ndarray] | None = None,
+) -> RecallResult:
+    t0 = time.perf_counter()
+    if queries is not None:
+        vectors, source = list(queries), "given"
+    else:
+        vectors, source = sample_queries(conn, target, sample)
+    op = target.collection.spec.operator
+    index_sql = sqlfiles.composed("index_search", table=target.table, op=op)
+    exact_sql = sqlfiles.composed("exact_search", table=target.table, op=op)
+    approx = search_settings(ef_search=ef_search, exact=False, max_scan_tuples=max_scan_tuples)
+    brute = search_settings(ef_search=ef_search, exact=True, max_scan_tuples=max_scan_tuples)
+    total_hits = total_expected = 0
+    found_ids: list[list[int]] = []
+    exact_ids: list[list[int]] = []
+    for n, q in enumerate(vectors):
+        if n >= MIN_QUERIES and time.perf_counter() - t0 > budget_s:
+            break
+        with conn.transaction(), conn.cursor() as cur:
+            cur.execute(SETTINGS_SQL, approx)
+            found = [(int(i), float(d)) for i, d in cur.execute(index_sql, {"q": q, "k": k}).fetchall()]
+        with conn.transaction(), conn.cursor() as cur:
+            cur.execute(SETTINGS_SQL, brute)
+            exact = [(int(i), float(d)) for i, d in cur.execute(exact_sql, {"q": q, "k": k}).fetchall()]
+        total_hits += hits(found, exact, k)
+        total_expected += len(exact)
+        found_ids.append([i for i, _ in found])
+        exact_ids.append([i for i, _ in exact])
+    recall = total_hits / total_expected if total_expected else None
+    return RecallResult(
+        recall=recall,
+        k=k,
+        queries=len(found_ids),
+        ef_search=ef_search,
+        source=source,
+        seconds=time.perf_counter() - t0,
+        found=found_ids,
+        exact=exact_ids,
+    )

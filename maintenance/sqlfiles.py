@@ -1,0 +1,36 @@
+"""The SQL of maintenance lives in ``maintenance/sql/*.sql``, loaded by name (never glued from strings).
+
+Files with ``{table}``/``{op}`` placeholders are composed with psycopg's ``sql`` module, so identifiers
+are always quoted correctly.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+from psycopg import sql
+
+SQL_DIR = Path(__file__).resolve().parent / "sql"
+
+
+@cache
+def text(name: str) -> str:
+    """The text of ``sql/<name>.sql``."""
+    # Beside this module (not importlib.resources: under pytest, tests/maintenance/ can make
+    # ``maintenance`` a namespace package whose resources are ambiguous).
+    return (SQL_DIR / f"{name}.sql").read_text(encoding="utf-8")
+
+
+def query(name: str) -> sql.SQL:
+    return sql.SQL(text(name))
+
+
+def composed(name: str, *, table: str, op: str | None = None) -> sql.Composed:
+    """``sql/<name>.sql`` with ``{table}`` quoted as an identifier and ``{op}`` a known distance operator."""
+    parts: dict[str, sql.Composable] = {"table": sql.Identifier(table)}
+    if op is not None:
+        if op not in ("<=>", "<->", "<#>"):
+            raise ValueError(f"unknown distance operator {op!r}")
+        parts["op"] = sql.SQL(op)
+    return sql.SQL(text(name)).format(**parts)

@@ -1,0 +1,75 @@
+"""What maintenance works on: one target per table that holds rows (a plain collection's table, or
+each partition of a partitioned one) with its HNSW index and any INVALID leftovers."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from maintenance import sqlfiles
+from memstore.collections import Collection
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """An INVALID index left by an interrupted concurrent build (``*_ccnew``) or swap (``*_ccold``)."""
+
+    name: str
+    bytes: int
+    build_running: bool
+
+
+@dataclass(frozen=True)
+class Target:
+    collection: Collection
+    table: str
+    index: str | None  # the valid HNSW index; None when there is none (nothing to maintain)
+    partition: int | None = None
+    leftovers: tuple[Leftover, ...] = field(default_factory=tuple)
+
+    @property
+    def label(self) -> str:
+        return self.table if self.partition is None else f"{self.collection.name}[p{self.partition}]"
+
+    @property
+    def lock_key(self) -> str:
+        """The advisory lock name: one worker per index, stable across rebuilds (the name is kept)."""
+        return f"memstore.maint.{self.index or self.table}"
+
+
+def representation(c: Collection) -> str:
+    """How the collection's index stores vectors: ``full`` (the ``embedding`` column itself) or a
+    compact form (``halfvec``, ``binary``, ``lowrank``) when the core supports those."""
+    try:  # looked up at run time: the core's compact indexes are optional to maintenance
+        spec = importlib.import_module("memstore.compact.spec")
+    except ImportError:
+        return "full"
+    return str(spec.index_spec(c).representation)
+
+
+def targets_for(conn: psycopg.Connection[Any], collection: Collection) -> list[Target]:
+    out: list[Target] = []
+    tables = collection.partition_tables()
+    for i, table in enumerate(tables):
+        rows = conn.cursor(row_factory=dict_row).execute(sqlfiles.text("indexes"), {"table": table}).fetchall()
+        valid = [r["index_name"] for r in rows if r["valid"] and r["method"] == "hnsw"]
+        # Prefer the conventional name when a table somehow has more than one HNSW index.
+        preferred = f"{table}_hnsw"
+        index = preferred if preferred in valid else (valid[0] if valid else None)
+        leftovers = tuple(
+            Leftover(r["index_name"], int(r["bytes"]), bool(r["build_running"])) for r in rows if not r["valid"]
+        )
+        out.append(
+            Target(
+                collection=collection,
+                table=table,
+                index=index,
+                partition=i if len(tables) > 1 else None,
+                leftovers=leftovers,
+            )
+        )
+    return out

@@ -1,0 +1,262 @@
+"""The maintenance worker: probe every index, decide, act safely, record everything.
+
+``run_once()`` is one pass (cron: ``memstore-maint run --once``); ``run_forever(stop)`` repeats it
+every ``interval_s`` until ``stop`` is set (the daemon, or a thread of the API server). Partitions are
+handled one at a time, so the extra space and time of a rebuild stay bounded by one partition's.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+import sqlalchemy as sa
+from pgvector.psycopg import register_vector
+
+from maintenance import history
+from maintenance.actions import Busy, Executor, Interrupted, wait_for_slo
+from maintenance.config import MaintenanceConfig
+from maintenance.policy import Decision, decide
+from maintenance.probes import Probe, attach_recall, probe, record_probe
+from maintenance.progress import ProgressCallback
+from maintenance.targets import Target, targets_for
+from memstore.collections import Collection
+from memstore.db import libpq_url
+from memstore.settings import Settings, get_settings
+from memstore.store import VectorStore
+
+log = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+
+LatencySource = Callable[[], float | None]
+
+
+@dataclass
+class Outcome:
+    """What one pass did to one target (also the --json output of run/vacuum/compact)."""
+
+    collection: str
+    table: str
+    decision: str
+    reason: str
+    outcome: str  # ok, failed, skipped, interrupted, nothing
+    duration_s: float = 0.0
+    error: str | None = None
+    dropped: list[str] = field(default_factory=list)
+    before: dict[str, Any] = field(default_factory=dict)
+    after: dict[str, Any] = field(default_factory=dict)
+
+
+class MaintenanceWorker:
+    def __init__(
+        self,
+        engine: sa.Engine,
+        *,
+        settings: Settings | None = None,
+        config: MaintenanceConfig | None = None,
+        collections: list[str] | None = None,
+        latency_source: LatencySource | None = None,
+        on_progress: ProgressCallback | None = None,
+    ) -> None:
+        """``latency_source`` returns the foreground search p99 in ms (the API passes its own tracker);
+        without one the worker back-offs on nothing but lock timeouts."""
+        self.engine = engine
+        self.settings = settings or get_settings()
+        self.config = config or MaintenanceConfig()
+        self.collections = collections
+        self.latency_source = latency_source
+        self.on_progress = on_progress
+        self.stop = threading.Event()
+        self.last_outcomes: list[Outcome] = []
+        self._dsn = libpq_url(engine.url.render_as_string(hide_password=False))
+        self._local = threading.local()
+
+    # ------------------------------------------------------------------ plumbing
+
+    def connect(self) -> psycopg.Connection[Any]:
+        """A dedicated autocommit connection (REINDEX CONCURRENTLY and VACUUM cannot run in a transaction)."""
+        conn = psycopg.connect(self._dsn, autocommit=True, application_name="memstore-maint")
+        register_vector(conn)
+        s, c = self.settings, self.config
+        conn.execute(
+            "SELECT set_config('lock_timeout', %s, false), set_config('statement_timeout', '0', false), "
+            "set_config('maintenance_work_mem', %s, false), "
+            "set_config('max_parallel_maintenance_workers', %s, false), "
+            "set_config('vacuum_cost_delay', %s, false)",
+            (
+                f"{c.lock_timeout_ms}ms",
+                s.maintenance_work_mem,
+                str(s.max_parallel_maintenance_workers),
+                f"{c.vacuum_cost_delay_ms}ms",
+            ),
+        )
+        return conn
+
+    def session(self) -> psycopg.Connection[Any]:
+        """This thread's long-lived connection (reconnected when broken): a pass costs no new logins."""
+        conn: psycopg.Connection[Any] | None = getattr(self._local, "conn", None)
+        if conn is None or conn.closed or conn.broken:
+            conn = self._local.conn = self.connect()
+        return conn
+
+    def close(self) -> None:
+        conn: psycopg.Connection[Any] | None = getattr(self._local, "conn", None)
+        if conn is not None and not conn.closed:
+            conn.close()
+        self._local.conn = None
+
+    def executor(self, stop: threading.Event | None = None) -> Executor:
+        return Executor(self.connect, self.config, stop=stop or self.stop, on_progress=self.on_progress)
+
+    def list_collections(self) -> list[Collection]:
+        every = VectorStore(self.engine, settings=self.settings).list_collections()
+        if self.collections is None:
+            return every
+        wanted = set(self.collections)
+        missing = wanted - {c.name for c in every}
+        if missing:
+            raise LookupError(f"no such collection: {', '.join(sorted(missing))}")
+        return [c for c in every if c.name in wanted]
+
+    def targets(self, conn: psycopg.Connection[Any]) -> list[Target]:
+        return [t for c in self.list_collections() for t in targets_for(conn, c)]
+
+    # ------------------------------------------------------------------ probing
+
+    def probe(self, *, with_recall: bool = True, record: bool = True) -> list[tuple[Probe, Decision]]:
+        out: list[tuple[Probe, Decision]] = []
+        conn = self.session()
+        for target in self.targets(conn):
+            p = probe(conn, target, self.config, max_scan_tuples=self.settings.max_scan_tuples, with_recall=with_recall)
+            d = decide(p, self.config)
+            if record:
+                record_probe(conn, p, d.label)
+            out.append((p, d))
+        return out
+
+    # ------------------------------------------------------------------ acting
+
+    def act(self, target: Target, action: str, *, reason: str, stop: threading.Event | None = None) -> Outcome:
+        """Run ``action`` (vacuum, compact, cleanup, own_index_cleanup, hand_back) on one target, recorded."""
+        ex = self.executor(stop)
+        conn = self.session()
+        before = probe(conn, target, self.config, max_scan_tuples=self.settings.max_scan_tuples, with_recall=False)
+        out = Outcome(target.collection.name, target.table, action, reason, "running", before=before.summary())
+        action_id = history.start_action(conn, target, action, reason, out.before)
+        t0 = time.perf_counter()
+        try:
+            with ex.index_lock(conn, target):
+                out.dropped = ex.drop_leftovers(conn, target)
+                self._run(ex, conn, target, action)
+            out.outcome = "ok"
+        except Busy as exc:
+            out.outcome, out.error = "skipped", str(exc)
+        except Interrupted as exc:
+            out.outcome, out.error = "interrupted", str(exc)
+        except (psycopg.Error, LookupError) as exc:
+            out.outcome, out.error = "failed", f"{type(exc).__name__}: {exc}".strip()
+            log.error("%s %s failed: %s", action, target.label, out.error)
+        out.duration_s = time.perf_counter() - t0
+        conn = self.session()  # a new one if the old backend died
+        if out.outcome == "ok":
+            out.after = {"dropped": out.dropped}
+        if out.outcome == "ok" and action in ("vacuum", "compact"):
+            after = probe(
+                conn,
+                target,
+                self.config,
+                max_scan_tuples=self.settings.max_scan_tuples,
+                with_recall=action == "compact",
+            )
+            out.after = after.summary() | {
+                # What the next probes count dead entries from: none right after a clean.
+                "dead_entries": after.dead_tuples if action in ("compact", "vacuum") else before.dead_entries,
+                "dropped": out.dropped,
+            }
+        history.finish_action(
+            conn, action_id, outcome=out.outcome, duration_s=out.duration_s, after=out.after, error=out.error
+        )
+        log.info("%s %s: %s in %.1fs (%s)", action, target.label, out.outcome, out.duration_s, reason)
+        return out
+
+    def _run(self, ex: Executor, conn: psycopg.Connection[Any], target: Target, action: str) -> None:
+        if action in ("vacuum", "compact"):
+            self._wait_for_slo(ex.stop)
+        if action == "vacuum":
+            ex.vacuum(conn, target)
+        elif action == "compact":
+            if target.index is None:
+                raise LookupError(f"{target.table} has no valid HNSW index to rebuild")
+            ex.rebuild(conn, target)
+            self._wait_for_slo(ex.stop)
+            ex.vacuum(conn, target)
+        elif action == "own_index_cleanup":
+            ex.own_index_cleanup(conn, target, own=True)
+        elif action == "hand_back":
+            ex.own_index_cleanup(conn, target, own=False)
+        elif action != "cleanup":
+            raise ValueError(f"unknown action {action!r}")
+
+    def _wait_for_slo(self, stop: threading.Event) -> None:
+        if self.latency_source is not None:
+            wait_for_slo(self.latency_source, self.config, stop)
+
+    # ------------------------------------------------------------------ the loop
+
+    def run_once(self) -> int:
+        """One pass over every (selected) collection; 0 when nothing failed, else 1."""
+        self.last_outcomes = []
+        failed = False
+        try:
+            targets = self.targets(self.session())
+        except (psycopg.Error, LookupError) as exc:
+            log.error("maintenance pass failed before it started: %s", exc)
+            return EXIT_FAILED
+        for target in targets:
+            if self.stop.is_set():
+                break
+            try:
+                outcome = self._maintain(self.session(), target)
+            except (psycopg.Error, LookupError) as exc:
+                log.error("%s: probe failed: %s", target.label, exc)
+                outcome = Outcome(target.collection.name, target.table, "probe", "", "failed", error=str(exc))
+            self.last_outcomes.append(outcome)
+            failed |= outcome.outcome == "failed"
+        return EXIT_FAILED if failed else EXIT_OK
+
+    def _maintain(self, conn: psycopg.Connection[Any], target: Target) -> Outcome:
+        # Cheap signals first; the recall probe (exact searches) only when they see nothing to do
+        # and enough has changed since recall was last measured.
+        p = probe(conn, target, self.config, max_scan_tuples=self.settings.max_scan_tuples, with_recall=False)
+        d = decide(p, self.config)
+        if d.action == "nothing" and p.recall_due:
+            attach_recall(conn, target, p, self.config, max_scan_tuples=self.settings.max_scan_tuples)
+            d = decide(p, self.config)
+        record_probe(conn, p, d.label)
+        if self.config.own_index_cleanup and not p.owned and target.index is not None:
+            owned = self.act(target, "own_index_cleanup", reason="the worker cleans this index (cheaper by rebuild)")
+            if owned.outcome == "failed":
+                return owned
+        if d.action == "nothing":
+            if d.cleanup:
+                return self.act(target, "cleanup", reason="INVALID leftovers: " + ", ".join(p.leftovers))
+            return Outcome(target.collection.name, target.table, "nothing", d.reason, "nothing", before=p.summary())
+        return self.act(target, d.action, reason=d.reason)
+
+    def run_forever(self, stop: threading.Event | None = None) -> int:
+        """Passes every ``interval_s`` until ``stop`` (or ``self.stop``) is set; the last pass's exit code."""
+        if stop is not None:
+            self.stop = stop
+        code = EXIT_OK
+        while not self.stop.is_set():
+            started = time.monotonic()
+            code = self.run_once()
+            self.stop.wait(max(0.0, self.config.interval_s - (time.monotonic() - started)))
+        return code

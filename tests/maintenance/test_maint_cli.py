@@ -1,0 +1,109 @@
+"""``memstore-maint`` end to end: JSON output, exit codes, history, the plot, SIGTERM on the daemon."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from maint_helpers import churn
+
+from maintenance.cli import main
+from memstore.collections import Collection
+from memstore.settings import get_settings
+
+
+@pytest.fixture
+def cli_env(monkeypatch: pytest.MonkeyPatch, database_url: str) -> dict[str, str]:
+    monkeypatch.setenv("MEMSTORE_DATABASE_URL", database_url)
+    monkeypatch.setenv("MEMSTORE_MAINT_SMALL_INDEX_BYTES", "65536")
+    get_settings.cache_clear()
+    yield {"MEMSTORE_DATABASE_URL": database_url}
+    get_settings.cache_clear()
+
+
+def _json_out(capsys: pytest.CaptureFixture[str]) -> Any:
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_status_probe_run_history_report(
+    cli_env: dict[str, str],
+    conn: psycopg.Connection[Any],
+    make_collection: Callable[..., Collection],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    c = make_collection(1200, 8)
+    churn(conn, c, update=0.25)
+    assert main(["status", "--json", "--collection", c.name]) == 0
+    [row] = _json_out(capsys)
+    assert row["table"] == c.table_name and row["recommendation"] == "compact" and row["dead_entries"] == 300
+
+    assert main(["probe", "--json", "--collection", c.name]) == 0
+    [row] = _json_out(capsys)
+    assert row["recall"] is not None and row["recall_queries"] > 0
+
+    assert main(["run", "--once", "--json", "--collection", c.name]) == 0
+    [outcome] = _json_out(capsys)
+    assert outcome["decision"] == "compact" and outcome["outcome"] == "ok"
+
+    assert main(["status", "--collection", c.name]) == 0
+    text = capsys.readouterr().out
+    assert c.table_name in text and "compact ok" in text
+
+    assert main(["history", "--json", "--collection", c.name]) == 0
+    actions = _json_out(capsys)
+    assert [a["action"] for a in actions][:2] == ["compact", "own_index_cleanup"]
+    assert main(["history", "--probes", "--json", "--collection", c.name]) == 0
+    assert len(_json_out(capsys)) >= 2
+
+    png = tmp_path / "report.png"
+    assert main(["report", "--plot", str(png), "--collection", c.name]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    assert main(["vacuum", "--json", "--collection", c.name]) == 0
+    assert _json_out(capsys)[0]["outcome"] == "ok"
+
+
+def test_failures_exit_non_zero(cli_env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["status", "--collection", "no_such_collection"]) == 1
+    assert "no_such_collection" in capsys.readouterr().err
+    assert main(["status", "--database-url", "postgresql://nobody@127.0.0.1:1/none"]) == 1
+
+
+def test_daemon_stops_cleanly_on_sigterm(
+    cli_env: dict[str, str], conn: psycopg.Connection[Any], make_collection: Callable[..., Collection]
+) -> None:
+    c = make_collection(300, 8)
+    env = os.environ | cli_env
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "maintenance.cli", "daemon", "--interval", "0.5", "--collection", c.name],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            n = conn.execute("SELECT count(*) FROM memstore_maintenance_probes WHERE collection = %s", (c.name,))
+            row = n.fetchone()
+            if row and row[0] >= 2:  # at least two passes ran
+                break
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            time.sleep(0.2)
+        else:
+            raise AssertionError("the daemon recorded no probes")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()

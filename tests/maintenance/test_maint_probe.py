@@ -1,0 +1,88 @@
+"""Probes against a real database: recall agrees with numpy, sizes, counters, query samples."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import psycopg
+from maint_helpers import churn, clustered
+
+from maintenance.config import MaintenanceConfig
+from maintenance.probes import probe
+from maintenance.recall import measure_recall
+from maintenance.sizing import estimate_index_bytes
+from maintenance.targets import targets_for
+from memstore.collections import Collection
+
+
+def _all_vectors(conn: psycopg.Connection[Any], c: Collection) -> tuple[np.ndarray, np.ndarray]:
+    rows = conn.execute(f'SELECT id, embedding FROM "{c.table_name}" ORDER BY id').fetchall()
+    return np.array([r[0] for r in rows]), np.stack([r[1].to_numpy() for r in rows])
+
+
+def test_recall_probe_agrees_with_numpy(
+    conn: psycopg.Connection[Any], make_collection: Callable[..., Collection]
+) -> None:
+    c = make_collection(3000, 24, seed=3)
+    churn(conn, c, update=0.2, delete=0.1)
+    [target] = targets_for(conn, c)
+    queries = clustered(60, 24, seed=99)
+    k = 10
+    # A small ef_search so the index misses some neighbours: the comparison must be non-trivial.
+    result = measure_recall(
+        conn, target, k=k, sample=60, budget_s=60, ef_search=10, max_scan_tuples=20_000, queries=list(queries)
+    )
+    ids, vectors = _all_vectors(conn, c)
+    distances = 1.0 - (queries @ vectors.T) / np.linalg.norm(vectors, axis=1)  # cosine distance
+    truth = [set(ids[np.argsort(d, kind="stable")[:k]].tolist()) for d in distances]
+    assert result.queries == 60 and result.source == "given"
+    assert [set(e) for e in result.exact] == truth
+    expected = sum(len(set(f) & t) for f, t in zip(result.found, truth, strict=True)) / (k * len(truth))
+    assert result.recall is not None and abs(result.recall - expected) < 1e-9
+    assert 0.3 < expected <= 1.0
+
+
+def test_recall_probe_prefers_sampled_real_queries(
+    conn: psycopg.Connection[Any], make_collection: Callable[..., Collection]
+) -> None:
+    c = make_collection(800, 8)
+    [target] = targets_for(conn, c)
+    stored = measure_recall(conn, target, k=5, sample=7, budget_s=10, ef_search=40, max_scan_tuples=20_000)
+    assert stored.source == "stored" and stored.queries == 7 and stored.recall is not None
+    for v in clustered(3, 8, seed=5):
+        conn.execute("INSERT INTO memstore_query_samples (collection_id, embedding) VALUES (%s, %s)", (c.id, v))
+    sampled = measure_recall(conn, target, k=5, sample=7, budget_s=10, ef_search=40, max_scan_tuples=20_000)
+    assert sampled.source == "query_samples" and sampled.queries == 3
+
+
+def test_probe_counts_dead_entries_and_size(
+    conn: psycopg.Connection[Any], make_collection: Callable[..., Collection]
+) -> None:
+    c = make_collection(2000, 16)
+    churn(conn, c, update=0.1, delete=0.05)
+    config = MaintenanceConfig(_env_file=None, recall_sample=8)  # type: ignore[call-arg]
+    [target] = targets_for(conn, c)
+    p = probe(conn, target, config, max_scan_tuples=20_000)
+    assert p.live_rows == 1900
+    # Every update and delete left a dead entry (no vacuum has run: the statistics say so directly).
+    assert p.dead_entries == 300
+    assert abs(p.dead_fraction - 300 / 1900) < 1e-9
+    assert p.index_bytes > p.fresh_bytes  # the dead elements are still in the graph
+    assert p.recall is not None and p.recall.queries == 8
+
+
+def test_fresh_size_estimate_matches_a_real_build(conn: psycopg.Connection[Any]) -> None:
+    for dims, n in ((16, 3000), (128, 2000), (1024, 200)):
+        conn.execute("DROP TABLE IF EXISTS sizing_check")
+        conn.execute(f"CREATE TABLE sizing_check (id bigint, embedding vector({dims}))")
+        conn.execute(
+            f"INSERT INTO sizing_check SELECT i, (SELECT array_agg(random())::real[]::vector({dims}) "
+            f"FROM generate_series(1, {dims}) WHERE i > 0) FROM generate_series(1, {n}) AS i"
+        )
+        conn.execute("CREATE INDEX sizing_check_hnsw ON sizing_check USING hnsw (embedding vector_l2_ops)")
+        real = conn.execute("SELECT pg_relation_size('sizing_check_hnsw')").fetchone()[0]  # type: ignore[index]
+        estimate = estimate_index_bytes(n, dims=dims, m=16)
+        assert abs(estimate - real) / real < 0.1, (dims, estimate, real)
+    conn.execute("DROP TABLE sizing_check")

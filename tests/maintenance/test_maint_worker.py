@@ -1,0 +1,306 @@
+"""The worker against a real database: interrupted rebuilds, concurrency, locks, recall after compaction."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import psycopg
+import pytest
+from maint_helpers import churn, clustered, index_oid, invalid_indexes
+
+from maintenance import history
+from maintenance.recall import measure_recall
+from maintenance.targets import targets_for
+from maintenance.worker import EXIT_OK, MaintenanceWorker
+from memstore.collections import Collection
+from memstore.models import ItemIn
+from memstore.store import VectorStore
+
+
+def _wait_for(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.02)
+
+
+class Blocker:
+    """An open transaction that has written to the table: REINDEX CONCURRENTLY waits for it after it
+    has created (and committed) its ``*_ccnew`` index, which makes the interruption deterministic."""
+
+    def __init__(self, dsn: str, table: str) -> None:
+        self.conn = psycopg.connect(dsn)
+        self.conn.execute(f'UPDATE "{table}" SET updated_at = now() WHERE id = (SELECT min(id) FROM "{table}")')
+
+    def release(self) -> None:
+        self.conn.rollback()
+        self.conn.close()
+
+
+def _ccnew_exists(conn: psycopg.Connection[Any], table: str) -> bool:
+    return any(name.endswith("_ccnew") for name in invalid_indexes(conn, table))
+
+
+def test_interrupted_compaction_leaves_invalid_index_that_next_run_drops(
+    conn: psycopg.Connection[Any], dsn: str, make_collection: Callable[..., Collection], make_worker: Any
+) -> None:
+    c = make_collection(2000, 16)
+    blocker = Blocker(dsn, c.table_name)
+    rebuild = psycopg.connect(dsn, autocommit=True)
+    pid = rebuild.info.backend_pid
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            rebuild.execute(f'REINDEX INDEX CONCURRENTLY "{c.index_name}"')
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    try:
+        _wait_for(lambda: _ccnew_exists(conn, c.table_name))
+        conn.execute("SELECT pg_terminate_backend(%s)", (pid,))  # the backend dies mid-rebuild
+        t.join(10)
+    finally:
+        blocker.release()
+    assert errors and isinstance(errors[0], psycopg.OperationalError)
+    assert _ccnew_exists(conn, c.table_name)
+
+    worker = make_worker()
+    assert worker.run_once() == EXIT_OK
+    assert invalid_indexes(conn, c.table_name) == []
+    actions = history.list_actions(conn, collection=c.name)
+    dropped = [a for a in actions if a["outcome"] == "ok" and a["after"].get("dropped")]
+    assert dropped and dropped[0]["after"]["dropped"][0].endswith("_ccnew")
+    # The collection still answers through its (valid) index.
+    assert index_oid(conn, c.index_name)
+
+
+def test_stop_cancels_a_running_rebuild_and_drops_its_leftover(
+    conn: psycopg.Connection[Any], dsn: str, make_collection: Callable[..., Collection], make_worker: Any
+) -> None:
+    c = make_collection(2000, 16)
+    worker: MaintenanceWorker = make_worker()
+    [target] = targets_for(conn, c)
+    blocker = Blocker(dsn, c.table_name)
+    result: list[Any] = []
+    t = threading.Thread(target=lambda: result.append(worker.act(target, "compact", reason="test")))
+    t.start()
+    try:
+        _wait_for(lambda: _ccnew_exists(conn, c.table_name))
+        worker.stop.set()  # what SIGTERM does
+    finally:
+        time.sleep(0.8)  # let the watchdog cancel the statement, then let the cleanup proceed
+        blocker.release()
+    t.join(30)
+    assert result and result[0].outcome == "interrupted"
+    _wait_for(lambda: not invalid_indexes(conn, c.table_name), timeout=20)
+    assert history.list_actions(conn, collection=c.name)[0]["outcome"] == "interrupted"
+
+
+def test_inserts_and_searches_during_compaction_all_succeed(
+    conn: psycopg.Connection[Any], store: VectorStore, make_collection: Callable[..., Collection], make_worker: Any
+) -> None:
+    c = make_collection(4000, 32)
+    churn(conn, c, update=0.2)
+    worker: MaintenanceWorker = make_worker()
+    [target] = targets_for(conn, c)
+    old_oid = index_oid(conn, c.index_name)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    done = {"inserts": 0, "searches": 0}
+    queries = clustered(20, 32, seed=8)
+
+    def inserter() -> None:
+        i = 0
+        while not stop.is_set():
+            try:
+                batch = clustered(5, 32, seed=1000 + i)
+                store.upsert_items(
+                    collection=c.name, items=[ItemIn(vector=v, external_id=f"live{i}_{j}") for j, v in enumerate(batch)]
+                )
+                done["inserts"] += 5
+            except BaseException as exc:
+                errors.append(exc)
+            i += 1
+
+    def searcher() -> None:
+        i = 0
+        while not stop.is_set():
+            try:
+                hits = store.search(collection=c.name, vector=queries[i % len(queries)], k=10)
+                assert len(hits) == 10
+                done["searches"] += 1
+            except BaseException as exc:
+                errors.append(exc)
+            i += 1
+
+    threads = [threading.Thread(target=f) for f in (inserter, searcher)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(0.3)
+        outcome = worker.act(target, "compact", reason="test")
+        time.sleep(0.3)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert outcome.outcome == "ok", outcome.error
+    assert errors == []
+    assert done["inserts"] > 0 and done["searches"] > 0
+    assert index_oid(conn, c.index_name) != old_oid  # really rebuilt
+    # Every acknowledged insert is there and findable through the new index.
+    count = conn.execute(f"SELECT count(*) FROM \"{c.table_name}\" WHERE external_id LIKE 'live%'").fetchone()
+    assert count is not None and count[0] == done["inserts"]
+    probe_vector = clustered(5, 32, seed=1000)[0]
+    assert store.search(collection=c.name, vector=probe_vector, k=1)[0].external_id == "live0_0"
+
+
+def test_two_workers_never_compact_the_same_index_at_once(
+    conn: psycopg.Connection[Any], dsn: str, make_collection: Callable[..., Collection], make_worker: Any
+) -> None:
+    c = make_collection(2000, 16)
+    first, second = make_worker(lock_timeout_ms=20_000), make_worker()
+    [target] = targets_for(conn, c)
+    blocker = Blocker(dsn, c.table_name)  # holds the first rebuild mid-way
+    results: list[Any] = []
+    t = threading.Thread(target=lambda: results.append(first.act(target, "compact", reason="first")))
+    t.start()
+    try:
+        _wait_for(lambda: _ccnew_exists(conn, c.table_name))
+        during = second.act(target, "compact", reason="second")
+    finally:
+        blocker.release()
+    t.join(60)
+    assert during.outcome == "skipped" and "another worker" in (during.error or "")
+    assert results[0].outcome == "ok"
+    # A lock held elsewhere (another process) also keeps the worker off.
+    conn.execute("SELECT pg_advisory_lock(hashtext(%s))", (target.lock_key,))
+    try:
+        before = index_oid(conn, c.index_name)
+        assert second.act(target, "compact", reason="third").outcome == "skipped"
+        assert index_oid(conn, c.index_name) == before
+    finally:
+        conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (target.lock_key,))
+
+
+def test_recall_after_compaction_matches_a_fresh_build(
+    conn: psycopg.Connection[Any], make_collection: Callable[..., Collection], make_worker: Any
+) -> None:
+    c = make_collection(5000, 32, seed=4)
+    churn(conn, c, update=0.4, delete=0.1, seed=5)
+    worker: MaintenanceWorker = make_worker()
+    assert worker.run_once() == EXIT_OK
+    assert [o.decision for o in worker.last_outcomes] == ["compact"]
+    [target] = targets_for(conn, c)
+    queries = list(clustered(150, 32, seed=77))
+
+    def recall() -> float:
+        r = measure_recall(
+            conn,
+            target,
+            k=10,
+            sample=150,
+            budget_s=120,
+            ef_search=c.default_ef_search,
+            max_scan_tuples=20_000,
+            queries=queries,
+        )
+        assert r.recall is not None
+        return r.recall
+
+    compacted = recall()
+    conn.execute(f'REINDEX INDEX "{c.index_name}"')
+    fresh = recall()
+    assert compacted >= fresh - 0.01, (compacted, fresh)
+
+
+def test_pgvector_scenario_75_percent_deleted(
+    conn: psycopg.Connection[Any], make_collection: Callable[..., Collection], make_worker: Any
+) -> None:
+    """pgvector's vacuum recall scenario: 10k rows, 75% deleted, maintenance, recall at ef_search 20."""
+    c = make_collection(10_000, 3, metric="l2", ef_search=20)
+    conn.execute(f'DELETE FROM "{c.table_name}" WHERE id % 4 <> 0')
+    conn.execute("SELECT pg_stat_force_next_flush()")
+    worker: MaintenanceWorker = make_worker()
+    assert worker.run_once() == EXIT_OK
+    assert worker.last_outcomes[0].decision == "compact" and worker.last_outcomes[0].outcome == "ok"
+    [target] = targets_for(conn, c)
+    queries = list(np.random.default_rng(11).normal(size=(100, 3)).astype(np.float32))
+    r = measure_recall(
+        conn, target, k=10, sample=100, budget_s=120, ef_search=20, max_scan_tuples=20_000, queries=queries
+    )
+    assert r.recall is not None and r.recall >= 0.95
+    assert worker.last_outcomes[0].after["size_ratio"] < 1.1
+
+
+def test_latency_over_slo_defers_work(
+    conn: psycopg.Connection[Any], make_collection: Callable[..., Collection], make_worker: Any
+) -> None:
+    c = make_collection(1000, 16)
+    churn(conn, c, update=0.3)
+    worker: MaintenanceWorker = make_worker(latency_source=lambda: 10_000.0, slo_p99_ms=100.0)
+    before = index_oid(conn, c.index_name)
+    assert worker.run_once() == EXIT_OK  # deferring is not a failure
+    [outcome] = worker.last_outcomes
+    assert outcome.decision == "compact" and outcome.outcome == "skipped" and "SLO" in (outcome.error or "")
+    assert index_oid(conn, c.index_name) == before
+
+
+def test_worker_owns_index_cleanup_per_partition_and_hands_it_back(
+    conn: psycopg.Connection[Any], make_collection: Callable[..., Collection], make_worker: Any
+) -> None:
+    c = make_collection(3000, 16, partitions=3)
+    for i, table in enumerate(c.partition_tables()):
+        if i != 1:  # churn two of the three partitions
+            conn.execute(f'DELETE FROM "{table}" WHERE id % 5 = 0')
+    conn.execute("SELECT pg_stat_force_next_flush()")
+    worker: MaintenanceWorker = make_worker()
+    assert worker.run_once() == EXIT_OK
+    options = dict(
+        conn.execute(
+            "SELECT relname, array_to_string(reloptions, ',') FROM pg_class WHERE relname = ANY(%s)",
+            (c.partition_tables(),),
+        ).fetchall()
+    )
+    assert all("vacuum_index_cleanup=off" in (options[t] or "") for t in c.partition_tables())
+    assert [o.decision for o in worker.last_outcomes] == ["compact", "nothing", "compact"]
+    # One partition at a time: the rebuilds' intervals never overlap.
+    compacts = sorted(
+        (a for a in history.list_actions(conn, collection=c.name) if a["action"] == "compact"),
+        key=lambda a: a["started_at"],
+    )
+    assert len(compacts) == 2 and compacts[0]["finished_at"] <= compacts[1]["started_at"]
+    for target in targets_for(conn, c):
+        assert worker.act(target, "hand_back", reason="test").outcome == "ok"
+    rows = conn.execute(
+        "SELECT count(*) FROM pg_class WHERE relname = ANY(%s) AND array_to_string(reloptions, ',') LIKE %s",
+        (c.partition_tables(), "%vacuum_index_cleanup%"),
+    ).fetchone()
+    assert rows is not None and rows[0] == 0
+
+
+@pytest.mark.parametrize("action", ["vacuum", "compact"])
+def test_actions_are_recorded_with_before_and_after(
+    conn: psycopg.Connection[Any], make_collection: Callable[..., Collection], make_worker: Any, action: str
+) -> None:
+    c = make_collection(1500, 16)
+    churn(conn, c, update=0.2)
+    worker: MaintenanceWorker = make_worker()
+    [target] = targets_for(conn, c)
+    outcome = worker.act(target, action, reason="requested")
+    assert outcome.outcome == "ok"
+    [row] = [a for a in history.list_actions(conn, collection=c.name) if a["action"] == action]
+    assert row["reason"] == "requested" and row["duration_s"] > 0 and row["finished_at"] is not None
+    assert row["before"]["dead_entries"] == 300
+    assert row["after"]["dead_entries"] == 0
+    if action == "compact":
+        assert row["after"]["size_ratio"] < row["before"]["size_ratio"]
+        assert row["after"]["recall"] is not None
