@@ -81,11 +81,11 @@ def exit_cleanly_on_sigterm() -> None:
     """Turn SIGTERM into SystemExit so atexit handlers run and the last process stops the server.
 
     uvicorn re-raises the signals it caught once it has shut down; with this handler in place that
-    becomes a normal interpreter exit instead of death by signal.
+    becomes a normal interpreter exit instead of death by signal. A requested stop is a success: 0.
     """
 
-    def _exit(signum: int, _frame: object) -> None:
-        raise SystemExit(128 + signum)
+    def _exit(_signum: int, _frame: object) -> None:
+        raise SystemExit(0)
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _exit)

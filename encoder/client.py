@@ -1,0 +1,148 @@
+"""RemoteEncoder: the EmbeddingEngine interface over HTTP, for API processes and ingest workers that
+point at a separate encoder service (MEMSTORE_ENCODER_URL). Imports no torch."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+import numpy as np
+
+from .errors import (
+    DecompressionBombError,
+    EncoderError,
+    ImageRejectedError,
+    QueueFullError,
+    RequestCancelledError,
+    RequestTooLargeError,
+)
+from .types import EncoderInfo, ImageEmbedding, Priority
+
+_PROBLEM = "urn:memstore:encoder:problem:"
+_ERRORS: dict[str, type[EncoderError]] = {
+    "decompression-bomb": DecompressionBombError,
+    "request-too-large": RequestTooLargeError,
+    "image-rejected": ImageRejectedError,
+    "cancelled": RequestCancelledError,
+}
+
+
+def _vector(value: list[float] | str) -> np.ndarray:
+    if isinstance(value, str):
+        return np.frombuffer(base64.b64decode(value), dtype="<f4").astype(np.float32)
+    return np.asarray(value, dtype=np.float32)
+
+
+class RemoteEncoder:
+    """Same calls as EmbeddingEngine (`info`, `embed_texts`, `embed_images`), served remotely.
+
+    429 answers raise QueueFullError with the service's Retry-After; other problem answers raise
+    the matching encoder error, so callers handle local and remote encoders alike.
+    """
+
+    def __init__(self, base_url: str, timeout: float = 60.0, *, client: httpx.Client | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._client = client or httpx.Client(base_url=self.base_url, timeout=timeout)
+        self._owns_client = client is None
+        self.timeout = timeout
+        self._info: EncoderInfo | None = None
+
+    def close(self) -> None:
+        if self._owns_client:
+            self._client.close()
+
+    def __enter__(self) -> RemoteEncoder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _url(self, path: str) -> str:
+        return self.base_url + path
+
+    def health(self) -> dict[str, Any]:
+        resp = self._client.get(self._url("/health"))
+        if resp.status_code not in (200, 503):
+            self._raise(resp)
+        data: dict[str, Any] = resp.json()
+        return data
+
+    @property
+    def info(self) -> EncoderInfo:
+        if self._info is None:
+            self._info = EncoderInfo.from_dict(self.health())
+        return self._info
+
+    def _raise(self, resp: httpx.Response) -> None:
+        try:
+            body = resp.json()
+        except ValueError:
+            body = {}
+        detail = str(body.get("detail") or resp.text or resp.reason_phrase)
+        kind = str(body.get("type", "")).removeprefix(_PROBLEM)
+        if resp.status_code == 429:
+            header = resp.headers.get("Retry-After", "")
+            retry = float(body.get("retry_after") or (header if header.replace(".", "", 1).isdigit() else 1.0))
+            raise QueueFullError(detail, retry_after=retry)
+        raise _ERRORS.get(kind, EncoderError)(f"encoder service answered {resp.status_code}: {detail}")
+
+    def _post(self, payload: dict[str, Any]) -> list[dict[str, Any]]:
+        resp = self._client.post(self._url("/v1/embeddings"), json=payload)
+        if resp.status_code != 200:
+            self._raise(resp)
+        data: list[dict[str, Any]] = sorted(resp.json()["data"], key=lambda d: d["index"])
+        return data
+
+    def _payload(self, items: list[str], modality: str, priority: Priority, deadline_s: float | None) -> dict[str, Any]:
+        payload: dict[str, Any] = {
+            "input": items,
+            "modality": modality,
+            "encoding_format": "base64",
+            "priority": Priority.parse(priority).label,
+        }
+        if deadline_s is not None:
+            payload["deadline_ms"] = deadline_s * 1000.0
+        return payload
+
+    def embed_texts(
+        self, texts: Sequence[str], *, priority: Priority = Priority.QUERY, deadline_s: float | None = None
+    ) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.info.dimensions), dtype=np.float32)
+        data = self._post(self._payload(list(texts), "text", priority, deadline_s))
+        return np.stack([_vector(d["embedding"]) for d in data])
+
+    def embed_images(
+        self,
+        images: Sequence[bytes],
+        *,
+        priority: Priority = Priority.QUERY,
+        deadline_s: float | None = None,
+        return_tiles: bool = False,
+    ) -> np.ndarray | list[ImageEmbedding]:
+        if not images:
+            return [] if return_tiles else np.zeros((0, self.info.dimensions), dtype=np.float32)
+        items = [base64.b64encode(bytes(b)).decode("ascii") for b in images]
+        payload = self._payload(items, "image", priority, deadline_s)
+        payload["return_tiles"] = return_tiles
+        data = self._post(payload)
+        if not return_tiles:
+            return np.stack([_vector(d["embedding"]) for d in data])
+        out = []
+        for d in data:
+            t = d["tiles"]
+            vector = _vector(d["embedding"])
+            tiles = [_vector(v) for v in t["embeddings"]]
+            out.append(
+                ImageEmbedding(
+                    vector=vector,
+                    global_vector=_vector(t["global_embedding"]),
+                    tiles=np.stack(tiles) if tiles else np.zeros((0, len(vector)), dtype=np.float32),
+                    boxes=[(int(b[0]), int(b[1]), int(b[2]), int(b[3])) for b in t["boxes"]],
+                    weights=[float(w) for w in t["weights"]],
+                    grid=(int(t["grid"][0]), int(t["grid"][1])),
+                )
+            )
+        return out

@@ -1,0 +1,378 @@
+"""EmbeddingEngine: continuous batching over text units, global views and tiles from all requests.
+
+Threads: callers submit (cheap header checks happen in the caller); a preprocessing pool decodes
+and tiles images while the model runs; one scheduler thread runs ticks. Each tick asks a planner
+(a pure function of the queue state) for at most B units, runs them as one fixed-shape batch and
+scatters the vectors back. A request's future resolves when its last unit is done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, InvalidStateError
+from typing import Any
+
+import numpy as np
+
+from .errors import ImageRejectedError, QueueFullError, RequestCancelledError, RequestTooLargeError
+from .images import load_views, plan_for, probe_image
+from .metrics import EngineMetrics
+from .models import combine_views
+from .requests import BatchEncoder, QueuedRequest, TickReport, done_future, fail_future, wait_future
+from .scheduling import Planner, QueueState, ShareController, plan_batch
+from .settings import EncoderSettings
+from .tiling import TilePlan
+from .types import EncoderInfo, ImageEmbedding, Modality, Priority
+from .workers import PriorityPool
+
+log = logging.getLogger(__name__)
+
+
+class EmbeddingEngine:
+    """Thread-safe front of the scheduler; also usable synchronously through `tick()` in tests."""
+
+    def __init__(
+        self,
+        encoder: BatchEncoder,
+        settings: EncoderSettings | None = None,
+        *,
+        planner: Planner = plan_batch,
+        adaptive_shares: bool = True,
+    ) -> None:
+        self.encoder = encoder
+        self.settings = settings or EncoderSettings()
+        if self.settings.batch_size != encoder.batch_size:
+            raise ValueError(
+                f"settings.batch_size is {self.settings.batch_size} but the encoder was built for "
+                f"{encoder.batch_size}; create it with create_encoder(..., batch_size={self.settings.batch_size})"
+            )
+        self.batch_size = encoder.batch_size
+        self.planner = planner
+        self.image_options = self.settings.image_options()
+        self.limits = self.settings.queue_limits()
+        self.controller = ShareController(
+            self.settings.slo_query_p99_ms / 1000.0,
+            min_query_share=self.settings.min_query_share,
+            sync_share=self.settings.sync_ingest_share,
+        )
+        self.adaptive_shares = adaptive_shares
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._requests: dict[int, QueuedRequest] = {}
+        self._queued = dict.fromkeys(Priority, 0)
+        self._next_id = 0
+        self._ticks = 0
+        self._units_done = 0
+        self._rate = 0.0  # EWMA of units per second of model time
+        self._shares = self.controller.shares()
+        self._stop = threading.Event()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        workers = self.settings.preprocess_workers
+        self._pool = PriorityPool(workers) if workers else None
+        self.metrics = EngineMetrics(self.stats)
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    @property
+    def info(self) -> EncoderInfo:
+        return self.encoder.info
+
+    def start(self) -> EmbeddingEngine:
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._loop, name="encoder-scheduler", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the scheduler; requests still queued fail with RequestCancelledError."""
+        self._stop.set()
+        self._wake.set()
+        with self._lock:
+            self._closed = True
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        if self._pool is not None:
+            self._pool.shutdown()
+        with self._lock:
+            left = list(self._requests.values())
+            for req in left:
+                self._remove(req)
+        for req in left:
+            fail_future(req.future, RequestCancelledError("the encoder engine stopped before this request finished"))
+
+    def __enter__(self) -> EmbeddingEngine:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.clear()
+            try:
+                idle = self.tick() is None
+            except Exception:  # a scheduler bug must not silently strand every waiting caller
+                log.exception("encoder tick failed")
+                idle = True
+            if idle:
+                self._wake.wait(0.5)
+
+    # -- submission -------------------------------------------------------------------------------
+    def _admit(self, priority: Priority, modality: Modality, n_units: int, deadline_s: float | None) -> QueuedRequest:
+        limit = self.limits[priority]
+        if n_units > limit:
+            self.metrics.rejected.labels(priority.label, "too_large").inc()
+            raise RequestTooLargeError(
+                f"request needs {n_units} units but the {priority.label} queue holds at most {limit} "
+                f"(MEMSTORE_ENCODER_QUEUE_UNITS_{priority.name}); split it into smaller requests"
+            )
+        now = time.monotonic()
+        with self._lock:
+            if self._closed:
+                raise RequestCancelledError("the encoder engine is stopped")
+            if self._queued[priority] + n_units > limit:
+                ahead = sum(v for p, v in self._queued.items() if p >= priority)
+                rate = self._rate or self.batch_size / 0.1
+                retry = min(60.0, max(0.05, ahead / rate))
+                self.metrics.rejected.labels(priority.label, "queue_full").inc()
+                raise QueueFullError(
+                    f"the {priority.label} queue is full ({self._queued[priority]} of {limit} units); "
+                    f"retry after {retry:.2f} s",
+                    retry_after=retry,
+                )
+            if deadline_s is None:  # bigger requests get proportionally later default deadlines
+                deadline_s = self.settings.default_deadline_s(priority) * max(1, math.ceil(n_units / self.batch_size))
+            self._next_id += 1
+            req = QueuedRequest(
+                self._next_id,
+                priority,
+                modality,
+                n_units,
+                now + deadline_s,
+                self._next_id,
+                now,
+                self.encoder.info.dimensions,
+            )
+            self._requests[req.id] = req
+            self._queued[priority] += n_units
+        return req
+
+    def submit_texts(
+        self, texts: Sequence[str], *, priority: Priority = Priority.QUERY, deadline_s: float | None = None
+    ) -> Future[np.ndarray]:
+        """Future of an (n, d) float32 array of unit vectors, one row per text."""
+        if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+            raise TypeError("texts must be a list of strings")
+        if not texts:
+            return done_future(np.zeros((0, self.info.dimensions), dtype=np.float32))
+        tokens = self.encoder.tokenize(texts)
+        req = self._admit(Priority.parse(priority), Modality.TEXT, len(texts), deadline_s)
+        with self._lock:
+            for i in range(len(texts)):
+                req.inputs[i] = tokens[i]
+                req.ready[i] = None
+            req.pending = 0
+        self._wake.set()
+        return req.future
+
+    def submit_images(
+        self,
+        images: Sequence[bytes],
+        *,
+        priority: Priority = Priority.QUERY,
+        deadline_s: float | None = None,
+        return_tiles: bool = False,
+    ) -> Future[Any]:
+        """Future of an (n, d) array, or of a list of ImageEmbedding when return_tiles.
+
+        Header checks run here (ImageRejectedError, DecompressionBombError raise at once); decoding
+        errors arrive through the future. Cancelling the future drops the tiles not yet encoded.
+        """
+        if not all(isinstance(b, bytes | bytearray | memoryview) for b in images):
+            raise TypeError("images must be a list of encoded image bytes")
+        if not images:
+            return done_future([] if return_tiles else np.zeros((0, self.info.dimensions), dtype=np.float32))
+        blobs = [bytes(b) for b in images]
+        probes = [probe_image(b, self.image_options) for b in blobs]
+        plans = [plan_for(p, self.encoder.spec, self.image_options) for p in probes]
+        offsets = np.cumsum([0] + [p.n_units for p in plans]).tolist()
+        req = self._admit(Priority.parse(priority), Modality.IMAGE, offsets[-1], deadline_s)
+        req.plans, req.return_tiles = plans, return_tiles
+        for i, (blob, probe, plan) in enumerate(zip(blobs, probes, plans, strict=True)):
+            job = (req, offsets[i], blob, probe, plan)
+            if self._pool is None:
+                self._prepare(*job)
+            else:
+                self._pool.submit((-int(req.priority), req.deadline), self._prepare, *job)
+        return req.future
+
+    def _prepare(self, req: QueuedRequest, offset: int, blob: bytes, probe: Any, plan: TilePlan) -> None:
+        if req.future.done():
+            return  # cancelled or failed meanwhile: do not decode for nothing
+        try:
+            views = load_views(blob, probe, plan, self.encoder.spec)
+        except Exception as exc:
+            error = exc if isinstance(exc, ImageRejectedError) else ImageRejectedError(f"cannot decode image: {exc}")
+            with self._lock:
+                self._remove(req)
+            fail_future(req.future, error)
+            return
+        with self._lock:
+            if req.id not in self._requests:
+                return
+            for k in range(len(views)):
+                req.inputs[offset + k] = views[k]
+                req.ready[offset + k] = None
+            req.pending -= len(views)
+        self._wake.set()
+
+    # -- blocking helpers ------------------------------------------------------------------------
+    def embed_texts(
+        self,
+        texts: Sequence[str],
+        *,
+        priority: Priority = Priority.QUERY,
+        deadline_s: float | None = None,
+        timeout: float | None = None,
+    ) -> np.ndarray:
+        result: np.ndarray = wait_future(self.submit_texts(texts, priority=priority, deadline_s=deadline_s), timeout)
+        return result
+
+    def embed_images(
+        self,
+        images: Sequence[bytes],
+        *,
+        priority: Priority = Priority.QUERY,
+        deadline_s: float | None = None,
+        return_tiles: bool = False,
+        timeout: float | None = None,
+    ) -> np.ndarray | list[ImageEmbedding]:
+        fut = self.submit_images(images, priority=priority, deadline_s=deadline_s, return_tiles=return_tiles)
+        result: np.ndarray | list[ImageEmbedding] = wait_future(fut, timeout)
+        return result
+
+    # -- the tick -------------------------------------------------------------------------------
+    def _remove(self, req: QueuedRequest) -> None:
+        """Forget a request and free its queue room (lock held)."""
+        if self._requests.pop(req.id, None) is not None:
+            self._queued[req.priority] -= req.queued
+            req.queued = 0
+            req.inputs = []
+            req.ready.clear()
+
+    def tick(self) -> TickReport | None:
+        """Run one micro-batch if any unit is ready; None when there was nothing to do."""
+        now = time.monotonic()
+        with self._lock:
+            for req in [r for r in self._requests.values() if r.future.cancelled()]:
+                self._remove(req)  # remaining tiles of cancelled requests are dropped here
+                self.metrics.cancelled.inc()
+            if self.adaptive_shares:
+                self._shares = self.controller.update(now)
+            state = QueueState(self.batch_size, tuple(r.state() for r in self._requests.values()), self._shares)
+            plan = self.planner(state)
+            if not plan:
+                return None
+            batch: list[tuple[QueuedRequest, int]] = []
+            rows = []
+            for ref in plan:
+                req = self._requests[ref.request_id]
+                del req.ready[ref.unit]
+                rows.append(req.inputs[ref.unit])
+                req.inputs[ref.unit] = None
+                req.queued -= 1
+                req.served += 1
+                self._queued[req.priority] -= 1
+                batch.append((req, ref.unit))
+        modality = batch[0][0].modality
+        urgent = any(req.priority is Priority.QUERY for req, _ in batch)
+        started = time.perf_counter()
+        try:
+            if modality is Modality.TEXT:
+                import torch  # only the text path needs torch.stack; keeps fakes torch-free otherwise
+
+                vectors = self.encoder.encode_text_batch(torch.stack(rows), urgent=urgent)
+            else:
+                vectors = self.encoder.encode_image_batch(np.stack(rows), urgent=urgent)
+        except Exception as exc:  # a model failure fails the requests in the batch, not the engine
+            with self._lock:
+                failed = {req.id: req for req, _ in batch}
+                for req in failed.values():
+                    self._remove(req)
+            for req in failed.values():
+                fail_future(req.future, exc)
+            return TickReport(modality, len(batch), tuple(failed), (), time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        finished: list[QueuedRequest] = []
+        with self._lock:
+            for (req, unit), vec in zip(batch, vectors, strict=False):
+                if req.id not in self._requests:
+                    continue  # cancelled or failed while the batch ran
+                req.vectors[unit] = vec
+                req.done += 1
+                if req.done == req.n_units:
+                    self._remove(req)
+                    finished.append(req)
+            self._ticks += 1
+            self._units_done += len(batch)
+            rate = len(batch) / max(seconds, 1e-6)
+            self._rate = rate if self._rate == 0 else 0.8 * self._rate + 0.2 * rate
+        self.metrics.units.labels(modality.value).inc(len(batch))
+        self.metrics.batch_fill.labels(modality.value).observe(len(batch) / self.batch_size)
+        self.metrics.batch_seconds.labels(modality.value).observe(seconds)
+        done_at = time.monotonic()
+        for req in finished:
+            self._finish(req, done_at)
+        ids = tuple(dict.fromkeys(req.id for req, _ in batch))
+        return TickReport(modality, len(batch), ids, tuple(r.id for r in finished), seconds)
+
+    def _finish(self, req: QueuedRequest, now: float) -> None:
+        latency = now - req.submitted
+        self.metrics.latency.labels(req.priority.label).observe(latency)
+        if req.priority is Priority.QUERY:
+            with self._lock:
+                self.controller.observe(latency, now)
+        result: Any = req.vectors
+        if req.modality is Modality.IMAGE:
+            embeddings, start = [], 0
+            for plan in req.plans:
+                embeddings.append(
+                    combine_views(plan, req.vectors[start : start + plan.n_units], self.image_options.global_weight)
+                )
+                start += plan.n_units
+            result = embeddings if req.return_tiles else np.stack([e.vector for e in embeddings])
+        with contextlib.suppress(InvalidStateError):  # cancelled at the last moment
+            req.future.set_result(result)
+
+    # -- health -------------------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            queues = {
+                p.label: {"requests": 0, "units": 0, "ready": 0, "preprocessing": 0, "limit": self.limits[p]}
+                for p in Priority
+            }
+            for r in self._requests.values():
+                q = queues[r.priority.label]
+                q["requests"] += 1
+                q["units"] += r.queued
+                q["ready"] += len(r.ready)
+                q["preprocessing"] += r.pending
+            p99 = self.controller.p99(time.monotonic())
+            return {
+                "running": self._thread is not None and self._thread.is_alive(),
+                "batch_size": self.batch_size,
+                "ticks": self._ticks,
+                "units_done": self._units_done,
+                "units_per_s": self._rate,
+                "queues": queues,
+                "shares": {p.label: round(s, 4) for p, s in self._shares.items()},
+                "query_p99_ms": None if p99 is None else p99 * 1000.0,
+                "slo_query_p99_ms": self.settings.slo_query_p99_ms,
+            }

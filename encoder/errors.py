@@ -1,0 +1,39 @@
+"""The encoder's own errors. Only the HTTP layer (encoder.service) turns them into status codes."""
+
+from __future__ import annotations
+
+
+class EncoderError(Exception):
+    """Base class for every error raised by the encoder package."""
+
+
+class UnknownModelError(EncoderError, ValueError):
+    """The model name is not a registered open_clip configuration."""
+
+
+class WeightsNotFoundError(EncoderError, FileNotFoundError):
+    """Pretrained weights are neither cached nor downloadable; the message says how to provide them."""
+
+
+class ImageRejectedError(EncoderError, ValueError):
+    """An input image cannot be used: unsupported format, corrupt or truncated data, too many bytes."""
+
+
+class DecompressionBombError(ImageRejectedError):
+    """The image header declares more pixels than allowed; refused before any pixel is decoded."""
+
+
+class RequestTooLargeError(EncoderError, ValueError):
+    """The request alone needs more queue room than its class has; it can never be admitted."""
+
+
+class QueueFullError(EncoderError):
+    """The priority class's queue is full; retry after `retry_after` seconds."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class RequestCancelledError(EncoderError):
+    """The request was cancelled (by its caller, a timeout, or the engine shutting down)."""

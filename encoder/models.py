@@ -1,0 +1,274 @@
+"""The model registry (open_clip configurations) and the Encoder that runs fixed-shape batches."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import open_clip
+import torch
+
+from .errors import UnknownModelError
+from .images import ImageOptions, ImageSpec, load_views, plan_for, probe_image
+from .tiling import aggregate
+from .types import EncoderInfo, ImageEmbedding
+from .weights import resolve_weights
+
+TINY_MODEL = "memstore-tiny"
+DEFAULT = "default"  # pretrained sentinel: the model's usual weights (none for memstore-tiny)
+_DEFAULT_TAGS = {"ViT-B-32": "laion2b_s34b_b79k", TINY_MODEL: None}
+_CONFIG_DIR = Path(__file__).parent / "model_configs"
+_register_lock = threading.Lock()
+_registered = False
+
+
+def _register_configs() -> None:
+    global _registered
+    with _register_lock:
+        if not _registered:
+            open_clip.add_model_config(_CONFIG_DIR)
+            _registered = True
+
+
+def list_encoders() -> list[str]:
+    """Every model name create_encoder accepts (open_clip's built-ins plus memstore-tiny)."""
+    _register_configs()
+    return list(open_clip.list_models())
+
+
+def default_pretrained(name: str) -> str | None:
+    if name in _DEFAULT_TAGS:
+        return _DEFAULT_TAGS[name]
+    tags = open_clip.list_pretrained_tags_by_model(name)
+    return tags[0] if tags else None
+
+
+def resolve_device(device: str | None) -> str:
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asked for but CUDA is not available; use cpu")
+    return device
+
+
+def resolve_precision(precision: str | None, device: str) -> str:
+    cuda = device.startswith("cuda")
+    if precision is None:
+        return "fp16" if cuda else "fp32"
+    allowed = ("fp32", "fp16", "bf16") if cuda else ("fp32",)
+    if precision not in allowed:
+        raise ValueError(f"precision {precision!r} is not supported on {device}; use one of {', '.join(allowed)}")
+    return precision
+
+
+class Encoder:
+    """One open_clip model behind fixed-shape micro-batches.
+
+    Every forward pass has exactly `batch_size` rows (padded), so a row's result never depends on
+    what else shares its batch; `encode_*_batch` are the only places that touch the model.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        info: EncoderInfo,
+        spec: ImageSpec,
+        *,
+        image_options: ImageOptions | None = None,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.info = info
+        self.spec = spec
+        self.batch_size = info.batch_size
+        self.image_options = image_options or ImageOptions()
+        self.device = torch.device(info.device)
+        self._dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(info.precision, torch.float32)
+        self._mean = torch.tensor(spec.mean, device=self.device).view(1, 3, 1, 1)
+        self._std = torch.tensor(spec.std, device=self.device).view(1, 3, 1, 1)
+        self._cuda = self.device.type == "cuda"
+        self._local = threading.local()
+        # CUDA: queries on a high-priority stream, bulk work on a low-priority one.
+        self._streams: dict[bool, Any] = {}
+        if self._cuda:
+            self._streams = {
+                True: torch.cuda.Stream(device=self.device, priority=-1),
+                False: torch.cuda.Stream(device=self.device, priority=0),
+            }
+
+    # -- inputs ---------------------------------------------------------------------------------
+    def tokenize(self, texts: Sequence[str]) -> torch.Tensor:
+        """Token ids (n, context_length); longer texts are truncated by the open_clip tokenizer."""
+        return torch.as_tensor(self.tokenizer(list(texts)), dtype=torch.long)
+
+    def _padded(self, rows: torch.Tensor) -> torch.Tensor:
+        n = rows.shape[0]
+        if n > self.batch_size:
+            raise ValueError(f"a micro-batch holds at most {self.batch_size} units, not {n}")
+        if not self._cuda:
+            buf = torch.zeros((self.batch_size, *rows.shape[1:]), dtype=rows.dtype)
+            buf[:n] = rows
+            return buf
+        # CUDA: one pinned staging buffer per thread and shape, reused. Safe because _run waits for
+        # the result (and so for this copy) before the next call can touch the buffer again.
+        cache: dict[Any, torch.Tensor] = self._local.__dict__.setdefault("pinned", {})
+        key = (tuple(rows.shape[1:]), rows.dtype)
+        if key not in cache:
+            cache[key] = torch.empty((self.batch_size, *rows.shape[1:]), dtype=rows.dtype, pin_memory=True)
+        buf = cache[key]
+        buf.zero_()
+        buf[:n] = rows
+        return buf.to(self.device, non_blocking=True)
+
+    def _run(self, fn: Any, urgent: bool) -> np.ndarray:
+        with torch.inference_mode():
+            if self._cuda:
+                stream = self._streams[urgent]
+                with torch.cuda.stream(stream):
+                    out = fn()
+                    result = out.float().cpu()  # synchronises this stream only
+            else:
+                result = fn().float()
+        return np.ascontiguousarray(result.numpy(), dtype=np.float32)
+
+    # -- fixed-shape passes ---------------------------------------------------------------------
+    def encode_text_batch(self, tokens: torch.Tensor, *, urgent: bool = True) -> np.ndarray:
+        """Unit vectors for up to batch_size token rows, run as one padded batch of batch_size."""
+        n = tokens.shape[0]
+
+        def run() -> torch.Tensor:
+            return self.model.encode_text(self._padded(tokens), normalize=True)  # type: ignore[operator]
+
+        return self._run(run, urgent)[:n]
+
+    def encode_image_batch(self, views: np.ndarray | torch.Tensor, *, urgent: bool = True) -> np.ndarray:
+        """Unit vectors for up to batch_size uint8 views (n, size, size, 3), one padded batch."""
+        n = views.shape[0]
+        rows = torch.as_tensor(views)
+
+        def run() -> torch.Tensor:
+            x = self._padded(rows).permute(0, 3, 1, 2).float().div(255.0)
+            x = x.sub(self._mean).div(self._std).to(self._dtype)  # torchvision ToTensor + Normalize
+            return self.model.encode_image(x, normalize=True)  # type: ignore[operator]
+
+        return self._run(run, urgent)[:n]
+
+    # -- convenience paths (same fixed shape, so the same vectors as the engine) -----------------
+    def encode_texts(self, texts: Sequence[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.info.dimensions), dtype=np.float32)
+        tokens = self.tokenize(texts)
+        step = self.batch_size
+        parts = [self.encode_text_batch(tokens[i : i + step]) for i in range(0, len(tokens), step)]
+        return np.concatenate(parts)
+
+    def encode_images(
+        self, images: Sequence[bytes], *, return_tiles: bool = False, options: ImageOptions | None = None
+    ) -> np.ndarray | list[ImageEmbedding]:
+        opts = options or self.image_options
+        plans = []
+        views = []
+        for data in images:
+            probe = probe_image(data, opts)
+            plan = plan_for(probe, self.spec, opts)
+            plans.append(plan)
+            views.append(load_views(data, probe, plan, self.spec))
+        if not views:
+            return [] if return_tiles else np.zeros((0, self.info.dimensions), dtype=np.float32)
+        flat = np.concatenate(views)
+        vectors = np.concatenate(
+            [self.encode_image_batch(flat[i : i + self.batch_size]) for i in range(0, len(flat), self.batch_size)]
+        )
+        out: list[ImageEmbedding] = []
+        start = 0
+        for plan in plans:
+            unit_vectors = vectors[start : start + plan.n_units]
+            start += plan.n_units
+            out.append(combine_views(plan, unit_vectors, opts.global_weight))
+        return out if return_tiles else np.stack([e.vector for e in out])
+
+
+def combine_views(plan: Any, unit_vectors: np.ndarray, global_weight: float) -> ImageEmbedding:
+    """An ImageEmbedding from the view vectors of one image (row 0: global view, then tiles)."""
+    weights = [t.weight for t in plan.tiles]
+    return ImageEmbedding(
+        vector=aggregate(unit_vectors[0], unit_vectors[1:], weights, global_weight),
+        global_vector=np.array(unit_vectors[0], dtype=np.float32),
+        tiles=np.array(unit_vectors[1:], dtype=np.float32),
+        boxes=[t.box for t in plan.tiles],
+        weights=weights,
+        grid=plan.grid,
+    )
+
+
+def create_encoder(
+    name: str = "ViT-B-32",
+    *,
+    pretrained: str | None = DEFAULT,
+    device: str | None = None,
+    precision: str | None = None,
+    batch_size: int = 32,
+    image_options: ImageOptions | None = None,
+    cache_dir: str | None = None,
+    seed: int = 0,
+    threads: int | None = None,
+) -> Encoder:
+    """Load an open_clip model by name.
+
+    `pretrained`: a tag, a checkpoint file path, None for untrained weights (initialised from
+    `seed`, so every process gets the same ones), or "default" for the model's usual weights.
+    `threads` sets torch's intra-op thread count for the whole process (None leaves it alone).
+    Raises UnknownModelError, WeightsNotFoundError (with instructions) or ValueError.
+    """
+    _register_configs()
+    if open_clip.get_model_config(name) is None:
+        known = len(list_encoders())
+        raise UnknownModelError(f"unknown model {name!r}; encoder.list_encoders() names the {known} known ones")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, not {batch_size}")
+    if threads is not None:
+        torch.set_num_threads(threads)
+    tag = default_pretrained(name) if pretrained == DEFAULT else pretrained
+    dev = resolve_device(device)
+    prec = resolve_precision(precision, dev)
+    weights = resolve_weights(name, tag, cache_dir)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)  # untrained weights are the same in every process
+        model = open_clip.create_model(
+            name,
+            pretrained=weights.checkpoint,
+            precision=prec,
+            device=dev,
+            force_quick_gelu=weights.quick_gelu,
+            force_preprocess_cfg=weights.preprocess or None,
+            cache_dir=cache_dir,
+        )
+    model.eval().requires_grad_(False)
+    pp = open_clip.get_model_preprocess_cfg(model)
+    size = pp.get("size", 224)
+    size = size if isinstance(size, int) else int(size[0])
+    spec = ImageSpec(
+        size=size,
+        mean=tuple(float(m) for m in pp.get("mean", open_clip.OPENAI_DATASET_MEAN)),  # type: ignore[arg-type]
+        std=tuple(float(s) for s in pp.get("std", open_clip.OPENAI_DATASET_STD)),  # type: ignore[arg-type]
+        interpolation=str(pp.get("interpolation", "bicubic")),
+        resize_mode=str(pp.get("resize_mode", "shortest")),
+        fill_color=int(pp.get("fill_color", 0)),
+    )
+    tokenizer = open_clip.get_tokenizer(name)
+    info = EncoderInfo(
+        model=name,
+        pretrained=tag,
+        pretrained_weights=weights.checkpoint is not None,
+        dimensions=int(open_clip.get_model_config(name)["embed_dim"]),
+        device=dev,
+        precision=prec,
+        image_size=size,
+        context_length=int(getattr(tokenizer, "context_length", 77)),
+        batch_size=batch_size,
+    )
+    return Encoder(model, tokenizer, info, spec, image_options=image_options)

@@ -1,0 +1,215 @@
+"""The encoder HTTP service: OpenAI-shaped /v1/embeddings, /health and Prometheus /metrics.
+
+Errors are RFC 9457 problem details (application/problem+json) whose `type` URNs the remote
+client maps back to the encoder's exceptions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import math
+from collections.abc import AsyncIterator
+from concurrent.futures import Future
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, Field
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .engine import EmbeddingEngine
+from .errors import (
+    DecompressionBombError,
+    ImageRejectedError,
+    QueueFullError,
+    RequestCancelledError,
+    RequestTooLargeError,
+)
+from .types import ImageEmbedding, Priority
+
+PROBLEM = "urn:memstore:encoder:problem:"
+_STATUS = {  # exception -> (status, problem type suffix, title); most specific first
+    QueueFullError: (429, "queue-full", "Encoder queue full"),
+    DecompressionBombError: (413, "decompression-bomb", "Image has too many pixels"),
+    RequestTooLargeError: (413, "request-too-large", "Request too large"),
+    ImageRejectedError: (422, "image-rejected", "Image rejected"),
+    RequestCancelledError: (503, "cancelled", "Request cancelled"),
+}
+
+
+class EmbeddingRequest(BaseModel):
+    input: str | list[str] = Field(description="a text, or a list; images as base64 or data: URLs")
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    modality: Literal["text", "image"] = "text"  # Infinity-style switch between the two towers
+    priority: Literal["query", "sync_ingest", "background"] = "query"
+    deadline_ms: float | None = Field(default=None, gt=0)
+    return_tiles: bool = False  # images: also return per-tile vectors, boxes and weights
+    dimensions: int | None = None
+    user: str | None = None
+
+
+def problem(
+    status: int, kind: str, title: str, detail: str, headers: dict[str, str] | None = None, **extra: Any
+) -> JSONResponse:
+    body = {"type": PROBLEM + kind, "title": title, "status": status, "detail": detail, **extra}
+    return JSONResponse(body, status_code=status, headers=headers, media_type="application/problem+json")
+
+
+def decode_image_input(value: str, index: int) -> bytes:
+    """base64 or a data: URL -> bytes; http(s) URLs are refused (the service fetches nothing)."""
+    text = value.strip()
+    if text.startswith(("http://", "https://")):
+        raise ImageRejectedError(
+            f"input[{index}] is a URL; this service fetches nothing: send the image bytes as base64 or a data: URL"
+        )
+    if text.startswith("data:"):
+        header, sep, payload = text.partition(",")
+        if not sep or not header.endswith(";base64"):
+            raise ImageRejectedError(f"input[{index}] must be a base64 data: URL (data:image/png;base64,...)")
+        text = payload
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise ImageRejectedError(f"input[{index}] is neither a data: URL nor valid base64 image data") from None
+
+
+def _encode(vector: np.ndarray, fmt: str) -> list[float] | str:
+    if fmt == "base64":  # what the openai client decodes: little-endian float32
+        return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+    return [float(x) for x in vector]
+
+
+def _tiles_payload(e: ImageEmbedding, fmt: str) -> dict[str, Any]:
+    return {
+        "grid": list(e.grid),
+        "global_embedding": _encode(e.global_vector, fmt),
+        "embeddings": [_encode(t, fmt) for t in e.tiles],
+        "boxes": [list(b) for b in e.boxes],
+        "weights": e.weights,
+    }
+
+
+async def _await(fut: Future[Any], request: Request) -> Any:
+    """Wait for the engine; a client that goes away cancels the request (its tiles are dropped)."""
+    waiter = asyncio.wrap_future(fut)
+    while True:
+        done, _ = await asyncio.wait({waiter}, timeout=0.5)
+        if done:
+            return waiter.result()
+        if await request.is_disconnected():
+            fut.cancel()
+            raise RequestCancelledError("client disconnected")
+
+
+def create_app(engine: EmbeddingEngine, *, own_engine: bool = False) -> FastAPI:
+    """The service around a (started or not) engine; `own_engine` stops it at shutdown."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine.start()
+        yield
+        if own_engine:
+            engine.stop()
+
+    app = FastAPI(title="memstore encoder", version="0.1.0", lifespan=lifespan)
+    app.state.engine = engine
+    info = engine.info
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", "")} for e in exc.errors()]
+        detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errors)
+        return problem(422, "invalid-request", "Invalid request", detail or "invalid request body", errors=errors)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return problem(exc.status_code, "http", str(exc.detail), str(exc.detail))
+
+    for cls, (status, kind, title) in _STATUS.items():
+
+        def handler(
+            request: Request, exc: Exception, status: int = status, kind: str = kind, title: str = title
+        ) -> JSONResponse:
+            headers, extra = None, {}
+            if isinstance(exc, QueueFullError):
+                headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
+                extra = {"retry_after": exc.retry_after}
+            return problem(status, kind, title, str(exc), headers, **extra)
+
+        app.add_exception_handler(cls, handler)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingRequest, request: Request) -> Any:
+        if body.model is not None and body.model != info.model:
+            return problem(
+                404,
+                "model-not-found",
+                "Model not served",
+                f"model {body.model!r} is not served here; this service serves {info.model!r}",
+            )
+        if body.dimensions is not None and body.dimensions != info.dimensions:
+            return problem(
+                422,
+                "invalid-request",
+                "Unsupported dimensions",
+                f"{info.model} returns {info.dimensions} dimensions; omit `dimensions` or set it to {info.dimensions}",
+            )
+        items = [body.input] if isinstance(body.input, str) else body.input
+        if not items:
+            return problem(422, "invalid-request", "Empty input", "`input` must hold at least one item")
+        priority = Priority.parse(body.priority)
+        deadline_s = None if body.deadline_ms is None else body.deadline_ms / 1000.0
+        # Submission tokenises or reads image headers: off the event loop, like any blocking call.
+        if body.modality == "text":
+            fut = await run_in_threadpool(engine.submit_texts, items, priority=priority, deadline_s=deadline_s)
+        else:
+            blobs = [decode_image_input(v, i) for i, v in enumerate(items)]
+            fut = await run_in_threadpool(
+                engine.submit_images, blobs, priority=priority, deadline_s=deadline_s, return_tiles=True
+            )
+        result = await _await(fut, request)
+        data: list[dict[str, Any]] = []
+        units = len(items)
+        for i in range(len(items)):
+            entry: dict[str, Any] = {"object": "embedding", "index": i}
+            if body.modality == "image":
+                emb: ImageEmbedding = result[i]
+                entry["embedding"] = _encode(emb.vector, body.encoding_format)
+                units += len(emb.tiles)
+                if body.return_tiles:
+                    entry["tiles"] = _tiles_payload(emb, body.encoding_format)
+            else:
+                entry["embedding"] = _encode(result[i], body.encoding_format)
+            data.append(entry)
+        # usage counts model units (texts, global views, tiles): what a request costs here
+        return {
+            "object": "list",
+            "data": data,
+            "model": info.model,
+            "usage": {"prompt_tokens": units, "total_tokens": units},
+        }
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": info.model, "object": "model", "owned_by": "memstore"}]}
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        stats = engine.stats()
+        status = "ok" if stats["running"] else "stopped"
+        body = {"status": status, **info.as_dict(), **stats}
+        return JSONResponse(body, status_code=200 if status == "ok" else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(engine.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

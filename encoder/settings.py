@@ -1,0 +1,92 @@
+"""Encoder settings from the environment (pydantic-settings).
+
+`MEMSTORE_MODEL` and `MEMSTORE_PRETRAINED` are project-wide (API, workers and the encoder service
+all read them); the encoder's own knobs are `MEMSTORE_ENCODER_*` so they cannot collide with the
+core's settings.
+"""
+
+from __future__ import annotations
+
+import os
+
+from pydantic import AliasChoices, Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from .images import ImageOptions
+from .types import Priority
+
+
+class EncoderSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MEMSTORE_ENCODER_", extra="ignore")
+
+    model: str = Field(default="ViT-B-32", validation_alias=AliasChoices("MEMSTORE_MODEL", "model"))
+    # A tag known to open_clip, a local checkpoint path, or None ("none"/"" in the environment).
+    pretrained: str | None = Field(
+        default="laion2b_s34b_b79k", validation_alias=AliasChoices("MEMSTORE_PRETRAINED", "pretrained")
+    )
+    device: str | None = None  # None: cuda when available, else cpu
+    precision: str | None = None  # None: fp16 on cuda, fp32 on cpu
+    cache_dir: str | None = None  # Hugging Face cache override (default: HF_HOME / ~/.cache)
+    # torch intra-op threads for the encoder service; None: cores - 1 on CPU (a core stays free for
+    # decoding and scheduling instead of fighting over it), torch's default on CUDA.
+    torch_threads: int | None = Field(default=None, ge=1)
+
+    # Scheduler: fixed micro-batch shape, queue bounds, class shares, SLO.
+    batch_size: int = Field(default=32, ge=1, le=1024)
+    queue_units_query: int = Field(default=512, ge=1)
+    queue_units_sync_ingest: int = Field(default=2048, ge=1)
+    queue_units_background: int = Field(default=4096, ge=1)
+    slo_query_p99_ms: float = Field(default=250.0, gt=0)
+    min_query_share: float = Field(default=0.5, ge=0.0, le=1.0)
+    sync_ingest_share: float = Field(default=0.75, ge=0.0, le=1.0)  # of what queries leave over
+    deadline_sync_ingest_s: float = Field(default=2.0, gt=0)
+    deadline_background_s: float = Field(default=30.0, gt=0)
+    preprocess_workers: int = Field(default=2, ge=0)  # 0: preprocess inline in the submitting thread
+
+    # Images.
+    max_tiles: int = Field(default=36, ge=0, le=256)
+    tile_threshold: float = Field(default=2.0, ge=1.0)
+    global_weight: float = Field(default=0.5, ge=0.0, le=1.0)
+    max_image_pixels: int = Field(default=64_000_000, ge=1)
+    max_image_bytes: int = Field(default=32 * 1024 * 1024, ge=1)
+
+    # Service and remote use.
+    host: str = "127.0.0.1"
+    port: int = Field(default=8001, ge=0, le=65535)
+    url: str | None = None  # set: API and workers use the remote encoder service at this URL
+
+    @field_validator("pretrained", "device", "precision", "cache_dir", "url", "torch_threads", mode="before")
+    @classmethod
+    def _none_words(cls, value: object) -> object:
+        if isinstance(value, str) and value.strip().lower() in ("", "none", "null"):
+            return None
+        return value
+
+    def service_torch_threads(self, device: str) -> int | None:
+        if self.torch_threads is not None or device.startswith("cuda"):
+            return self.torch_threads
+        return max(1, (os.cpu_count() or 2) - 1)
+
+    def image_options(self) -> ImageOptions:
+        return ImageOptions(
+            max_tiles=self.max_tiles,
+            tile_threshold=self.tile_threshold,
+            global_weight=self.global_weight,
+            max_pixels=self.max_image_pixels,
+            max_bytes=self.max_image_bytes,
+        )
+
+    def queue_limits(self) -> dict[Priority, int]:
+        return {
+            Priority.QUERY: self.queue_units_query,
+            Priority.SYNC_INGEST: self.queue_units_sync_ingest,
+            Priority.BACKGROUND: self.queue_units_background,
+        }
+
+    def default_deadline_s(self, priority: Priority) -> float:
+        """Relative deadline of a one-batch request of this class (EDF key when none is given)."""
+        if priority is Priority.QUERY:
+            return self.slo_query_p99_ms / 1000.0
+        if priority is Priority.SYNC_INGEST:
+            return self.deadline_sync_ingest_s
+        return self.deadline_background_s

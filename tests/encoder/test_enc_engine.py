@@ -1,0 +1,215 @@
+"""The engine with a fake model whose cost is counted in ticks (no torch model, no timing)."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import CancelledError
+
+import numpy as np
+import pytest
+from enc_helpers import FakeEncoder, make_image, settings_for
+
+from encoder.engine import EmbeddingEngine
+from encoder.errors import (
+    DecompressionBombError,
+    ImageRejectedError,
+    QueueFullError,
+    RequestCancelledError,
+    RequestTooLargeError,
+)
+from encoder.scheduling import plan_batch, plan_fifo
+from encoder.types import ImageEmbedding, Priority
+
+BIG = make_image(128, 128, seed=1)  # 16-px fake model: global view + 8x8 = 64 tiles = 65 units
+SMALL = make_image(20, 20, seed=2)  # one unit
+
+
+def engine_for(fake: FakeEncoder, planner=plan_batch, **overrides) -> EmbeddingEngine:
+    """An engine driven by hand through tick(); fixed all-query shares keep the tests clock-free."""
+    return EmbeddingEngine(
+        fake, settings_for(batch_size=fake.batch_size, **overrides), planner=planner, adaptive_shares=False
+    )
+
+
+def ticks_until(engine: EmbeddingEngine, future, limit: int = 100) -> int:
+    for n in range(1, limit + 1):
+        assert engine.tick() is not None, "engine idle before the future resolved"
+        if future.done():
+            return n
+    raise AssertionError(f"not done after {limit} ticks")
+
+
+def test_small_request_behind_a_64_tile_image_finishes_in_the_next_tick(fake):
+    engine = engine_for(fake)
+    big = engine.submit_images([BIG], priority=Priority.QUERY)
+    engine.tick()  # the big image is already being worked on
+    small = engine.submit_images([SMALL], priority=Priority.QUERY)
+    assert ticks_until(engine, small) == 1
+    assert not big.done()
+    assert ticks_until(engine, big) == 7  # 66 units at B=8: 9 ticks in all, one shared with the small
+    assert fake.units == 66
+
+
+def test_fifo_baseline_blocks_the_same_small_request_behind_the_whole_image():
+    fake = FakeEncoder()
+    engine = engine_for(fake, planner=plan_fifo)
+    engine.submit_images([BIG])
+    engine.tick()
+    small = engine.submit_images([SMALL])
+    assert ticks_until(engine, small) == 8  # head-of-line blocking: what the scheduler removes
+
+
+def test_several_huge_images_still_leave_room_for_small_ones(fake):
+    engine = engine_for(fake)
+    bigs = [engine.submit_images([BIG], priority=Priority.BACKGROUND) for _ in range(3)]
+    engine.tick()
+    smalls = [engine.submit_images([make_image(20, 20, seed=10 + i)], priority=Priority.BACKGROUND) for i in range(4)]
+    engine.tick()
+    assert all(s.done() for s in smalls)  # even in the same class: fair share, not priority
+    assert not any(b.done() for b in bigs)
+
+
+def test_queries_overtake_bulk_and_deadlines_order_a_class(fake):
+    engine = engine_for(fake)
+    bulk = engine.submit_texts([f"doc {i}" for i in range(40)], priority=Priority.BACKGROUND)
+    engine.tick()
+    # Twelve one-text sync requests; later arrivals carry earlier deadlines.
+    sync = [engine.submit_texts([f"s{i}"], priority=Priority.SYNC_INGEST, deadline_s=12.0 - i) for i in range(12)]
+    query = engine.submit_texts(["q"], priority=Priority.QUERY, deadline_s=60.0)
+    engine.tick()
+    assert query.done()
+    assert [f.done() for f in sync] == [False] * 5 + [True] * 7  # the 7 earliest deadlines
+    engine.tick()
+    assert all(f.done() for f in sync) and not bulk.done()
+    assert ticks_until(engine, bulk) == 4
+
+
+def test_results_go_back_to_their_own_requests(fake):
+    engine = engine_for(fake)
+    texts = [f"text number {i}" for i in range(21)]
+    fut = engine.submit_texts(texts)
+    other = engine.submit_texts(["another"])
+    while not (fut.done() and other.done()):
+        engine.tick()
+    expected = np.stack([fake.text_vector(t) for t in texts])
+    np.testing.assert_allclose(fut.result(), expected, rtol=1e-6)
+    np.testing.assert_allclose(other.result()[0], fake.text_vector("another"), rtol=1e-6)
+
+
+def test_per_tile_vectors_come_back_when_asked(fake):
+    engine = engine_for(fake)
+    fut = engine.submit_images([BIG, SMALL], return_tiles=True)
+    while not fut.done():
+        engine.tick()
+    big, small = fut.result()
+    assert isinstance(big, ImageEmbedding)
+    assert big.grid == (8, 8) and big.tiles.shape == (64, 8) and len(big.boxes) == 64
+    assert small.grid == (0, 0) and small.tiles.shape == (0, 8)
+    assert np.array_equal(small.vector, small.global_vector)
+    assert np.linalg.norm(big.vector) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_queue_limits_fail_fast_with_retry_after(fake):
+    engine = engine_for(fake, queue_units_query=10, queue_units_background=100)
+    engine.submit_texts(["x"] * 8)
+    with pytest.raises(QueueFullError, match="query queue is full") as info:
+        engine.submit_texts(["y"] * 3)
+    assert info.value.retry_after > 0
+    engine.submit_texts(["z"] * 50, priority=Priority.BACKGROUND)  # other classes have their own room
+    with pytest.raises(RequestTooLargeError, match="split it"):
+        engine.submit_texts(["w"] * 11)
+    engine.tick()  # frees the query room
+    engine.submit_texts(["y"] * 3)
+    stats = engine.stats()["queues"]
+    assert stats["query"]["units"] == 3 and stats["background"]["units"] == 50
+
+
+def test_cancelling_drops_the_remaining_tiles(fake):
+    engine = engine_for(fake)
+    big = engine.submit_images([BIG])
+    engine.tick()
+    assert big.cancel()
+    assert engine.tick() is None  # nothing left to run: the 57 remaining units were dropped
+    assert fake.units == 8
+    assert engine.stats()["queues"]["query"]["units"] == 0
+    with pytest.raises(CancelledError):
+        big.result()
+
+
+def test_blocking_helper_timeout_cancels_the_request(fake):
+    engine = engine_for(fake)  # never started: nothing will run
+    with pytest.raises(RequestCancelledError, match="no result within"):
+        engine.embed_texts(["never"], timeout=0.05)
+    assert engine.tick() is None
+
+
+def test_bad_images_fail_at_once_or_through_the_future(fake):
+    engine = engine_for(fake)
+    with pytest.raises(ImageRejectedError):
+        engine.submit_images([b"not an image"])
+    with pytest.raises(DecompressionBombError):
+        EmbeddingEngine(fake, settings_for(max_image_pixels=100)).submit_images([SMALL])
+    truncated = make_image(300, 300)[:2000]
+    fut = engine.submit_images([SMALL, truncated])
+    with pytest.raises(ImageRejectedError, match="corrupt or truncated"):
+        fut.result(timeout=5)
+    assert engine.stats()["queues"]["query"]["units"] == 0  # its queue room is given back
+    with pytest.raises(TypeError):
+        engine.submit_texts("a string, not a list")
+
+
+def test_threaded_engine_with_preprocessing_pool(fake):
+    engine = EmbeddingEngine(fake, settings_for(batch_size=8, preprocess_workers=2))
+    with engine:
+        futures = []
+
+        def client(k):
+            for i in range(5):
+                futures.append((f"t{k}-{i}", engine.submit_texts([f"t{k}-{i}"], priority=Priority.QUERY)))
+                futures.append((None, engine.submit_images([BIG if i == 0 else SMALL], priority=Priority.BACKGROUND)))
+
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for text, fut in futures:
+            result = fut.result(timeout=30)
+            if text is not None:
+                np.testing.assert_allclose(result[0], fake.text_vector(text), rtol=1e-6)
+            else:
+                assert result.shape == (1, 8)
+        assert engine.stats()["running"]
+    assert not engine.stats()["running"]
+    with pytest.raises(RequestCancelledError):
+        engine.submit_texts(["after stop"])
+
+
+def test_stop_fails_what_is_still_queued(fake):
+    engine = engine_for(fake)
+    waiting = engine.submit_texts(["a"] * 20)
+    engine.tick()
+    engine.stop()
+    assert isinstance(waiting.exception(timeout=5), RequestCancelledError)
+    assert engine.stats()["queues"]["query"]["units"] == 0
+
+
+def test_stats_and_metrics_describe_the_queues(fake):
+    engine = engine_for(fake)
+    engine.submit_images([BIG], priority=Priority.SYNC_INGEST)
+    engine.submit_texts(["q"])
+    s = engine.stats()
+    assert s["queues"]["sync_ingest"] == {"requests": 1, "units": 65, "ready": 65, "preprocessing": 0, "limit": 2048}
+    assert s["queues"]["query"]["units"] == 1 and s["batch_size"] == 8
+    engine.tick()
+    from prometheus_client import generate_latest
+
+    text = generate_latest(engine.metrics.registry).decode()
+    for name in (
+        'encoder_queue_units{class="sync_ingest"} 65.0',
+        "encoder_batch_fill_ratio_bucket",
+        "encoder_request_latency_seconds_bucket",
+        "encoder_units_per_second",
+        "encoder_units_total",
+    ):
+        assert name in text

@@ -1,0 +1,215 @@
+"""The HTTP service, the remote client and the openai client against the real tiny model."""
+
+from __future__ import annotations
+
+import base64
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import numpy as np
+import pytest
+from enc_helpers import FakeEncoder, make_image, settings_for
+from fastapi.testclient import TestClient
+
+from encoder.__main__ import main
+from encoder.client import RemoteEncoder
+from encoder.engine import EmbeddingEngine
+from encoder.errors import DecompressionBombError, ImageRejectedError, QueueFullError
+from encoder.service import create_app
+from encoder.types import Priority
+
+PNG = make_image(60, 40, seed=1)
+BIG = make_image(300, 200, "JPEG", seed=2)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny):
+    with EmbeddingEngine(tiny, settings_for(preprocess_workers=1, max_tiles=16, max_image_pixels=200_000)) as eng:
+        yield eng
+
+
+@pytest.fixture(scope="module")
+def client(engine):
+    with TestClient(create_app(engine)) as c:
+        yield c
+
+
+def post(client, **body):
+    return client.post("/v1/embeddings", json=body)
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def assert_problem(resp, status, kind):
+    assert resp.status_code == status, resp.text
+    assert resp.headers["content-type"].startswith("application/problem+json")
+    body = resp.json()
+    assert body["status"] == status and body["type"].endswith(kind) and body["detail"]
+    return body
+
+
+def test_text_embeddings_are_openai_shaped_and_match_the_engine(client, engine):
+    resp = post(client, input=["a cat", "a dog"], model="memstore-tiny")
+    assert resp.status_code == 200
+    body = resp.json()
+    assert body["object"] == "list" and body["model"] == "memstore-tiny"
+    assert [d["index"] for d in body["data"]] == [0, 1] and body["data"][0]["object"] == "embedding"
+    vectors = np.array([d["embedding"] for d in body["data"]], dtype=np.float32)
+    assert np.array_equal(vectors, engine.embed_texts(["a cat", "a dog"]))
+    single = post(client, input="a cat", encoding_format="base64").json()["data"][0]["embedding"]
+    assert np.array_equal(np.frombuffer(base64.b64decode(single), dtype="<f4"), vectors[0])
+
+
+def test_image_inputs_as_base64_or_data_urls_with_tiles(client, engine):
+    body = post(
+        client,
+        input=[b64(PNG), "data:image/jpeg;base64," + b64(BIG)],
+        modality="image",
+        return_tiles=True,
+        priority="background",
+    ).json()
+    expected = engine.embed_images([PNG, BIG])
+    got = np.array([d["embedding"] for d in body["data"]], dtype=np.float32)
+    assert np.array_equal(got, expected)
+    small, big = body["data"][0]["tiles"], body["data"][1]["tiles"]
+    assert small["grid"] == [0, 0] and small["embeddings"] == []
+    assert big["grid"][0] * big["grid"][1] >= len(big["embeddings"]) > 1
+    assert len(big["boxes"]) == len(big["weights"]) == len(big["embeddings"])
+    assert body["usage"]["prompt_tokens"] == 2 + len(big["embeddings"])
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "kind", "fix"),
+    [
+        ({"input": "not base64!", "modality": "image"}, 422, "image-rejected", "neither a data: URL nor valid base64"),
+        ({"input": "https://example.com/cat.png", "modality": "image"}, 422, "image-rejected", "fetches nothing"),
+        ({"input": b64(b"plain text, not a picture"), "modality": "image"}, 422, "image-rejected", "send JPEG, PNG"),
+        ({"input": b64(make_image(600, 500)), "modality": "image"}, 413, "decompression-bomb", "downscale it"),
+        ({"input": "x", "model": "gpt-4"}, 404, "model-not-found", "this service serves 'memstore-tiny'"),
+        ({"input": "x", "dimensions": 512}, 422, "invalid-request", "returns 64 dimensions"),
+        ({"input": [1, 2, 3]}, 422, "invalid-request", "input"),
+        ({"input": []}, 422, "invalid-request", "at least one item"),
+        ({"input": "x", "priority": "urgent"}, 422, "invalid-request", "priority"),
+    ],
+)
+def test_errors_are_problem_details_saying_what_to_fix(client, body, status, kind, fix):
+    problem = assert_problem(post(client, **body), status, kind)
+    assert fix in problem["detail"]
+
+
+def test_health_and_metrics(client):
+    post(client, input="warm up")
+    health = client.get("/health").json()
+    assert health["status"] == "ok"
+    assert {"model", "dimensions", "device", "precision", "pretrained_weights", "queues"} <= set(health)
+    assert set(health["queues"]) == {"query", "sync_ingest", "background"}
+    assert client.get("/v1/models").json()["data"][0]["id"] == "memstore-tiny"
+    metrics = client.get("/metrics")
+    assert metrics.status_code == 200
+    for name in (
+        'encoder_queue_units{class="query"}',
+        "encoder_batch_fill_ratio_bucket",
+        'encoder_request_latency_seconds_bucket{class="query"',
+        "encoder_units_per_second",
+    ):
+        assert name in metrics.text
+
+
+def test_queue_full_is_429_with_retry_after_and_the_client_raises_queue_full():
+    fake = FakeEncoder()
+    engine = EmbeddingEngine(fake, settings_for(queue_units_query=4))  # never started: nothing drains
+    engine.submit_texts(["a", "b", "c", "d"])
+    app = create_app(engine)
+    http = TestClient(app)  # no lifespan, so the engine stays stopped
+    resp = post(http, input="one more")
+    assert_problem(resp, 429, "queue-full")
+    assert int(resp.headers["Retry-After"]) >= 1
+    with pytest.raises(QueueFullError) as info:
+        RemoteEncoder("http://testserver", client=http).embed_texts(["one more"])
+    assert info.value.retry_after > 0
+
+
+def test_remote_encoder_mirrors_the_engine(client, engine):
+    remote = RemoteEncoder("http://testserver", client=client)
+    assert remote.info == engine.info
+    assert np.array_equal(remote.embed_texts(["hello"], priority=Priority.SYNC_INGEST), engine.embed_texts(["hello"]))
+    tiles = remote.embed_images([BIG], return_tiles=True)[0]
+    local = engine.embed_images([BIG], return_tiles=True)[0]
+    assert np.array_equal(tiles.vector, local.vector) and np.array_equal(tiles.tiles, local.tiles)
+    assert tiles.boxes == local.boxes and tiles.grid == local.grid
+    assert remote.embed_texts([]).shape == (0, 64)
+    with pytest.raises(DecompressionBombError):
+        remote.embed_images([make_image(600, 500)])
+    with pytest.raises(ImageRejectedError):
+        remote.embed_images([b"junk"])
+
+
+def test_openai_client_works_for_text(client, engine):
+    openai = pytest.importorskip("openai", reason="the openai package is not installed (dev extra)")
+    oa = openai.OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=client)
+    result = oa.embeddings.create(model="memstore-tiny", input=["a red car", "a blue boat"])
+    got = np.array([d.embedding for d in result.data], dtype=np.float32)
+    assert np.array_equal(got, engine.embed_texts(["a red car", "a blue boat"]))
+    floats = oa.embeddings.create(model="memstore-tiny", input="a red car", encoding_format="float")
+    assert np.array_equal(np.array(floats.data[0].embedding, dtype=np.float32), got[0])
+
+
+def test_cli_help_and_bad_model(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0 and "--pretrained" in capsys.readouterr().out
+    assert main(["--model", "no-such-model", "--pretrained", "none"]) == 2
+    assert "unknown model 'no-such-model'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_python_m_encoder_serves_over_real_http():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MEMSTORE_ENCODER_BATCH_SIZE": "8"}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "encoder",
+            "--model",
+            "memstore-tiny",
+            "--pretrained",
+            "none",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+            assert time.monotonic() < deadline, "encoder service did not come up"
+            time.sleep(0.2)
+        with RemoteEncoder(url, timeout=30) as remote:
+            assert remote.info.model == "memstore-tiny" and remote.info.batch_size == 8
+            v = remote.embed_texts(["over the wire"])
+            assert v.shape == (1, 64) and abs(float(np.linalg.norm(v)) - 1) < 1e-5
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
