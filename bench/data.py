@@ -22,6 +22,37 @@ def clustered(n: int, dimensions: int, *, clusters: int = 100, spread: float = 0
     return points.astype(np.float32)
 
 
+def low_rank(
+    n: int,
+    dimensions: int = 768,
+    *,
+    latent: int = 64,
+    noise: float = 0.5,
+    clusters: int = 200,
+    spread: float = 0.5,
+    seed: int = 0,
+) -> np.ndarray:
+    """Unit vectors with a low intrinsic dimension, as real embeddings have.
+
+    ``latent`` factors (a Gaussian mixture of ``clusters`` centres with ``spread`` inside each, the
+    factor scales decaying as 1/sqrt(1 + j/8)) are mapped into ``dimensions`` by a random orthonormal
+    basis; isotropic noise with ``noise`` times the signal's RMS norm is added and rows are normalised.
+    With the defaults the top 64 principal components hold about 81% of the variance (bge-m3: 72% in
+    64, 81% in 96), so the exact neighbours depend partly on the noise a projection throws away.
+    """
+    rng = np.random.default_rng(seed)
+    basis, _ = np.linalg.qr(rng.normal(size=(dimensions, latent)))
+    scales = 1.0 / np.sqrt(1.0 + np.arange(latent) / 8.0)
+    centres = rng.normal(size=(clusters, latent))
+    labels = rng.integers(0, clusters, size=n)
+    z = (centres[labels] + spread * rng.normal(size=(n, latent))) * scales
+    x = z @ basis.T
+    rms = np.sqrt((x**2).sum(axis=1).mean())
+    x += rng.normal(scale=noise * rms / np.sqrt(dimensions), size=(n, dimensions))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    return x.astype(np.float32)
+
+
 def load_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
     with np.load(path) as data:
         missing = {"base", "queries"} - set(data.files)

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from psycopg import sql
 
+from memstore.compact import spec as compact_spec
 from memstore.errors import InvalidInputError
 
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
@@ -141,13 +142,18 @@ def create_table_statements(c: Collection) -> list[sql.Composed]:
     hnsw_with = sql.SQL("WITH (m = {m}, ef_construction = {ef})").format(
         m=sql.Literal(c.hnsw_m), ef=sql.Literal(c.hnsw_ef_construction)
     )
-    opclass = sql.SQL(c.spec.opclass)
+    # The index holds the full vectors, or a compact form of them (a low-rank index needs rows to fit
+    # a projection on, so a new collection starts with the full index and switches later).
+    index = compact_spec.index_spec(c)
+    representation = "full" if index.representation == "lowrank" else index.representation
+    key = sql.SQL(compact_spec.key_expression(representation, c.dimensions))
+    opclass = sql.SQL(compact_spec.opclass(representation, c.metric))
     out: list[sql.Composed] = [sql.SQL("CREATE SEQUENCE {}").format(seq)]
     if c.partitions == 1:
         out += [
             sql.SQL("CREATE TABLE {t} ({cols}, PRIMARY KEY (id), UNIQUE (external_id))").format(t=table, cols=columns),
-            sql.SQL("CREATE INDEX {i} ON {t} USING hnsw (embedding {ops}) {w}").format(
-                i=sql.Identifier(c.index_name), t=table, ops=opclass, w=hnsw_with
+            sql.SQL("CREATE INDEX {i} ON {t} USING hnsw ({k} {ops}) {w}").format(
+                i=sql.Identifier(c.index_name), t=table, k=key, ops=opclass, w=hnsw_with
             ),
         ]
     else:
@@ -166,14 +172,14 @@ def create_table_statements(c: Collection) -> list[sql.Composed]:
         ]
         # Named per-partition indexes (maintenance rebuilds them one at a time), attached to the parent's.
         out.append(
-            sql.SQL("CREATE INDEX {i} ON ONLY {t} USING hnsw (embedding {ops}) {w}").format(
-                i=sql.Identifier(c.index_name), t=table, ops=opclass, w=hnsw_with
+            sql.SQL("CREATE INDEX {i} ON ONLY {t} USING hnsw ({k} {ops}) {w}").format(
+                i=sql.Identifier(c.index_name), t=table, k=key, ops=opclass, w=hnsw_with
             )
         )
         for part in c.partition_tables():
             out += [
-                sql.SQL("CREATE INDEX {i} ON {p} USING hnsw (embedding {ops}) {w}").format(
-                    i=sql.Identifier(f"{part}_hnsw"), p=sql.Identifier(part), ops=opclass, w=hnsw_with
+                sql.SQL("CREATE INDEX {i} ON {p} USING hnsw ({k} {ops}) {w}").format(
+                    i=sql.Identifier(f"{part}_hnsw"), p=sql.Identifier(part), k=key, ops=opclass, w=hnsw_with
                 ),
                 sql.SQL("ALTER INDEX {parent} ATTACH PARTITION {child}").format(
                     parent=sql.Identifier(c.index_name), child=sql.Identifier(f"{part}_hnsw")
@@ -182,6 +188,8 @@ def create_table_statements(c: Collection) -> list[sql.Composed]:
     if c.partitions > 1:
         # The primary key cannot be enforced across partitions; look-ups by id still need an index.
         out.append(sql.SQL("CREATE INDEX {i} ON {t} (id)").format(i=sql.Identifier(f"{c.table_name}_id"), t=table))
+    if index.compact or index.pending:
+        out.append(compact_spec.inline_vectors_statement(table))
     out += [
         sql.SQL("CREATE INDEX {i} ON {t} USING gin (metadata jsonb_path_ops)").format(
             i=sql.Identifier(f"{c.table_name}_metadata"), t=table

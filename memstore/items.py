@@ -22,7 +22,9 @@ ITEM_COLUMNS = (
     "id, external_id, status, metadata, text, content_type, content IS NOT NULL AS has_content, error, "
     "created_at, updated_at"
 )
-SIZES_SQL = "SELECT sum(pg_table_size(t::regclass)), sum(pg_indexes_size(t::regclass)) FROM unnest(%s::text[]) AS t"
+SIZES_SQL = (
+    "SELECT sum(pg_table_size(to_regclass(t))), sum(pg_indexes_size(to_regclass(t))) FROM unnest(%s::text[]) AS t"
+)
 
 # xmax cannot be read through a partitioned table, so a row made by this statement is told apart by
 # its creation time: now() is the transaction's start, and the store runs one upsert per transaction.

@@ -25,6 +25,8 @@ from memstore.collections import (
     validate_collection_params,
     validate_name,
 )
+from memstore.compact import search as compact_search
+from memstore.compact import spec as compact_spec
 from memstore.db import raw_connection
 from memstore.errors import (
     CollectionExistsError,
@@ -84,7 +86,13 @@ class VectorStore:
         ef_search: int | None = None,
         partitions: int = 1,
         model: str | None = None,
+        representation: str = "full",
+        rank: int | None = None,
+        pool_factor: float | None = None,
     ) -> Collection:
+        """A new, empty collection. ``representation`` picks what its HNSW index holds (see
+        ``memstore.compact``); ``lowrank`` needs rows to fit on, so it starts with the full index and
+        is switched to by ``maintain_compact_index`` once enough vectors are stored."""
         validate_name(name)
         s = self.settings
         m = hnsw_m if hnsw_m is not None else s.default_hnsw_m
@@ -98,6 +106,16 @@ class VectorStore:
             ef_search=efs,
             partitions=partitions,
         )
+        compact_spec.validate_choice(
+            representation=representation, dimensions=dimensions, rank=rank, pool_factor=pool_factor
+        )
+        if representation == "lowrank":
+            index = compact_spec.IndexSpec(
+                pending={"representation": "lowrank", "rank": rank, "pool_factor": pool_factor}
+            )
+        else:
+            index = compact_spec.IndexSpec(representation=representation, pool_factor=pool_factor)
+        options = {compact_spec.OPTIONS_KEY: index.to_json()}
         with raw_connection(self.engine) as conn:
             # Serialise creations of one name so the loser gets a clean CollectionExistsError.
             conn.execute("SELECT pg_advisory_xact_lock(hashtext('memstore.collection.' || %s))", (name,))
@@ -117,14 +135,15 @@ class VectorStore:
                 default_ef_search=efs,
                 partitions=partitions,
                 model=model,
+                options=options,
             )
             conn.execute(
                 """
                 INSERT INTO memstore_collections (id, name, table_name, dimensions, metric, hnsw_m,
-                    hnsw_ef_construction, default_ef_search, partitions, model)
-                OVERRIDING SYSTEM VALUE VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+                    hnsw_ef_construction, default_ef_search, partitions, model, options)
+                OVERRIDING SYSTEM VALUE VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
                 """,
-                (cid, name, collection.table_name, dimensions, metric, m, efc, efs, partitions, model),
+                (cid, name, collection.table_name, dimensions, metric, m, efc, efs, partitions, model, Jsonb(options)),
             )
             for statement in create_table_statements(collection):
                 conn.execute(statement)
@@ -171,13 +190,23 @@ class VectorStore:
             if deleted is None:
                 raise CollectionNotFoundError(name)
             conn.execute(sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(collection.table))
+            # Low-rank side tables (their triggers went with the table; registry rows cascade).
+            for (side,) in conn.execute(
+                "SELECT relname FROM pg_class WHERE relkind = 'r' AND starts_with(relname, %s)",
+                (f"memstore_lr_c{collection.id}_v",),
+            ).fetchall():
+                conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(side)))
         self._forget(name)
 
     def collection_stats(self, *, name: str) -> CollectionStats:
         c = self.get_collection(name=name)
+        spec = compact_spec.index_spec(c)
+        tables = c.partition_tables()
+        if spec.representation == "lowrank" and spec.version is not None:
+            tables = [*tables, compact_spec.side_table(c.id, spec.version)]
         with raw_connection(self.engine) as conn:
             counts = conn.execute(sql.SQL("SELECT status, count(*) FROM {} GROUP BY status").format(c.table)).fetchall()
-            sizes = conn.execute(item_sql.SIZES_SQL, (c.partition_tables(),)).fetchone()
+            sizes = conn.execute(item_sql.SIZES_SQL, (tables,)).fetchone()
         by_status = {status: int(n) for status, n in counts}
         assert sizes is not None
         return CollectionStats(
@@ -188,6 +217,7 @@ class VectorStore:
             failed=by_status.get("failed", 0),
             table_bytes=int(sizes[0] or 0),
             index_bytes=int(sizes[1] or 0),
+            extra={"index": spec.to_json()},
         )
 
     def _forget(self, name: str) -> None:
@@ -377,32 +407,80 @@ class VectorStore:
         filter: dict[str, Any] | None = None,
         ef_search: int | None = None,
         exact: bool = False,
+        pool: int | None = None,
     ) -> list[SearchResult]:
         """The ``k`` nearest items to ``vector`` (nearest first), among those whose metadata contains ``filter``.
 
         The HNSW index answers unless ``exact``; with ``hnsw.iterative_scan`` a filtered search keeps
         scanning until it has ``k`` rows (or has visited ``max_scan_tuples``). ``exact`` is the
-        brute-force ground truth.
+        brute-force ground truth. On a compact index (``memstore.compact``) the index gives ``pool``
+        candidates (default: the collection's pool factor times k) and they are re-ranked exactly.
         """
-        c = self.get_collection(name=collection)
         _check_k(k)
-        efs = c.default_ef_search if ef_search is None else ef_search
-        if not isinstance(efs, int) or isinstance(efs, bool) or not 1 <= efs <= 1000:
-            raise InvalidInputError(f"ef_search must be an integer between 1 and 1000, not {efs!r}")
-        query_vector = as_vector(vector, dimensions=c.dimensions)
+        if pool is not None and (not isinstance(pool, int) or isinstance(pool, bool) or not 1 <= pool <= MAX_K):
+            raise InvalidInputError(f"pool must be an integer between 1 and {MAX_K}, not {pool!r}")
         checked = check_filter(filter)
-        statement = item_sql.search_statement(c, filtered=bool(checked), exact=exact)
-        params: dict[str, Any] = {"q": query_vector, "k": k}
-        if checked:
-            params["f"] = Jsonb(checked)
-        settings = item_sql.search_settings(ef_search=efs, exact=exact, max_scan_tuples=self.settings.max_scan_tuples)
-        try:
-            with raw_connection(self.engine) as conn:
-                rows = item_sql.run_search(conn, settings, statement, params)
-        except psycopg.errors.UndefinedTable:
-            self._forget(collection)
-            raise CollectionNotFoundError(collection) from None
+        for attempt in range(2):
+            # A switch of representation may drop what a cached collection row still names: the
+            # second attempt reads the registry afresh.
+            c = self.get_collection(name=collection, fresh=attempt > 0)
+            efs = c.default_ef_search if ef_search is None else ef_search
+            if not isinstance(efs, int) or isinstance(efs, bool) or not 1 <= efs <= 1000:
+                raise InvalidInputError(f"ef_search must be an integer between 1 and 1000, not {efs!r}")
+            query_vector = as_vector(vector, dimensions=c.dimensions)
+            spec = compact_spec.index_spec(c)
+            params: dict[str, Any] = {"q": query_vector, "k": k}
+            if checked:
+                params["f"] = Jsonb(checked)
+            try:
+                with raw_connection(self.engine) as conn:
+                    if spec.compact and not exact:
+                        params["pool"] = spec.pool(k, pool)
+                        params["c"] = compact_search.compact_query(conn, spec, query_vector)
+                        statement = compact_search.statement(c, spec, filtered=bool(checked))
+                        settings = item_sql.search_settings(
+                            ef_search=min(1000, max(efs, params["pool"])),
+                            exact=False,
+                            max_scan_tuples=self.settings.max_scan_tuples,
+                        )
+                        rows = compact_search.run(conn, settings, statement, params)
+                    else:
+                        statement = item_sql.search_statement(c, filtered=bool(checked), exact=exact)
+                        settings = item_sql.search_settings(
+                            ef_search=efs, exact=exact, max_scan_tuples=self.settings.max_scan_tuples
+                        )
+                        rows = item_sql.run_search(conn, settings, statement, params)
+                break
+            except (psycopg.errors.UndefinedTable, LookupError):
+                self._forget(collection)
+                if attempt:
+                    raise CollectionNotFoundError(collection) from None
         return [
             SearchResult(id=r[0], external_id=r[1], distance=float(r[3]), score=c.score(float(r[3])), metadata=r[2])
             for r in rows
         ]
+
+    def set_index_representation(
+        self,
+        *,
+        collection: str,
+        representation: str,
+        rank: int | None = None,
+        pool_factor: float | None = None,
+        refit: bool = False,
+        grace_s: float | None = None,
+    ) -> compact_spec.IndexSpec:
+        """Switch the collection's HNSW index to another representation online (see ``memstore.compact``)."""
+        from memstore.compact.switch import DEFAULT_GRACE_S, set_representation
+
+        spec = set_representation(
+            self.engine,
+            collection=collection,
+            representation=representation,
+            rank=rank,
+            pool_factor=pool_factor,
+            refit=refit,
+            grace_s=DEFAULT_GRACE_S if grace_s is None else grace_s,
+        )
+        self._forget(collection)
+        return spec

@@ -1,0 +1,244 @@
+"""Online DDL for compact indexes, on an autocommit connection of its own.
+
+Every statement that takes a lock readers or writers could queue behind runs with a short
+``lock_timeout`` and is retried, so a switch never stalls searches for more than that. Indexes are
+built ``CONCURRENTLY`` (a partitioned table: an index ``ON ONLY`` the parent, each partition's built
+concurrently and attached). A new index of the collection's table is built as ``memstore_next_c<id>…``
+and renamed to the usual ``<table>_hnsw`` once the old one is gone, so maintenance keeps finding it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import sqlalchemy as sa
+from pgvector import Vector
+from pgvector.psycopg import register_vector
+from psycopg import sql
+
+from memstore.collections import Collection
+from memstore.compact import spec as specs
+from memstore.compact.projection import Projection
+from memstore.db import libpq_url
+
+log = logging.getLogger(__name__)
+
+LOCK_TIMEOUT = "500ms"
+LOCK_RETRIES = 120
+FILL_BATCH_IDS = 20_000
+
+
+class CompactBusyError(RuntimeError):
+    """Another process is switching or refitting this collection's index."""
+
+
+@contextlib.contextmanager
+def connect(engine: sa.Engine) -> Iterator[psycopg.Connection[Any]]:
+    url = libpq_url(engine.url.render_as_string(hide_password=False))
+    with psycopg.connect(url, autocommit=True) as conn:
+        register_vector(conn)
+        conn.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT)))
+        yield conn
+
+
+@contextlib.contextmanager
+def collection_lock(conn: psycopg.Connection[Any], c: Collection, *, wait_s: float = 0.0) -> Iterator[None]:
+    """One switch/refit per collection at a time (session-level advisory lock)."""
+    key = f"memstore.compact.{c.id}"
+    deadline = time.monotonic() + wait_s
+    while True:
+        row = conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (key,)).fetchone()
+        if row and row[0]:
+            break
+        if time.monotonic() >= deadline:
+            raise CompactBusyError(f"another process is changing the index of collection {c.name!r}")
+        time.sleep(0.2)
+    try:
+        yield
+    finally:
+        if not conn.closed:
+            conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (key,))
+
+
+def execute(conn: psycopg.Connection[Any], statement: sql.Composable | str, params: Any = None) -> None:
+    """Run one statement, retrying lock timeouts (the statement waited, nothing was changed)."""
+    for attempt in range(LOCK_RETRIES):
+        try:
+            conn.execute(statement, params)  # type: ignore[arg-type]
+            return
+        except psycopg.errors.LockNotAvailable:
+            if attempt == LOCK_RETRIES - 1:
+                raise
+            time.sleep(min(2.0, 0.05 * 2 ** min(attempt, 6)))
+
+
+def _with(c: Collection) -> sql.Composed:
+    return sql.SQL("WITH (m = {}, ef_construction = {})").format(
+        sql.Literal(c.hnsw_m), sql.Literal(c.hnsw_ef_construction)
+    )
+
+
+# ---------------------------------------------------------------------- indexes of the collection's table
+
+
+def build_next_index(conn: psycopg.Connection[Any], c: Collection, representation: str) -> None:
+    """Build the collection's index for ``representation`` under the ``memstore_next_c<id>`` names."""
+    key = sql.SQL(specs.key_expression(representation, c.dimensions))
+    ops = sql.SQL(specs.opclass(representation, c.metric))
+    if c.partitions == 1:
+        execute(
+            conn,
+            sql.SQL("CREATE INDEX CONCURRENTLY {i} ON {t} USING hnsw ({k} {o}) {w}").format(
+                i=sql.Identifier(specs.next_index(c.id)), t=c.table, k=key, o=ops, w=_with(c)
+            ),
+        )
+        return
+    parent = specs.next_index(c.id)
+    execute(
+        conn,
+        sql.SQL("CREATE INDEX {i} ON ONLY {t} USING hnsw ({k} {o}) {w}").format(
+            i=sql.Identifier(parent), t=c.table, k=key, o=ops, w=_with(c)
+        ),
+    )
+    for i, part in enumerate(c.partition_tables()):
+        child = specs.next_index(c.id, i)
+        execute(
+            conn,
+            sql.SQL("CREATE INDEX CONCURRENTLY {i} ON {p} USING hnsw ({k} {o}) {w}").format(
+                i=sql.Identifier(child), p=sql.Identifier(part), k=key, o=ops, w=_with(c)
+            ),
+        )
+        execute(
+            conn,
+            sql.SQL("ALTER INDEX {} ATTACH PARTITION {}").format(sql.Identifier(parent), sql.Identifier(child)),
+        )
+
+
+def drop_index(conn: psycopg.Connection[Any], name: str, *, partitioned: bool) -> None:
+    # A partitioned index cannot be dropped concurrently; the short lock_timeout bounds the stall.
+    concurrently = sql.SQL("") if partitioned else sql.SQL("CONCURRENTLY ")
+    execute(conn, sql.SQL("DROP INDEX {}IF EXISTS {}").format(concurrently, sql.Identifier(name)))
+
+
+def promote_next_index(conn: psycopg.Connection[Any], c: Collection) -> None:
+    """Give the freshly built index the collection's usual index names (the old ones must be gone)."""
+    renames = [(specs.next_index(c.id), c.index_name)]
+    if c.partitions > 1:
+        renames += [(specs.next_index(c.id, i), f"{part}_hnsw") for i, part in enumerate(c.partition_tables())]
+    for old, new in renames:
+        execute(conn, sql.SQL("ALTER INDEX {} RENAME TO {}").format(sql.Identifier(old), sql.Identifier(new)))
+
+
+def main_indexes(conn: psycopg.Connection[Any], c: Collection) -> list[dict[str, Any]]:
+    """The HNSW indexes on the collection's table (the parent's, for a partitioned one)."""
+    rows = conn.execute(
+        """
+        SELECT i.relname, x.indisvalid, pg_get_indexdef(x.indexrelid)
+        FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid JOIN pg_am am ON am.oid = i.relam
+        WHERE x.indrelid = to_regclass(%s) AND am.amname = 'hnsw'
+        """,
+        (c.table_name,),
+    ).fetchall()
+    return [{"name": r[0], "valid": bool(r[1]), "definition": r[2]} for r in rows]
+
+
+def index_matches(definition: str, representation: str, metric: str) -> bool:
+    return f" {specs.opclass(representation, metric)}" in definition
+
+
+# ---------------------------------------------------------------------- the low-rank side table
+
+
+def _triggers(c: Collection, p: Projection) -> list[sql.Composed]:
+    table = specs.side_table(c.id, p.version)
+    names = specs.trigger_names(p.version)
+    out = []
+    for event, name in names.items():
+        refs = {"INSERT": "NEW TABLE AS new_rows", "UPDATE": "OLD TABLE AS old_rows NEW TABLE AS new_rows"}.get(
+            event, "OLD TABLE AS old_rows"
+        )
+        out.append(
+            sql.SQL(
+                "CREATE TRIGGER {n} AFTER {e} ON {t} REFERENCING {r} FOR EACH STATEMENT "
+                "EXECUTE FUNCTION memstore_compact_sync({side}, {pid})"
+            ).format(
+                n=sql.Identifier(name),
+                e=sql.SQL(event),
+                t=c.table,
+                r=sql.SQL(refs),
+                side=sql.Literal(table),
+                pid=sql.Literal(str(p.id)),
+            )
+        )
+    return out
+
+
+def projection_params(p: Projection) -> dict[str, Any]:
+    return {"comps": [Vector(v) for v in p.components], "offs": p.offsets.astype(float).tolist(), "nz": p.normalize}
+
+
+def build_side(conn: psycopg.Connection[Any], c: Collection, p: Projection) -> None:
+    """Side table of projections: created, kept in step by triggers, back-filled, then indexed."""
+    table = sql.Identifier(specs.side_table(c.id, p.version))
+    execute(
+        conn,
+        sql.SQL("CREATE TABLE IF NOT EXISTS {} (id bigint PRIMARY KEY, v halfvec({}) NOT NULL)").format(
+            table, sql.Literal(p.rank)
+        ),
+    )
+    # Triggers first: every write from here on reaches the side table; the back-fill then covers the
+    # rest (ON CONFLICT DO NOTHING: a row a trigger wrote meanwhile is newer than what the fill read).
+    for statement in _triggers(c, p):
+        execute(conn, statement)
+    params = projection_params(p)
+    bounds = conn.execute(sql.SQL("SELECT min(id), max(id) FROM {}").format(c.table)).fetchone()
+    if bounds and bounds[0] is not None:
+        fill = sql.SQL(
+            "INSERT INTO {s} (id, v) SELECT id, memstore_project(embedding, %(comps)s, %(offs)s::real[], %(nz)s) "
+            "FROM {t} WHERE id >= %(lo)s AND id < %(hi)s AND embedding IS NOT NULL ON CONFLICT (id) DO NOTHING"
+        ).format(s=table, t=c.table)
+        for lo in range(int(bounds[0]), int(bounds[1]) + 1, FILL_BATCH_IDS):
+            execute(conn, fill, {**params, "lo": lo, "hi": lo + FILL_BATCH_IDS})
+    # A row deleted (or emptied) while the fill ran may have been filled from the older snapshot.
+    execute(
+        conn,
+        sql.SQL(
+            "DELETE FROM {s} s WHERE NOT EXISTS (SELECT 1 FROM {t} m WHERE m.id = s.id AND m.embedding IS NOT NULL)"
+        ).format(s=table, t=c.table),
+    )
+    execute(
+        conn,
+        sql.SQL("CREATE INDEX CONCURRENTLY IF NOT EXISTS {i} ON {s} USING hnsw (v {o}) {w}").format(
+            i=sql.Identifier(specs.side_index(c.id, p.version)),
+            s=table,
+            o=sql.SQL(specs.opclass("lowrank", c.metric)),
+            w=_with(c),
+        ),
+    )
+    execute(conn, sql.SQL("ANALYZE {}").format(table))
+
+
+def drop_side(conn: psycopg.Connection[Any], c: Collection, version: int) -> None:
+    for name in specs.trigger_names(version).values():
+        execute(conn, sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(sql.Identifier(name), c.table))
+    execute(conn, sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(specs.side_table(c.id, version))))
+
+
+def side_versions(conn: psycopg.Connection[Any], c: Collection) -> list[int]:
+    """Versions that have a side table or triggers left in the database (whatever the registry says)."""
+    prefix = f"memstore_lr_c{c.id}_v"
+    tables = conn.execute(
+        "SELECT relname FROM pg_class WHERE relkind = 'r' AND starts_with(relname, %s)", (prefix,)
+    ).fetchall()
+    triggers = conn.execute(
+        "SELECT tgname FROM pg_trigger WHERE tgrelid = to_regclass(%s) AND starts_with(tgname, 'memstore_lr_v')",
+        (c.table_name,),
+    ).fetchall()
+    versions = {int(r[0][len(prefix) :]) for r in tables if r[0][len(prefix) :].isdigit()}
+    versions |= {int(r[0].split("_")[2][1:]) for r in triggers}
+    return sorted(versions)

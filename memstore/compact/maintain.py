@@ -1,0 +1,284 @@
+"""The compact-index maintenance action: measure recall against exact search, refit or rebuild online.
+
+``maintain_compact_index(engine, collection=..., min_recall=...)`` is the one entry point (the
+maintenance worker calls it for every collection whose options name a compact representation, or a
+pending one). It
+
+1. makes a pending low-rank representation once the collection has enough vectors to fit on;
+2. otherwise measures recall@k of the compact search (candidates re-ranked exactly) against exact
+   full-precision search, on recent real queries (``memstore_query_samples``) or stored vectors;
+3. when recall is below ``min_recall``: refits the projection on a fresh sample and builds its index
+   online when the projection itself has become lossy (low-rank, judged by the same search made
+   exhaustive on the projected rows), or else rebuilds the compact index with
+   ``REINDEX ... CONCURRENTLY`` (a graph worn by churn; halfvec and binary); then measures again.
+
+Each action is recorded in ``memstore_maintenance_actions`` like the worker's own (``before`` and
+``after`` hold the recall probes and the index specs), so ``memstore-maint history`` lists it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import psycopg
+import sqlalchemy as sa
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from memstore.compact import ddl
+from memstore.compact import projection as proj
+from memstore.compact import search as compact_search
+from memstore.compact import spec as specs
+from memstore.compact.switch import DEFAULT_GRACE_S, read_collection, reconcile, set_representation
+from memstore.settings import Settings
+from memstore.store import VectorStore
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MIN_RECALL = 0.9
+DEFAULT_QUERIES = 30
+# Distances equal to the k-th exact one count as hits: ties must not cost recall.
+TIE_EPSILON = 1e-6
+
+
+@dataclass(frozen=True)
+class CompactProbe:
+    recall: float | None  # the search as configured (HNSW on the compact form, re-ranked); None: no queries
+    # Low-rank: the same pool taken by scanning every projected row, i.e. what the projection alone loses.
+    exhaustive_recall: float | None
+    k: int
+    queries: int
+    pool: int
+    source: str  # "query_samples" or "stored"
+    seconds: float
+
+
+def _queries(conn: psycopg.Connection[Any], collection_id: int, table: sql.Identifier, n: int) -> tuple[list, str]:
+    rows = conn.execute(
+        "SELECT embedding FROM memstore_query_samples WHERE collection_id = %s ORDER BY id DESC LIMIT %s",
+        (collection_id, n),
+    ).fetchall()
+    if rows:
+        return [r[0].to_numpy() for r in rows], "query_samples"
+    rows = conn.execute(
+        sql.SQL("SELECT embedding FROM {} WHERE embedding IS NOT NULL ORDER BY random() LIMIT %s").format(table), (n,)
+    ).fetchall()
+    return [r[0].to_numpy() for r in rows], "stored"
+
+
+def _hits(found: list[tuple[int, float]], exact: list[tuple[int, float]]) -> int:
+    truth = {i for i, _ in exact}
+    kth = exact[-1][1]
+    return min(len(exact), sum(1 for i, d in found if i in truth or d <= kth + TIE_EPSILON))
+
+
+def _exhaustive(conn: psycopg.Connection[Any], c: Any, spec: specs.IndexSpec, v: np.ndarray, k: int) -> list:
+    """Low-rank only: the top k of ``pool`` candidates found by scanning every projected row (no HNSW)."""
+    assert spec.version is not None
+    side = sql.Identifier(specs.side_table(c.id, spec.version))
+    op = sql.SQL(specs.order_operator("lowrank", c.metric))
+    with conn.transaction():
+        conn.execute("SELECT set_config('enable_indexscan', 'off', true)")
+        ids = conn.execute(
+            sql.SQL("SELECT id FROM {} ORDER BY v {} %s LIMIT %s").format(side, op),
+            (compact_search.compact_query(conn, spec, v), spec.pool(k)),
+        ).fetchall()
+    distance = sql.SQL(specs.order_operator("full", c.metric))
+    rows = conn.execute(
+        sql.SQL("SELECT id, embedding {} %s FROM {} WHERE id = ANY(%s) AND embedding IS NOT NULL").format(
+            distance, c.table
+        ),
+        (v, [r[0] for r in ids]),
+    ).fetchall()
+    return sorted(((int(r[0]), float(r[1])) for r in rows), key=lambda x: x[1])[:k]
+
+
+def probe_compact_recall(
+    store: VectorStore, *, collection: str, k: int = 10, queries: int = DEFAULT_QUERIES
+) -> CompactProbe:
+    """recall@k of the collection's search (as configured) against exact search on full vectors, and
+    of the same search made exhaustive on the compact form (telling a worn graph from a lossy projection)."""
+    started = time.monotonic()
+    c = store.get_collection(name=collection, fresh=True)
+    spec = specs.index_spec(c)
+    with ddl.connect(store.engine) as conn:
+        vectors, source = _queries(conn, c.id, c.table, queries)
+        vectors = [v for v in vectors if v.shape == (c.dimensions,) and np.isfinite(v).all()]
+        hits = exhaustive_hits = total = 0
+        for v in vectors:
+            exact = [(r.id, r.distance) for r in store.search(collection=collection, vector=v, k=k, exact=True)]
+            if not exact:
+                continue
+            found = [(r.id, r.distance) for r in store.search(collection=collection, vector=v, k=k)]
+            hits += _hits(found, exact)
+            if spec.representation == "lowrank":
+                exhaustive_hits += _hits(_exhaustive(conn, c, spec, v, k), exact)
+            total += len(exact)
+    return CompactProbe(
+        recall=hits / total if total else None,
+        exhaustive_recall=exhaustive_hits / total if total and spec.representation == "lowrank" else None,
+        k=k,
+        queries=len(vectors),
+        pool=spec.pool(k),
+        source=source,
+        seconds=round(time.monotonic() - started, 3),
+    )
+
+
+def _start(
+    conn: psycopg.Connection[Any], c_name: str, table: str, index: str, action: str, reason: str, before: Any
+) -> int:
+    row = conn.execute(
+        "INSERT INTO memstore_maintenance_actions (collection, partition_table, index_name, action, reason, before) "
+        "VALUES (%s, %s, %s, %s, %s, %s) RETURNING id",
+        (c_name, table, index, action, reason, Jsonb(before)),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _finish(
+    conn: psycopg.Connection[Any], action_id: int, started: float, outcome: str, after: Any, error: str | None
+) -> None:
+    conn.execute(
+        "UPDATE memstore_maintenance_actions SET finished_at = now(), duration_s = %s, outcome = %s, after = %s, "
+        "error = %s WHERE id = %s",
+        (round(time.monotonic() - started, 3), outcome, Jsonb(after), error, action_id),
+    )
+
+
+def _index_name(c: Any, spec: specs.IndexSpec) -> str:
+    if spec.representation == "lowrank" and spec.version is not None:
+        return specs.side_index(c.id, spec.version)
+    return str(c.index_name)
+
+
+def _reindex(conn: psycopg.Connection[Any], c: Any, spec: specs.IndexSpec) -> None:
+    if spec.representation == "lowrank":
+        names = [_index_name(c, spec)]
+    else:
+        names = [c.index_name] if c.partitions == 1 else [f"{part}_hnsw" for part in c.partition_tables()]
+    for name in names:
+        # The maintenance worker's own lock on this index: never two rebuilds of one index at once.
+        key = f"memstore.maint.{name}"
+        row = conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (key,)).fetchone()
+        if not row or not row[0]:
+            raise ddl.CompactBusyError(f"the maintenance worker holds {name}")
+        try:
+            ddl.execute(conn, sql.SQL("REINDEX INDEX CONCURRENTLY {}").format(sql.Identifier(name)))
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (key,))
+
+
+def maintain_compact_index(
+    engine: sa.Engine,
+    *,
+    collection: str,
+    min_recall: float = DEFAULT_MIN_RECALL,
+    k: int = 10,
+    queries: int = DEFAULT_QUERIES,
+    grace_s: float = DEFAULT_GRACE_S,
+    settings: Settings | None = None,
+) -> dict[str, Any]:
+    """Check one collection's compact index and act when needed; returns what was seen and done.
+
+    Keys: ``collection``, ``representation``, ``recall`` (before acting), ``probe``, ``action``
+    (None, ``make_pending``, ``refit_projection`` or ``rebuild_compact_index``), ``outcome`` and,
+    after an action, ``recall_after``, ``still_below`` and ``spec`` (the index now in force).
+    """
+    store = VectorStore(engine, settings=settings or Settings())
+    with ddl.connect(engine) as conn:
+        c = read_collection(conn, collection)
+        try:
+            with ddl.collection_lock(conn, c):
+                fixed = reconcile(conn, read_collection(conn, collection))
+        except ddl.CompactBusyError as exc:
+            return {"collection": collection, "action": None, "outcome": "skipped", "reason": str(exc)}
+        c = read_collection(conn, collection)
+        spec = specs.index_spec(c)
+        out: dict[str, Any] = {"collection": collection, "representation": spec.representation, "action": None}
+        if fixed:
+            out["reconciled"] = fixed
+        if spec.pending:
+            return _make_pending(conn, store, c, spec, out, grace_s=grace_s, k=k, queries=queries)
+        if not spec.compact:
+            return {**out, "outcome": "skipped", "reason": "full-precision index: nothing compact to maintain"}
+        probe = probe_compact_recall(store, collection=collection, k=k, queries=queries)
+        out.update(recall=probe.recall, probe=asdict(probe))
+        if probe.recall is None or probe.recall >= min_recall:
+            return {**out, "outcome": "ok"}
+        # A projection that still finds the neighbours when scanned exhaustively is fine: the graph
+        # is what wore out (churn), and a rebuild is enough. Otherwise the data drifted from it.
+        lossy = probe.exhaustive_recall is not None and probe.exhaustive_recall < min_recall
+        action = "refit_projection" if lossy else "rebuild_compact_index"
+        reason = f"compact recall@{k} {probe.recall:.3f} below {min_recall}"
+        if probe.exhaustive_recall is not None:
+            reason += f" (exhaustive on the projection: {probe.exhaustive_recall:.3f})"
+        before = {"probe": asdict(probe), "spec": spec.to_json()}
+        started = time.monotonic()
+        action_id = _start(conn, collection, c.table_name, _index_name(c, spec), action, reason, before)
+        try:
+            if action == "refit_projection":
+                new = set_representation(
+                    engine, collection=collection, representation="lowrank", refit=True, grace_s=grace_s
+                )
+            else:
+                _reindex(conn, c, spec)
+                new = spec
+        except Exception as exc:
+            _finish(conn, action_id, started, "failed", {}, f"{type(exc).__name__}: {exc}")
+            log.exception("%s of %s failed", action, collection)
+            return {**out, "action": action, "outcome": "failed", "error": str(exc)}
+        after = probe_compact_recall(store, collection=collection, k=k, queries=queries)
+        result = {"probe": asdict(after), "spec": new.to_json()}
+        _finish(conn, action_id, started, "ok", result, None)
+        return {
+            **out,
+            "action": action,
+            "outcome": "ok",
+            "recall_after": after.recall,
+            # Still low after acting: the representation loses too much at this pool size for this
+            # data; raise pool_factor (or the rank) or choose a finer representation.
+            "still_below": after.recall is not None and after.recall < min_recall,
+            "spec": new.to_json(),
+        }
+
+
+def _make_pending(
+    conn: psycopg.Connection[Any],
+    store: VectorStore,
+    c: Any,
+    spec: specs.IndexSpec,
+    out: dict[str, Any],
+    *,
+    grace_s: float,
+    k: int,
+    queries: int,
+) -> dict[str, Any]:
+    pending = spec.pending or {}
+    row = conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE embedding IS NOT NULL").format(c.table)).fetchone()
+    stored = int(row[0]) if row else 0
+    if stored < proj.MIN_FIT_ROWS:
+        return {**out, "outcome": "skipped", "reason": f"{stored} vectors; fitting needs {proj.MIN_FIT_ROWS}"}
+    reason = f"pending {pending.get('representation')} representation; {stored} vectors to fit on"
+    started = time.monotonic()
+    action_id = _start(conn, c.name, c.table_name, c.index_name, "make_pending", reason, {"spec": spec.to_json()})
+    try:
+        new = set_representation(
+            store.engine,
+            collection=c.name,
+            representation=str(pending.get("representation", "lowrank")),
+            rank=pending.get("rank"),
+            pool_factor=pending.get("pool_factor"),
+            grace_s=grace_s,
+        )
+    except Exception as exc:
+        _finish(conn, action_id, started, "failed", {}, f"{type(exc).__name__}: {exc}")
+        return {**out, "action": "make_pending", "outcome": "failed", "error": str(exc)}
+    after = probe_compact_recall(store, collection=c.name, k=k, queries=queries)
+    _finish(conn, action_id, started, "ok", {"probe": asdict(after), "spec": new.to_json()}, None)
+    return {**out, "action": "make_pending", "outcome": "ok", "recall_after": after.recall, "spec": new.to_json()}

@@ -1,0 +1,207 @@
+"""Compact indexes online: switching while searches run, writes reaching the side table, refit on drift."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from psycopg import sql
+from test_compact import _fill, low_rank_data  # tests/ is on sys.path (rootdir conftest)
+
+from memstore.compact import ddl
+from memstore.compact import spec as specs
+from memstore.compact.maintain import maintain_compact_index
+from memstore.compact.switch import reconcile
+from memstore.db import raw_connection
+from memstore.models import ItemIn
+from memstore.store import VectorStore
+
+
+def _side_consistent(store: VectorStore, name: str) -> tuple[int, int, int]:
+    """(rows with a vector, side rows, side rows whose vector is not the projection of the row's)."""
+    c = store.get_collection(name=name, fresh=True)
+    spec = specs.index_spec(c)
+    assert spec.version is not None
+    side = sql.Identifier(specs.side_table(c.id, spec.version))
+    with raw_connection(store.engine) as conn:
+        live = conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE embedding IS NOT NULL").format(c.table)).fetchone()
+        held = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(side)).fetchone()
+        stale = conn.execute(
+            sql.SQL(
+                "SELECT count(*) FROM {s} s LEFT JOIN {t} m USING (id) "
+                "CROSS JOIN (SELECT components, offsets, unit_norm FROM memstore_projections WHERE id = %s) p "
+                "WHERE m.embedding IS NULL OR "
+                "s.v <-> memstore_project(m.embedding, p.components, p.offsets, p.unit_norm) > 1e-3"
+            ).format(s=side, t=c.table),
+            (spec.projection_id,),
+        ).fetchone()
+    assert live and held and stale
+    return int(live[0]), int(held[0]), int(stale[0])
+
+
+def test_switching_online_keeps_searches_answering(store: VectorStore, collection_name: str) -> None:
+    rows = low_rank_data(1200, 48, 8, seed=11)
+    store.create_collection(name=collection_name, dimensions=48)
+    _fill(store, collection_name, rows)
+    stop = threading.Event()
+    answered: list[int] = []
+    errors: list[BaseException] = []
+    reader = VectorStore(store.engine, settings=store.settings)  # its own collection cache, as another process
+
+    def search_loop() -> None:
+        rng = np.random.default_rng(12)
+        while not stop.is_set():
+            try:
+                q = rows[rng.integers(0, len(rows))]
+                answered.append(len(reader.search(collection=collection_name, vector=q, k=5)))
+            except BaseException as exc:  # any error is a failure of the switch
+                errors.append(exc)
+
+    def write_loop() -> None:
+        i = 0
+        while not stop.is_set():
+            vector = low_rank_data(1, 48, 8, seed=100 + i)[0]
+            store.upsert_item(collection=collection_name, vector=vector, external_id=f"w{i % 50}")
+            i += 1
+            time.sleep(0.01)
+
+    threads = [threading.Thread(target=search_loop), threading.Thread(target=write_loop)]
+    for t in threads:
+        t.start()
+    seen = []
+    try:
+        for representation, rank in (("lowrank", 8), ("halfvec", None), ("binary", None), ("full", None)):
+            before = len(answered)
+            # A short grace: the reader's cache outlives it, so its stale searches hit the dropped
+            # index or side table, and must still answer (retried on the new representation).
+            spec = store.set_index_representation(
+                collection=collection_name, representation=representation, rank=rank, grace_s=0.2
+            )
+            if representation == "lowrank":
+                live, held, stale = _side_consistent(store, collection_name)
+                assert (held, stale) == (live, 0)
+            seen.append(spec.representation)
+            time.sleep(0.3)
+            assert len(answered) > before, f"no search answered during the switch to {representation}"
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert errors == []
+    assert seen == ["lowrank", "halfvec", "binary", "full"]
+    assert answered and set(answered) == {5}
+    c = store.get_collection(name=collection_name, fresh=True)
+    with raw_connection(store.engine) as conn:
+        names = {
+            r[0]
+            for r in conn.execute(
+                "SELECT indexrelid::regclass::text FROM pg_index WHERE indrelid = to_regclass(%s)", (c.table_name,)
+            )
+        }
+        sides = conn.execute("SELECT count(*) FROM pg_class WHERE starts_with(relname, %s)", (f"memstore_lr_c{c.id}_",))
+        assert sides.fetchone() == (0,)
+    assert c.index_name in names and not any(n.startswith("memstore_next") for n in names)
+
+
+def test_every_write_path_reaches_the_side_table(store: VectorStore, collection_name: str) -> None:
+    rows = low_rank_data(600, 32, 6, seed=13)
+    store.create_collection(name=collection_name, dimensions=32, partitions=2)
+    _fill(store, collection_name, rows)
+    store.set_index_representation(collection=collection_name, representation="lowrank", rank=8, grace_s=0)
+    c = store.get_collection(name=collection_name, fresh=True)
+    new = low_rank_data(60, 32, 6, seed=14)
+    _fill(store, collection_name, new[:40], start=1000)  # COPY path (over the COPY threshold)
+    store.upsert_item(collection=collection_name, vector=new[40], external_id="one")  # direct path
+    store.upsert_items(collection=collection_name, items=[ItemIn(vector=new[41], external_id="3")])  # update
+    store.update_item(collection=collection_name, external_id="4", vector=new[42])
+    store.update_item(collection=collection_name, external_id="5", metadata={"only": "metadata"})
+    store.delete_items(collection=collection_name, external_ids=["6", "7"])
+    with raw_connection(store.engine) as conn:
+        # As the ingest queue writes vectors, and as it re-queues an item (vector cleared).
+        conn.execute(sql.SQL("UPDATE {} SET embedding = %s WHERE external_id = '8'").format(c.table), (new[43],))
+        conn.execute(sql.SQL("UPDATE {} SET embedding = NULL WHERE external_id = '9'").format(c.table))
+    live, held, stale = _side_consistent(store, collection_name)
+    assert live == 600 + 40 + 1 - 2 - 1
+    assert (held, stale) == (live, 0)
+    top = store.search(collection=collection_name, vector=new[42], k=1)
+    assert top[0].external_id == "4"
+
+
+def test_low_rank_at_creation_waits_for_rows_then_is_made(store: VectorStore, collection_name: str) -> None:
+    store.create_collection(name=collection_name, dimensions=32, representation="lowrank", rank=8)
+    spec = specs.index_spec(store.get_collection(name=collection_name))
+    assert spec.representation == "full" and spec.pending == {
+        "representation": "lowrank",
+        "rank": 8,
+        "pool_factor": None,
+    }
+    rows = low_rank_data(300, 32, 6, seed=15)
+    _fill(store, collection_name, rows[:50])
+    early = maintain_compact_index(store.engine, collection=collection_name, grace_s=0)
+    assert early["outcome"] == "skipped" and early["action"] is None
+    _fill(store, collection_name, rows[50:], start=50)
+    made = maintain_compact_index(store.engine, collection=collection_name, grace_s=0)
+    assert made["action"] == "make_pending" and made["outcome"] == "ok", made
+    assert made["spec"]["representation"] == "lowrank" and made["spec"]["rank"] == 8
+    assert made["recall_after"] >= 0.9
+
+
+def test_recall_drop_after_drift_triggers_a_recorded_refit(store: VectorStore, collection_name: str) -> None:
+    """Data moves to another subspace: the old projection loses it; the refit finds it again."""
+    store.create_collection(name=collection_name, dimensions=64)
+    _fill(store, collection_name, low_rank_data(2000, 64, 8, seed=16, noise=0.05, block=0))
+    store.set_index_representation(collection=collection_name, representation="lowrank", rank=8, grace_s=0)
+    healthy = maintain_compact_index(store.engine, collection=collection_name, min_recall=0.9, grace_s=0)
+    assert healthy["action"] is None and healthy["recall"] >= 0.9, healthy
+    # Every item replaced by a point of an orthogonal 8-dimensional subspace.
+    _fill(store, collection_name, low_rank_data(2000, 64, 8, seed=17, noise=0.05, block=1))
+    result = maintain_compact_index(store.engine, collection=collection_name, min_recall=0.9, grace_s=0)
+    assert result["action"] == "refit_projection" and result["outcome"] == "ok", result
+    assert result["recall"] < 0.9 <= result["recall_after"]
+    assert result["spec"]["version"] == 2
+    with raw_connection(store.engine) as conn:
+        action = conn.execute(
+            "SELECT action, outcome, reason, index_name, before -> 'probe' ->> 'recall', after -> 'spec' ->> 'version' "
+            "FROM memstore_maintenance_actions WHERE collection = %s ORDER BY id DESC LIMIT 1",
+            (collection_name,),
+        ).fetchone()
+        statuses = conn.execute(
+            "SELECT version, status FROM memstore_projections p JOIN memstore_collections c ON c.id = p.collection_id "
+            "WHERE c.name = %s ORDER BY version",
+            (collection_name,),
+        ).fetchall()
+    assert action is not None
+    assert action[:2] == ("refit_projection", "ok") and "below 0.9" in action[2]
+    assert action[3].endswith("_v1_hnsw") and float(action[4]) == pytest.approx(result["recall"])
+    assert action[5] == "2"
+    assert statuses == [(1, "retired"), (2, "active")]
+
+
+def test_reconcile_drops_what_a_crashed_switch_left(store: VectorStore, collection_name: str) -> None:
+    store.create_collection(name=collection_name, dimensions=16)
+    _fill(store, collection_name, low_rank_data(300, 16, 4, seed=18))
+    c = store.get_collection(name=collection_name)
+    with ddl.connect(store.engine) as conn:
+        ddl.build_next_index(conn, c, "binary")  # built, never flipped
+        conn.execute(f"CREATE TABLE memstore_lr_c{c.id}_v9 (id bigint PRIMARY KEY, v halfvec(4))")
+        done = reconcile(conn, c)
+        assert done == [f"dropped unfinished {specs.next_index(c.id)}", "dropped side table v9"]
+        assert [ix["name"] for ix in ddl.main_indexes(conn, c)] == [c.index_name]
+        assert ddl.side_versions(conn, c) == []
+    assert len(store.search(collection=collection_name, vector=np.ones(16), k=3)) == 3
+
+
+def test_drop_collection_drops_side_tables(store: VectorStore, collection_name: str) -> None:
+    store.create_collection(name=collection_name, dimensions=16)
+    _fill(store, collection_name, low_rank_data(300, 16, 4, seed=19))
+    store.set_index_representation(collection=collection_name, representation="lowrank", rank=4, grace_s=0)
+    cid = store.get_collection(name=collection_name).id
+    store.drop_collection(name=collection_name)
+    with raw_connection(store.engine) as conn:
+        left = conn.execute("SELECT count(*) FROM pg_class WHERE starts_with(relname, %s)", (f"memstore_lr_c{cid}_",))
+        assert left.fetchone() == (0,)
+        assert conn.execute(
+            "SELECT count(*) FROM memstore_projections WHERE collection_id = %s", (cid,)
+        ).fetchone() == (0,)
