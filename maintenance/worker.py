@@ -26,6 +26,8 @@ from maintenance.probes import Probe, attach_recall, probe, record_probe
 from maintenance.progress import ProgressCallback
 from maintenance.targets import Target, targets_for
 from memstore.collections import Collection
+from memstore.compact.maintain import maintain_compact_index
+from memstore.compact.spec import index_spec
 from memstore.db import libpq_url
 from memstore.settings import Settings, get_settings
 from memstore.store import VectorStore
@@ -229,7 +231,38 @@ class MaintenanceWorker:
                 outcome = Outcome(target.collection.name, target.table, "probe", "", "failed", error=str(exc))
             self.last_outcomes.append(outcome)
             failed |= outcome.outcome == "failed"
+        for c in {t.collection.name: t.collection for t in targets}.values():
+            if self.stop.is_set():
+                break
+            spec = index_spec(c)
+            if spec.compact or spec.pending:
+                outcome = self._maintain_compact(c)
+                self.last_outcomes.append(outcome)
+                failed |= outcome.outcome == "failed"
         return EXIT_FAILED if failed else EXIT_OK
+
+    def _maintain_compact(self, c: Collection) -> Outcome:
+        """Compact indexes (halfvec, binary, low-rank) are checked against exact search on full vectors:
+        the projection is refitted when it has drifted, the graph rebuilt when only it is worn."""
+        t0 = time.monotonic()
+        try:
+            seen = maintain_compact_index(
+                self.engine, collection=c.name, min_recall=self.config.recall_floor, settings=self.settings
+            )
+        except (psycopg.Error, LookupError) as exc:
+            log.error("%s: compact index maintenance failed: %s", c.name, exc)
+            return Outcome(c.name, c.table_name, "compact_index", "", "failed", error=str(exc))
+        action = seen.get("action") or "check_compact_index"
+        return Outcome(
+            c.name,
+            c.table_name,
+            action,
+            str(seen.get("reason", "")),
+            str(seen.get("outcome") or "nothing"),
+            duration_s=round(time.monotonic() - t0, 3),
+            before={"recall": seen.get("recall")},
+            after={"recall": seen.get("recall_after")},
+        )
 
     def _maintain(self, conn: psycopg.Connection[Any], target: Target) -> Outcome:
         # Cheap signals first; the recall probe (exact searches) only when they see nothing to do

@@ -205,3 +205,23 @@ def test_drop_collection_drops_side_tables(store: VectorStore, collection_name: 
         assert conn.execute(
             "SELECT count(*) FROM memstore_projections WHERE collection_id = %s", (cid,)
         ).fetchone() == (0,)
+
+
+def test_the_maintenance_worker_looks_after_compact_indexes(store: VectorStore, collection_name: str) -> None:
+    """One pass of the maintenance worker measures a compact index and records what it saw."""
+    from maintenance.worker import MaintenanceWorker
+
+    rng = np.random.default_rng(7)
+    store.create_collection(name=collection_name, dimensions=16, representation="binary")
+    store.upsert_items(
+        collection=collection_name,
+        items=[ItemIn(vector=v, external_id=str(i)) for i, v in enumerate(rng.normal(size=(300, 16)))],
+    )
+    worker = MaintenanceWorker(store.engine, settings=store.settings, collections=[collection_name])
+    try:
+        assert worker.run_once() == 0
+        compact = [o for o in worker.last_outcomes if "compact_index" in o.decision or o.decision == "refit_projection"]
+        assert compact, worker.last_outcomes
+        assert compact[0].before["recall"] is not None, compact
+    finally:
+        worker.close()
