@@ -17,6 +17,9 @@ from memstore.errors import MemstoreError
 COMMAND_MODULES = (
     "memstore.commands.serve",
     "memstore.commands.db",
+    "memstore.commands.keys",
+    "memstore.commands.worker",
+    "memstore.commands.ingest",
 )
 
 

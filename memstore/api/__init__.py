@@ -1,1 +1,1 @@
-"""The HTTP API (FastAPI). The only layer that turns memstore's errors into HTTP answers."""
+"""memstore's REST API: ``create_app`` in memstore.api.app."""

@@ -1,4 +1,4 @@
-"""The FastAPI application."""
+"""The FastAPI application: ``create_app(settings)`` assembles routes, errors, limits and the runtime."""
 
 from __future__ import annotations
 
@@ -6,49 +6,146 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
+from memstore import queue
+from memstore.api import problems
+from memstore.api.fastpath import SearchFastPath
+from memstore.api.middleware import BodyLimit, BodyTooLargeError, Metrics, too_large_detail
+from memstore.api.routes import collections, items, search
+from memstore.api.runtime import QuerySampler, Runtime, RuntimeOptions
+from memstore.api.settings import ApiSettings
 from memstore.db import get_engine, raw_connection
+from memstore.keys import KeyVerifier
 from memstore.migrate import VERSION_TABLE
+from memstore.queue import IngestSettings
 from memstore.settings import Settings, get_settings
 from memstore.store import VectorStore
 
+DESCRIPTION = """
+A multimodal vector memory in PostgreSQL. Create a collection, add texts, images or vectors, search
+by text, image, vector or a stored item. Every error is an RFC 9457 problem document whose `type`
+links to an explanation. Authenticate with `Authorization: Bearer KEY`.
+"""
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    api_settings: ApiSettings | None = None,
+    ingest_settings: IngestSettings | None = None,
+    options: RuntimeOptions | None = None,
+) -> FastAPI:
     settings = settings or get_settings()
+    api = api_settings or ApiSettings()
+    ingest = ingest_settings or IngestSettings()
+    opts = options or RuntimeOptions()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = await run_in_threadpool(get_engine, settings)
-        app.state.engine = engine
-        app.state.store = VectorStore(engine, settings=settings)
-        yield
-        engine.dispose()
+        rt = Runtime(
+            settings=settings,
+            api=api,
+            ingest=ingest,
+            engine=engine,
+            store=VectorStore(engine, settings=settings),
+            backend=None,
+            verifier=KeyVerifier(engine, ttl=api.key_cache_s),
+            sampler=QuerySampler(engine, api.query_sample_rate),
+        )
+        app.state.runtime = rt
+        try:
+            rt.start_encoder(opts)
+            if opts.maintenance:
+                rt.start_maintenance()
+            yield
+        finally:
+            await run_in_threadpool(rt.close)
 
-    app = FastAPI(title="memstore", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(title="memstore", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
+    problems.install(app)
 
-    @app.get("/health", tags=["operations"])
+    async def on_too_large(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, BodyTooLargeError)
+        return problems.problem_response(request, problems.Problem("payload-too-large", too_large_detail(exc.limit)))
+
+    app.add_exception_handler(BodyTooLargeError, on_too_large)
+    registry = CollectorRegistry()
+    registry.register(_QueueCollector(app))
+    app.add_middleware(SearchFastPath, fastapi_app=app)
+    app.add_middleware(Metrics, registry=registry)
+    app.add_middleware(BodyLimit, limit=api.max_body_bytes)
+    # Routes are matched in order: the hot path (search) first.
+    app.include_router(search.router)
+    app.include_router(collections.router)
+    app.include_router(items.router)
+
+    @app.get("/health", tags=["operations"], summary="Database, encoder and workers")
     async def health() -> JSONResponse:
-        body = await run_in_threadpool(_database_health, app)
+        body = await run_in_threadpool(_health, app.state.runtime)
         return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
+
+    @app.get("/metrics", tags=["operations"], summary="Prometheus metrics", response_class=Response)
+    async def metrics() -> Response:
+        rt: Runtime = app.state.runtime
+        text = generate_latest(registry)
+        engine_metrics = getattr(rt.backend, "metrics", None)
+        if engine_metrics is not None and hasattr(engine_metrics, "registry"):
+            text += generate_latest(engine_metrics.registry)
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     return app
 
 
-def _database_health(app: FastAPI) -> dict[str, Any]:
+class _QueueCollector(Collector):
+    """The ingest queue's depth, read at scrape time."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self.app = app
+
+    def collect(self) -> Any:
+        rt: Runtime | None = getattr(self.app.state, "runtime", None)
+        if rt is None:
+            return
+        try:
+            depth = queue.queue_depth(rt.engine)
+        except Exception:
+            return
+        family = GaugeMetricFamily("memstore_ingest_queue_items", "Queued items by status", labels=["status"])
+        for status, n in depth.items():
+            family.add_metric([status], n)
+        yield family
+
+
+def _health(rt: Runtime) -> dict[str, Any]:
+    body: dict[str, Any] = {"status": "ok", "auth": rt.api.auth}
     try:
-        with raw_connection(app.state.engine) as conn:
+        with raw_connection(rt.engine) as conn:
             row = conn.execute(
                 "SELECT current_setting('server_version'), "
                 "(SELECT extversion FROM pg_extension WHERE extname = 'vector'), "
                 f"(SELECT version_num FROM {VERSION_TABLE})"
             ).fetchone()
         assert row is not None
+        body["database"] = {"server_version": row[0], "pgvector": row[1], "revision": row[2]}
+        body["queue"] = queue.queue_depth(rt.engine)
     except Exception as exc:
-        return {"status": "unavailable", "database": {"error": str(exc)}}
-    return {
-        "status": "ok",
-        "database": {"server_version": row[0], "pgvector": row[1], "revision": row[2]},
+        body["status"] = "unavailable"
+        body["database"] = {"error": str(exc)}
+    body["encoder"] = {"state": rt.encoder_state}
+    if rt.backend is not None:
+        body["encoder"].update(rt.backend.info.as_dict())
+    elif rt.encoder_error:
+        body["encoder"]["error"] = rt.encoder_error
+    body["workers"] = {
+        "ingest": rt.notes.get("ingest_workers", 0),
+        "alive": sum(t.is_alive() for t in rt.threads if t.name != "encoder-loader"),
+        "maintenance": rt.notes.get("maintenance", "off"),
     }
+    return body

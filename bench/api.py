@@ -1,0 +1,354 @@
+"""``python -m bench.api --json``: the REST API against the parts it wraps, measured in one run.
+
+- search_qps_ratio: vector searches per second through the API (one uvicorn worker, in its own
+  process, keys on, reached over keep-alive HTTP connections) over ``VectorStore.search`` called
+  directly, same queries, same concurrency; the two sides alternate in short windows so a noisy
+  machine hits both alike. Goal >= 0.6.
+- ingest_images_per_s_ratio: images per second uploaded as multipart, stored, queued, claimed by
+  the in-process worker, embedded and written, over images per second of the encoder engine alone on
+  the same images (the tiny model, so the comparison is about everything *around* the model).
+  Goal >= 0.8.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psycopg
+import sqlalchemy as sa
+from psycopg import sql
+
+from bench.data import clustered
+from memstore import keys, migrate
+from memstore.db import create_engine, libpq_url, normalise_url
+from memstore.embedded import start_embedded_server
+from memstore.models import ItemIn
+from memstore.settings import Settings
+from memstore.store import VectorStore
+
+TINY_ENV = {"MEMSTORE_MODEL": "memstore-tiny", "MEMSTORE_PRETRAINED": "none"}
+
+
+def _database(args: argparse.Namespace, tmp: str) -> str:
+    server = (
+        normalise_url(args.database_url)
+        if args.database_url
+        else start_embedded_server(Path(tmp), maintenance_work_mem="512MB", max_parallel_maintenance_workers=1)
+    )
+    name = f"bench_api_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(libpq_url(server), autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    url = sa.make_url(server).set(database=name).render_as_string(hide_password=False)
+    migrate.upgrade(url)
+    return url
+
+
+def _drop(url: str) -> None:
+    admin = sa.make_url(url).set(database="postgres").render_as_string(hide_password=False)
+    name = sa.make_url(url).database
+    with psycopg.connect(libpq_url(admin), autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(str(name))))
+
+
+def serve(url: str, port: int, workers: int) -> None:
+    """The server side (``--serve``): what ``memstore serve`` runs, on the benchmark's database."""
+    import uvicorn
+
+    from memstore.api.app import create_app
+    from memstore.api.runtime import RuntimeOptions
+
+    app = create_app(Settings(database_url=url), options=RuntimeOptions(ingest_workers=workers))
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+class Server:
+    def __init__(self, url: str, workers: int) -> None:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = int(s.getsockname()[1])
+        cmd = [sys.executable, "-m", "bench.api", "--serve", url, "--port", str(self.port), "--workers", str(workers)]
+        self.proc = subprocess.Popen(cmd, env={**os.environ, **TINY_ENV}, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+                conn.request("GET", "/health")
+                r = conn.getresponse()
+                # Ready once the model is in (it loads in the background while the API answers).
+                if r.status == 200 and json.loads(r.read())["encoder"]["state"] == "ready":
+                    return
+                time.sleep(0.3)
+            except OSError:
+                time.sleep(0.3)
+        self.proc.kill()
+        raise RuntimeError("the API server did not start")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+class RawClient:
+    """A minimal keep-alive HTTP/1.1 client (like wrk's): the load generator should cost little CPU,
+    since it shares the machine with the server and the database."""
+
+    def __init__(self, port: int) -> None:
+        import socket
+
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buf = b""
+
+    def request(self, raw: bytes) -> int:
+        self.sock.sendall(raw)
+        while b"\r\n\r\n" not in self.buf:
+            self.buf += self.sock.recv(65536)
+        head, _, rest = self.buf.partition(b"\r\n\r\n")
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        while len(rest) < length:
+            rest += self.sock.recv(65536)
+        self.buf = rest[length:]
+        return int(head.split(b" ", 2)[1])
+
+
+def _run_for(seconds: float, threads: int, fn: Any) -> int:
+    """Calls of ``fn(thread_index, call_index)`` completed by ``threads`` threads in ``seconds``."""
+    stop = time.monotonic() + seconds
+    counts = [0] * threads
+
+    def loop(t: int) -> None:
+        while time.monotonic() < stop:
+            fn(t, counts[t])
+            counts[t] += 1
+
+    pool = [threading.Thread(target=loop, args=(t,)) for t in range(threads)]
+    for th in pool:
+        th.start()
+    for th in pool:
+        th.join()
+    return sum(counts)
+
+
+def load_search(args: argparse.Namespace, url: str) -> VectorStore:
+    store = VectorStore(create_engine(url, pool_size=args.concurrency + 2), settings=Settings(database_url=url))
+    base = clustered(args.n, args.dims, seed=1)
+    store.create_collection(name="bench_search", dimensions=args.dims)
+    for start in range(0, len(base), 2000):
+        rows = base[start : start + 2000]
+        store.upsert_items(
+            collection="bench_search", items=[ItemIn(vector=r, external_id=str(start + i)) for i, r in enumerate(rows)]
+        )
+    return store
+
+
+def bench_search(args: argparse.Namespace, store: VectorStore, server: Server, key: str) -> dict[str, Any]:
+    queries = clustered(200, args.dims, seed=2)
+    requests = []
+    for q in queries:
+        body = json.dumps({"vector": q.tolist(), "k": args.k}).encode()
+        requests.append(
+            b"POST /v1/collections/bench_search/search HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            + f"Authorization: Bearer {key}\r\nContent-Type: application/json\r\n".encode()
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+    conns = [RawClient(server.port) for _ in range(args.concurrency)]
+    bad: list[int] = []
+
+    def direct(t: int, i: int) -> None:
+        store.search(collection="bench_search", vector=queries[(i * 7 + t) % len(queries)], k=args.k)
+
+    def api(t: int, i: int) -> None:
+        status = conns[t].request(requests[(i * 7 + t) % len(requests)])
+        if status != 200:
+            bad.append(status)
+
+    _run_for(1.0, args.concurrency, direct)  # warm both sides
+    _run_for(1.0, args.concurrency, api)
+    n_direct = n_api = 0
+    t_side = args.seconds / (2 * args.rounds)
+    for r in range(args.rounds):
+        for side in ("direct", "api") if r % 2 == 0 else ("api", "direct"):
+            if side == "direct":
+                n_direct += _run_for(t_side, args.concurrency, direct)
+            else:
+                n_api += _run_for(t_side, args.concurrency, api)
+    if bad:
+        raise RuntimeError(f"API searches failed: {sorted(set(bad))}")
+    seconds = t_side * args.rounds
+    direct_qps, api_qps = n_direct / seconds, n_api / seconds
+    return {
+        "direct_qps": round(direct_qps, 1),
+        "api_qps": round(api_qps, 1),
+        "rows": args.n,
+        "dimensions": args.dims,
+        "k": args.k,
+        "concurrency": args.concurrency,
+        "search_qps_ratio": round(api_qps / direct_qps, 3),
+    }
+
+
+def make_photo(seed: int, size: tuple[int, int]) -> bytes:
+    from PIL import Image, ImageFilter
+
+    rng = np.random.default_rng(seed)
+    img = Image.fromarray(rng.integers(0, 255, size=(size[1] // 16, size[0] // 16, 3), dtype=np.uint8))
+    img = img.resize(size, Image.Resampling.BILINEAR).filter(ImageFilter.GaussianBlur(2))
+    buf = io.BytesIO()
+    img.save(buf, format="JPEG", quality=88)
+    return buf.getvalue()
+
+
+def bench_ingest(args: argparse.Namespace, server: Server, key: str) -> dict[str, Any]:
+    from encoder.engine import EmbeddingEngine
+    from encoder.models import create_encoder
+    from encoder.settings import EncoderSettings
+    from encoder.types import Priority
+
+    photos = [make_photo(i, (args.image_width, args.image_width * 3 // 4)) for i in range(args.images)]
+    batch = 16
+    os.environ.update(TINY_ENV)
+    es = EncoderSettings()
+    engine = EmbeddingEngine(
+        create_encoder(es.model, pretrained=es.pretrained, batch_size=es.batch_size, image_options=es.image_options()),
+        es,
+    ).start()
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+    auth = {"Authorization": f"Bearer {key}"}
+
+    def call(method: str, path: str, body: bytes | None = None, ctype: str = "application/json") -> Any:
+        conn.request(method, path, body=body, headers={**auth, "Content-Type": ctype})
+        r = conn.getresponse()
+        data = r.read()
+        if r.status >= 300:
+            raise RuntimeError(f"{method} {path}: {r.status} {data[:300]!r}")
+        return json.loads(data) if data else None
+
+    def encoder_alone(chunk: list[bytes]) -> float:
+        """The encoder as the workers call it: batches of 16 at background priority."""
+        t0 = time.perf_counter()
+        for start in range(0, len(chunk), batch):
+            engine.embed_images(chunk[start : start + batch], priority=Priority.BACKGROUND)
+        return time.perf_counter() - t0
+
+    def through_api(chunk: list[bytes], offset: int) -> float:
+        """Upload, store, queue, claim, embed, write: timed until the last vector is written."""
+        t0 = time.perf_counter()
+        for start in range(0, len(chunk), batch):
+            boundary = uuid.uuid4().hex
+            parts = [
+                f'--{boundary}\r\nContent-Disposition: form-data; name="files"; filename="p{offset + start + i}.jpg"'
+                f"\r\nContent-Type: image/jpeg\r\n\r\n".encode()
+                + data
+                + b"\r\n"
+                for i, data in enumerate(chunk[start : start + batch])
+            ]
+            body = b"".join(parts) + f"--{boundary}--\r\n".encode()
+            call("POST", "/v1/collections/bench_images/items", body, f"multipart/form-data; boundary={boundary}")
+        while call("GET", "/v1/collections/bench_images")["pending"]:
+            time.sleep(0.02)
+        return time.perf_counter() - t0
+
+    try:
+        call("POST", "/v1/collections", json.dumps({"name": "bench_images"}).encode())
+        engine.embed_images(photos[:batch], priority=Priority.BACKGROUND)  # warm-up
+        # Alternate the two sides chunk by chunk, so load from elsewhere on the machine hits both alike.
+        t_encoder = t_api = 0.0
+        rounds = max(1, args.ingest_rounds)
+        size = len(photos) // rounds
+        for r in range(rounds):
+            chunk = photos[r * size : (r + 1) * size]
+            if r % 2 == 0:
+                t_encoder += encoder_alone(chunk)
+                t_api += through_api(chunk, r * size)
+            else:
+                t_api += through_api(chunk, r * size)
+                t_encoder += encoder_alone(chunk)
+        stats = call("GET", "/v1/collections/bench_images")
+    finally:
+        engine.stop()
+    n = size * rounds
+    if stats["ready"] != n:
+        raise RuntimeError(f"only {stats['ready']} of {n} images were embedded: {stats}")
+    encoder_rate, api_rate = n / t_encoder, n / t_api
+    return {
+        "encoder_images_per_s": round(encoder_rate, 2),
+        "api_images_per_s": round(api_rate, 2),
+        "images": n,
+        "image_size": f"{args.image_width}x{args.image_width * 3 // 4}",
+        "ingest_images_per_s_ratio": round(api_rate / encoder_rate, 3),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.api", description=__doc__.split("\n")[0])
+    p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    p.add_argument("--database-url", help="server to create the benchmark database on (default: embedded)")
+    p.add_argument("--n", type=int, default=20_000, help="rows in the search collection")
+    p.add_argument("--dims", type=int, default=512)
+    p.add_argument("--k", type=int, default=10)
+    # One connection per core: beyond that, on a small machine shared by the database, the server and
+    # this load generator, the figure measures CPU contention more than the API.
+    p.add_argument("--concurrency", type=int, default=max(2, os.cpu_count() or 2), help="default: CPU cores")
+    p.add_argument("--seconds", type=float, default=12.0, help="total search time per side")
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--images", type=int, default=96)
+    p.add_argument("--image-width", type=int, default=1024)
+    p.add_argument("--ingest-rounds", type=int, default=4)
+    p.add_argument("--workers", type=int, default=1, help="in-process ingest workers of the server (as serve)")
+    p.add_argument("--only", choices=("search", "ingest"), help="run one half (the other ratio is reported as null)")
+    p.add_argument("--serve", metavar="URL", help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.serve:
+        serve(args.serve, args.port, args.workers)
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        url = _database(args, tmp)
+        server = Server(url, args.workers)
+        try:
+            _, key = keys.create_key(create_engine(url), name="bench", scopes=["admin"])
+            ingest: dict[str, Any] = {"ingest_images_per_s_ratio": None}
+            search: dict[str, Any] = {"search_qps_ratio": None}
+            if args.only != "search":
+                ingest = bench_ingest(args, server, key)
+                print(f"ingest: {ingest}", file=sys.stderr)
+            if args.only != "ingest":
+                search = bench_search(args, load_search(args, url), server, key)
+                print(f"search: {search}", file=sys.stderr)
+        finally:
+            server.stop()
+            _drop(url)
+    result = {
+        "search_qps_ratio": search.pop("search_qps_ratio"),
+        "ingest_images_per_s_ratio": ingest.pop("ingest_images_per_s_ratio"),
+        "search": search,
+        "ingest": ingest,
+        "goals": {"search_qps_ratio": 0.6, "ingest_images_per_s_ratio": 0.8},
+    }
+    result["goals_met"] = (result["search_qps_ratio"] or 0) >= 0.6 and (result["ingest_images_per_s_ratio"] or 0) >= 0.8
+    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""Reading request bodies by hand where a route takes JSON or multipart, with clear errors."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypeVar
+
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+from starlette.datastructures import FormData, UploadFile
+from starlette.exceptions import HTTPException
+
+from encoder.errors import DecompressionBombError, ImageRejectedError
+from encoder.images import ImageOptions, probe_image
+from memstore.api.problems import Problem, validation_problem
+
+M = TypeVar("M", bound=BaseModel)
+
+IMAGE_TYPES = {
+    "JPEG": "image/jpeg",
+    "MPO": "image/jpeg",
+    "PNG": "image/png",
+    "WEBP": "image/webp",
+    "GIF": "image/gif",
+    "BMP": "image/bmp",
+    "TIFF": "image/tiff",
+}
+
+
+def body_kind(request: Request, *, multipart: bool) -> str:
+    """``json`` or ``multipart``; 415 for anything else."""
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype in ("application/json", "") or ctype.endswith("+json"):
+        return "json"
+    if multipart and ctype == "multipart/form-data":
+        return "multipart"
+    accepted = "application/json or multipart/form-data" if multipart else "application/json"
+    raise Problem("unsupported-media-type", f"send {accepted}, not {ctype!r}")
+
+
+async def read_json(request: Request, model: type[M]) -> M:
+    raw = await request.body()
+    if not raw.strip():
+        raise Problem("malformed-request", "the body is empty; send a JSON object")
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        raise validation_problem(list(exc.errors())) from None
+
+
+async def read_form(request: Request, *, max_files: int) -> FormData:
+    try:
+        return await request.form(max_files=max_files, max_fields=max_files * 2 + 16)
+    except HTTPException as exc:
+        detail = str(exc.detail)
+        if "Too many files" in detail:
+            raise Problem(
+                "payload-too-large",
+                f"at most {max_files} files per request (MEMSTORE_API_MAX_FILES_PER_REQUEST); split the upload",
+                limit=max_files,
+            ) from None
+        raise Problem("malformed-request", f"the multipart body could not be parsed: {detail}") from None
+
+
+def json_field(form: FormData, name: str) -> list[Any]:
+    """Every value of a JSON-valued form field, decoded."""
+    out = []
+    for i, raw in enumerate(form.getlist(name)):
+        if not isinstance(raw, str):
+            raise Problem("invalid-input", f"form field {name}[{i}] must be text (JSON), not a file")
+        try:
+            out.append(json.loads(raw))
+        except ValueError as exc:
+            raise Problem("invalid-input", f"form field {name}[{i}] is not valid JSON: {exc}") from None
+    return out
+
+
+def text_fields(form: FormData, name: str) -> list[str]:
+    out = []
+    for i, raw in enumerate(form.getlist(name)):
+        if not isinstance(raw, str):
+            raise Problem("invalid-input", f"form field {name}[{i}] must be text, not a file")
+        out.append(raw)
+    return out
+
+
+def uploads(form: FormData, name: str) -> list[UploadFile]:
+    files = []
+    for i, part in enumerate(form.getlist(name)):
+        if not isinstance(part, UploadFile):
+            raise Problem("invalid-input", f"form field {name}[{i}] must be a file upload (curl -F {name}=@photo.jpg)")
+        files.append(part)
+    return files
+
+
+async def read_image(upload: UploadFile, where: str, options: ImageOptions) -> tuple[bytes, str]:
+    """The file's bytes and its real content type, after the header checks (nothing decoded yet)."""
+    data = await upload.read(options.max_bytes + 1)
+    return check_image(data, where, options)
+
+
+def check_image(data: bytes, where: str, options: ImageOptions) -> tuple[bytes, str]:
+    if len(data) > options.max_bytes:
+        raise Problem(
+            "payload-too-large",
+            f"{where}: over the image limit of {options.max_bytes} bytes (MEMSTORE_ENCODER_MAX_IMAGE_BYTES); "
+            "re-encode or downscale it",
+            limit=options.max_bytes,
+        )
+    try:
+        probe = probe_image(data, options)
+    except DecompressionBombError as exc:
+        raise Problem("payload-too-large", f"{where}: {exc}", limit=options.max_pixels) from None
+    except ImageRejectedError as exc:
+        raise Problem("image-rejected", f"{where}: {exc}") from None
+    return data, IMAGE_TYPES.get(probe.format, "application/octet-stream")

@@ -1,0 +1,101 @@
+"""A plain-ASGI fast path for JSON searches, the hot route.
+
+FastAPI's routing, dependency solving and exception middlewares cost a search request about as much
+CPU as the database work on a small machine. JSON search requests are answered here instead, with the
+same functions as the documented route (``routes.search``: authorisation, parsing, the search) and the
+same problem documents; everything else (multipart searches included) goes on to FastAPI.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+from typing import Any
+
+from fastapi import FastAPI
+from pydantic import ValidationError
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from memstore.api import problems
+from memstore.api.auth import bearer_secret
+from memstore.api.middleware import BodyTooLargeError, too_large_detail
+from memstore.api.problems import Problem
+from memstore.api.routes.search import authorize, execute
+from memstore.api.runtime import Runtime
+from memstore.api.schemas import SearchRequest
+
+_PATH = re.compile(r"^/v1/collections/([^/]+)/search$")
+_JSON = (b"application/json", b"")
+
+
+class _Route:  # what the metrics middleware labels requests with
+    path = "/v1/collections/{name}/search"
+
+
+_ROUTE = _Route()
+
+
+class SearchFastPath:
+    def __init__(self, app: ASGIApp, fastapi_app: FastAPI) -> None:
+        self.app = app
+        self.fastapi_app = fastapi_app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        match = _PATH.match(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        headers: dict[bytes, bytes] = dict(scope["headers"]) if match else {}
+        if match is None or headers.get(b"content-type", b"").split(b";")[0].strip().lower() not in _JSON:
+            await self.app(scope, receive, send)
+            return
+        scope["route"] = _ROUTE
+        extra: dict[str, str] = {}
+        try:
+            out: dict[str, Any] = await self._search(scope, receive, match.group(1), headers)
+            status, media = 200, "application/json"
+        except Exception as exc:  # every error becomes a problem document, as on the FastAPI routes
+            problem = (
+                Problem("payload-too-large", too_large_detail(exc.limit))
+                if isinstance(exc, BodyTooLargeError)
+                else problems.from_exception(exc)
+            )
+            out, status, media, extra = (
+                problems.problem_body(problem, scope["path"]),
+                problem.status,
+                problems.MEDIA_TYPE,
+                problem.headers,
+            )
+        payload = json.dumps(out, ensure_ascii=False, allow_nan=False).encode()
+        response_headers = [(b"content-type", media.encode()), (b"content-length", str(len(payload)).encode())]
+        response_headers += [(k.lower().encode(), v.encode()) for k, v in extra.items()]
+        await send({"type": "http.response.start", "status": status, "headers": response_headers})
+        await send({"type": "http.response.body", "body": payload})
+
+    async def _search(self, scope: Scope, receive: Receive, name: str, headers: dict[bytes, bytes]) -> dict[str, Any]:
+        rt: Runtime = self.fastapi_app.state.runtime
+        raw = await _read_body(receive)
+        await authorize(rt, name, bearer_secret(headers.get(b"authorization", b"").decode("latin-1")))
+        if not raw.strip():
+            raise Problem("malformed-request", "the body is empty; send a JSON object")
+        try:
+            body = SearchRequest.model_validate_json(raw)
+        except ValidationError as exc:
+            raise problems.validation_problem(list(exc.errors())) from None
+        image = None
+        if body.image is not None:
+            try:
+                image = base64.b64decode(body.image, validate=True)
+            except (binascii.Error, ValueError):
+                raise Problem("invalid-input", "image: not valid base64 (or upload the file as multipart)") from None
+        return await execute(rt, name, body, image)
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise Problem("malformed-request", "the client went away before sending the whole body")
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)

@@ -1,0 +1,153 @@
+"""Storing items from requests: vectors at once, texts and images through the durable queue."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi.concurrency import run_in_threadpool
+
+from encoder.types import Priority
+from memstore import claims, queue
+from memstore.api.problems import Problem
+from memstore.api.runtime import Runtime
+from memstore.api.schemas import ItemAck, ItemIn, ItemsAck
+from memstore.collections import Collection
+from memstore.filters import check_metadata
+from memstore.models import ItemIn as StoreItem
+from memstore.queue import PendingItem
+from memstore.vectors import as_vector
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status_code: int
+    body: ItemsAck
+
+
+def check_encodable(rt: Runtime, c: Collection) -> None:
+    """Refuse texts/images for a collection this server's encoder cannot fill (when it runs one)."""
+    if rt.backend is None:
+        return
+    info = rt.backend.info
+    if c.model and c.model != info.model:
+        raise Problem(
+            "invalid-input",
+            f"collection {c.name!r} holds {c.model} vectors but this server encodes with {info.model}; "
+            "send vectors instead",
+        )
+    if c.dimensions != info.dimensions:
+        raise Problem(
+            "invalid-input",
+            f"collection {c.name!r} has {c.dimensions} dimensions but the encoder ({info.model}) makes "
+            f"{info.dimensions}; send vectors instead",
+        )
+
+
+def split_json_items(rt: Runtime, c: Collection, items: Sequence[ItemIn]) -> tuple[list[int], list[int]]:
+    """Check every item before anything is written; returns the indices of vector and of text items."""
+    if len(items) > rt.api.max_items_per_request:
+        raise Problem(
+            "payload-too-large",
+            f"{len(items)} items in one request; the limit is {rt.api.max_items_per_request} "
+            "(MEMSTORE_API_MAX_ITEMS_PER_REQUEST): split it",
+            limit=rt.api.max_items_per_request,
+        )
+    vectors, texts = [], []
+    for i, it in enumerate(items):
+        if (it.text is None) == (it.vector is None):
+            raise Problem("invalid-input", f"items[{i}]: give exactly one of text or vector")
+        check_metadata(it.metadata)
+        if it.vector is not None:
+            as_vector(it.vector, dimensions=c.dimensions, where=f"items[{i}].vector")
+            vectors.append(i)
+        else:
+            assert it.text is not None
+            check_text(rt, it.text, f"items[{i}].text")
+            texts.append(i)
+    if texts:
+        check_encodable(rt, c)
+    return vectors, texts
+
+
+def check_text(rt: Runtime, text: str, where: str) -> None:
+    if len(text) > rt.api.max_text_chars:
+        raise Problem(
+            "invalid-input",
+            f"{where} has {len(text)} characters; the limit is {rt.api.max_text_chars} (MEMSTORE_API_MAX_TEXT_CHARS)",
+            limit=rt.api.max_text_chars,
+        )
+    if not text.strip() or "\x00" in text:
+        raise Problem("invalid-input", f"{where} must contain non-blank text without NUL characters")
+
+
+async def store_json_items(rt: Runtime, c: Collection, items: Sequence[ItemIn], *, wait: bool) -> Outcome:
+    vector_idx, text_idx = split_json_items(rt, c, items)
+    acks: dict[int, ItemAck] = {}
+    if vector_idx:
+        batch = [
+            StoreItem(vector=items[i].vector, external_id=items[i].external_id, metadata=items[i].metadata)
+            for i in vector_idx
+        ]
+        results = await run_in_threadpool(lambda: rt.store.upsert_items(collection=c.name, items=batch))
+        for i, r in zip(vector_idx, results, strict=True):
+            acks[i] = ItemAck(id=r.id, external_id=r.external_id, status="ready", change=r.status)
+    if text_idx:
+        pending = [
+            PendingItem(text=items[i].text, external_id=items[i].external_id, metadata=items[i].metadata)
+            for i in text_idx
+        ]
+        for i, ack in zip(text_idx, await enqueue(rt, c, pending, wait=wait), strict=True):
+            acks[i] = ack
+    return outcome([acks[i] for i in range(len(items))])
+
+
+async def enqueue(rt: Runtime, c: Collection, pending: list[PendingItem], *, wait: bool) -> list[ItemAck]:
+    done = await run_in_threadpool(lambda: queue.enqueue(rt.engine, c, pending))
+    acks = [ItemAck(id=d.id, external_id=d.external_id, status=d.status, change=d.change) for d in done]
+    waiting = sorted({a.id for a in acks if a.status == "pending"})
+    if wait and waiting:
+        state = await run_in_threadpool(settle, rt, c, waiting)
+        acks = [
+            a.model_copy(update={"status": state[a.id][0], "error": state[a.id][1]}) if a.id in state else a
+            for a in acks
+        ]
+    return acks
+
+
+def settle(rt: Runtime, c: Collection, item_ids: list[int]) -> dict[int, tuple[str, Any]]:
+    """Embed our own items now at the synchronous-ingest priority; wait for those a worker holds."""
+    ours: set[int] = set()
+    if rt.backend is not None:
+        claimer = rt.claimer()
+        held = claims.claim(rt.engine, claimer, limit=len(item_ids), collection_id=c.id, item_ids=item_ids)
+        ours = {cl.item_id for cl in held}
+        if held:
+            try:
+                rt.processor().process(held, priority=Priority.SYNC_INGEST)
+            except Exception as exc:  # the items are stored: a worker will take them over
+                log.warning("?wait=true: encoding failed (%s); leaving the items to the workers", exc)
+                try:
+                    claims.release(rt.engine, held, delay_s=0)
+                except Exception:
+                    claimer.connect()  # a new identity: the old claims become claimable at once
+    others = [i for i in item_ids if i not in ours]
+    state = queue.statuses(rt.engine, c, [i for i in item_ids if i in ours])
+    if others:
+        state |= queue.wait_until_settled(rt.engine, c, others, timeout=rt.ingest.wait_timeout_s)
+    return state
+
+
+def outcome(acks: list[ItemAck]) -> Outcome:
+    body = ItemsAck(items=acks)
+    if any(a.status == "failed" for a in acks):
+        raise Problem(
+            "ingest-failed",
+            "; ".join(f"{a.external_id}: {a.error}" for a in acks if a.status == "failed")[:2000],
+            items=[a.model_dump() for a in acks],
+        )
+    return Outcome(202 if any(a.status == "pending" for a in acks) else 201, body)

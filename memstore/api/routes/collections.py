@@ -1,0 +1,106 @@
+"""/v1/collections: create, list, get (with counts and index size), delete."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from fastapi.concurrency import run_in_threadpool
+
+from memstore.api.auth import Key, require, runtime
+from memstore.api.problems import ERROR_RESPONSES, Problem
+from memstore.api.schemas import CollectionCreate, CollectionList, CollectionOut
+from memstore.collections import Collection, validate_name
+from memstore.models import CollectionStats
+
+router = APIRouter(prefix="/v1/collections", tags=["collections"], responses=ERROR_RESPONSES)
+
+
+def collection_out(c: Collection, stats: CollectionStats | None = None) -> CollectionOut:
+    out = CollectionOut(
+        name=c.name,
+        dimensions=c.dimensions,
+        metric=c.metric,
+        model=c.model,
+        hnsw_m=c.hnsw_m,
+        hnsw_ef_construction=c.hnsw_ef_construction,
+        ef_search=c.default_ef_search,
+        partitions=c.partitions,
+        created_at=c.created_at,
+    )
+    if stats is not None:
+        out.items, out.ready, out.pending, out.failed = stats.items, stats.ready, stats.pending, stats.failed
+        out.index_bytes, out.table_bytes = stats.index_bytes, stats.table_bytes
+    return out
+
+
+def _dimensions_and_model(request: Request, body: CollectionCreate) -> tuple[int, str | None]:
+    rt = runtime(request)
+    running = rt.backend.info if rt.backend is not None else None
+    if body.dimensions is None:
+        if running is None:
+            if rt.encoder_state == "off":
+                raise Problem(
+                    "invalid-input",
+                    "give dimensions: this server runs no encoder to take them from (or start it with one)",
+                )
+            rt.require_backend("or give dimensions explicitly")
+        assert running is not None
+        model = body.model or running.model
+        if model != running.model:
+            raise Problem(
+                "invalid-input",
+                f"model {model!r} is not the one this server runs ({running.model}); use {running.model!r}, "
+                "or give dimensions to store vectors you make yourself",
+            )
+        return running.dimensions, model
+    if body.model and running is not None and body.model == running.model and body.dimensions != running.dimensions:
+        raise Problem(
+            "invalid-input",
+            f"model {body.model} makes {running.dimensions}-dimensional vectors, not {body.dimensions}; "
+            "omit dimensions to take the model's",
+        )
+    return body.dimensions, body.model
+
+
+@router.post("", status_code=201, summary="Create a collection", response_model=CollectionOut)
+async def create_collection(request: Request, body: CollectionCreate, response: Response, key: Key) -> CollectionOut:
+    require(key, "admin", body.name)
+    dimensions, model = _dimensions_and_model(request, body)
+    store = runtime(request).store
+    c = await run_in_threadpool(
+        lambda: store.create_collection(
+            name=body.name,
+            dimensions=dimensions,
+            metric=body.metric,
+            hnsw_m=body.hnsw_m,
+            hnsw_ef_construction=body.hnsw_ef_construction,
+            ef_search=body.ef_search,
+            partitions=body.partitions,
+            model=model,
+        )
+    )
+    response.headers["Location"] = f"/v1/collections/{c.name}"
+    return collection_out(c)
+
+
+@router.get("", summary="List the collections this key may read", response_model=CollectionList)
+async def list_collections(request: Request, key: Key) -> CollectionList:
+    collections = await run_in_threadpool(runtime(request).store.list_collections)
+    return CollectionList(collections=[collection_out(c) for c in collections if key.allows("read", c.name)])
+
+
+@router.get("/{name}", summary="A collection with its item counts and index size", response_model=CollectionOut)
+async def get_collection(request: Request, name: str, key: Key) -> CollectionOut:
+    validate_name(name)
+    require(key, "read", name)
+    store = runtime(request).store
+    stats = await run_in_threadpool(lambda: store.collection_stats(name=name))
+    return collection_out(stats.collection, stats)
+
+
+@router.delete("/{name}", status_code=204, summary="Drop a collection and all its items")
+async def delete_collection(request: Request, name: str, key: Key) -> Response:
+    validate_name(name)
+    require(key, "admin", name)
+    store = runtime(request).store
+    await run_in_threadpool(lambda: store.drop_collection(name=name))
+    return Response(status_code=204)

@@ -1,0 +1,300 @@
+"""/v1/collections/{name}/items: add (JSON or image uploads), get, list, patch, replace, delete, download."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+from psycopg import sql
+
+from memstore import queue
+from memstore.api import bodies
+from memstore.api.auth import Key, require, runtime
+from memstore.api.ingest import check_encodable, check_text, enqueue, outcome, store_json_items
+from memstore.api.problems import ERROR_RESPONSES, Problem
+from memstore.api.runtime import Runtime
+from memstore.api.schemas import (
+    ContentIn,
+    Deleted,
+    DeleteRequest,
+    ItemOut,
+    ItemPage,
+    ItemPatch,
+    ItemsAck,
+    ItemsIn,
+    LookupOut,
+    LookupRequest,
+)
+from memstore.collections import Collection, validate_name
+from memstore.db import raw_connection
+from memstore.errors import ItemNotFoundError
+from memstore.keys import ApiKey
+from memstore.models import Item
+from memstore.queue import PendingItem
+
+router = APIRouter(prefix="/v1/collections/{name}/items", tags=["items"], responses=ERROR_RESPONSES)
+
+ItemId = Annotated[int, Path(ge=1, le=2**63 - 1, description="The item's id (as returned when it was added).")]
+Wait = Annotated[bool, Query(description="Answer once the vectors are written (201) instead of at once (202).")]
+
+_UPLOAD_DOC = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/ItemsIn"}},
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "properties": {
+                        "files": {"type": "array", "items": {"type": "string", "format": "binary"}},
+                        "external_id": {"type": "array", "items": {"type": "string"}},
+                        "metadata": {"type": "array", "items": {"type": "string"}},
+                    },
+                    "required": ["files"],
+                },
+                "encoding": {"files": {"contentType": "image/*"}},
+            },
+        },
+    }
+}
+_CONTENT_DOC = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/ContentIn"}},
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "properties": {"file": {"type": "string", "format": "binary"}},
+                    "required": ["file"],
+                }
+            },
+        },
+    }
+}
+
+
+def content_url(name: str, item_id: int) -> str:
+    return f"/v1/collections/{name}/items/{item_id}/content"
+
+
+def item_out(name: str, item: Item, attempts: dict[int, tuple[int, str | None]]) -> ItemOut:
+    tries = attempts.get(item.id)
+    has_original = item.has_content or item.text is not None
+    return ItemOut(
+        id=item.id,
+        external_id=item.external_id,
+        status=item.status,
+        metadata=item.metadata,
+        error=item.error or (tries[1] if tries and item.status == "pending" else None),
+        attempts=tries[0] if tries else None,
+        text=item.text,
+        content_type=item.content_type,
+        content_url=content_url(name, item.id) if has_original else None,
+        created_at=item.created_at,
+        updated_at=item.updated_at,
+        vector=None if item.vector is None else [float(x) for x in item.vector],
+    )
+
+
+async def _collection(request: Request, name: str, key: ApiKey, role: str) -> tuple[Runtime, Collection]:
+    validate_name(name)
+    require(key, role, name)
+    rt = runtime(request)
+    c = await run_in_threadpool(lambda: rt.store.get_collection(name=name))
+    return rt, c
+
+
+def _json_response(result: Any) -> JSONResponse:
+    return JSONResponse(result.body.model_dump(mode="json"), status_code=result.status_code)
+
+
+@router.post(
+    "",
+    summary="Add items: JSON texts/vectors, or multipart image files",
+    response_model=ItemsAck,
+    status_code=202,
+    responses={201: {"model": ItemsAck, "description": "Every vector is written"}},
+    openapi_extra=_UPLOAD_DOC,
+)
+async def add_items(request: Request, name: str, key: Key, wait: Wait = False) -> Response:
+    """Items are stored (with their originals) before the answer: 202 while vectors are pending, 201 when
+    all are written. Re-sending an external_id updates that item; re-sending identical content changes
+    nothing. Without an external_id, images and texts get one derived from their content."""
+    kind = bodies.body_kind(request, multipart=True)
+    rt, c = await _collection(request, name, key, "write")
+    if kind == "json":
+        body = await bodies.read_json(request, ItemsIn)
+        return _json_response(await store_json_items(rt, c, body.items, wait=wait))
+    pending = await _uploaded_items(rt, request, c)
+    return _json_response(outcome(await enqueue(rt, c, pending, wait=wait)))
+
+
+async def _uploaded_items(rt: Runtime, request: Request, c: Collection) -> list[PendingItem]:
+    form = await bodies.read_form(request, max_files=rt.api.max_files_per_request)
+    files = bodies.uploads(form, "files")
+    if not files:
+        raise Problem("invalid-input", "no files: upload images in the form field 'files' (curl -F files=@cat.jpg)")
+    ids = bodies.text_fields(form, "external_id")
+    metas = bodies.json_field(form, "metadata")
+    if ids and len(ids) != len(files):
+        raise Problem(
+            "invalid-input", f"{len(ids)} external_id fields for {len(files)} files: give one per file or none"
+        )
+    if len(metas) not in (0, 1, len(files)):
+        raise Problem(
+            "invalid-input", f"{len(metas)} metadata fields for {len(files)} files: give 0, 1 or one per file"
+        )
+    check_encodable(rt, c)
+    pending = []
+    for i, upload in enumerate(files):
+        data, ctype = await bodies.read_image(upload, f"files[{i}] ({upload.filename})", rt.image_options)
+        meta = metas[0] if len(metas) == 1 else (metas[i] if metas else {})
+        if not isinstance(meta, dict):
+            raise Problem("invalid-input", f"metadata for files[{i}] must be a JSON object")
+        if upload.filename and "filename" not in meta:
+            meta = {**meta, "filename": upload.filename}
+        pending.append(
+            PendingItem(content=data, content_type=ctype, external_id=ids[i] if ids else None, metadata=meta)
+        )
+    return pending
+
+
+@router.get("", summary="List items (keyset paging)", response_model=ItemPage)
+async def list_items(
+    request: Request,
+    name: str,
+    key: Key,
+    external_id: Annotated[str | None, Query(max_length=512)] = None,
+    status: Annotated[str | None, Query(pattern="^(pending|ready|failed)$")] = None,
+    after: Annotated[int, Query(ge=0, le=2**63 - 1, description="Return items with ids above this.")] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> ItemPage:
+    rt, c = await _collection(request, name, key, "read")
+    items = await run_in_threadpool(
+        lambda: rt.store.list_items(
+            collection=name, after_id=after, limit=limit, external_id=external_id, status=status
+        )
+    )
+    unsettled = [i.id for i in items if i.status != "ready"]
+    attempts = await run_in_threadpool(queue.attempts_of, rt.engine, c, unsettled) if unsettled else {}
+    nxt = None
+    if len(items) == limit:
+        nxt = str(request.url.include_query_params(after=items[-1].id))
+    return ItemPage(items=[item_out(name, i, attempts) for i in items], next=nxt)
+
+
+@router.post("/lookup", summary="Which of these external ids exist", response_model=LookupOut)
+async def lookup(request: Request, name: str, body: LookupRequest, key: Key) -> LookupOut:
+    rt, c = await _collection(request, name, key, "read")
+
+    def find() -> dict[str, int]:
+        with raw_connection(rt.engine) as conn:
+            rows = conn.execute(
+                sql.SQL("SELECT external_id, id FROM {} WHERE external_id = ANY(%s)").format(c.table),
+                (body.external_ids,),
+            ).fetchall()
+        return {str(e): int(i) for e, i in rows}
+
+    return LookupOut(found=await run_in_threadpool(find))
+
+
+@router.post("/delete", summary="Delete items by ids, external ids or metadata filter", response_model=Deleted)
+async def delete_many(request: Request, name: str, body: DeleteRequest, key: Key) -> Deleted:
+    rt, _ = await _collection(request, name, key, "write")
+    n = await run_in_threadpool(
+        lambda: rt.store.delete_items(collection=name, ids=body.ids, external_ids=body.external_ids, filter=body.filter)
+    )
+    return Deleted(deleted=n)
+
+
+@router.get("/{item_id}", summary="One item", response_model=ItemOut)
+async def get_item(
+    request: Request,
+    name: str,
+    item_id: ItemId,
+    key: Key,
+    with_vector: Annotated[bool, Query(description="Include the vector.")] = False,
+) -> ItemOut:
+    rt, c = await _collection(request, name, key, "read")
+    item = await run_in_threadpool(lambda: rt.store.get_item(collection=name, id=item_id, with_vector=with_vector))
+    attempts = await run_in_threadpool(queue.attempts_of, rt.engine, c, [item.id]) if item.status != "ready" else {}
+    return item_out(name, item, attempts)
+
+
+@router.patch("/{item_id}", summary="Replace or merge metadata, or replace the vector", response_model=ItemOut)
+async def patch_item(request: Request, name: str, item_id: ItemId, body: ItemPatch, key: Key) -> ItemOut:
+    rt, _ = await _collection(request, name, key, "write")
+    item = await run_in_threadpool(
+        lambda: rt.store.update_item(
+            collection=name, id=item_id, metadata=body.metadata, merge_metadata=body.merge, vector=body.vector
+        )
+    )
+    return item_out(name, item, {})
+
+
+@router.put(
+    "/{item_id}/content",
+    summary="Replace the item's text or image (it is embedded again)",
+    response_model=ItemsAck,
+    status_code=202,
+    openapi_extra=_CONTENT_DOC,
+)
+async def replace_content(request: Request, name: str, item_id: ItemId, key: Key, wait: Wait = False) -> Response:
+    kind = bodies.body_kind(request, multipart=True)
+    rt, c = await _collection(request, name, key, "write")
+    item = await run_in_threadpool(lambda: rt.store.get_item(collection=name, id=item_id))
+    check_encodable(rt, c)
+    if kind == "json":
+        text = (await bodies.read_json(request, ContentIn)).text
+        check_text(rt, text, "text")
+        new = PendingItem(text=text, external_id=item.external_id, metadata=item.metadata)
+    else:
+        form = await bodies.read_form(request, max_files=1)
+        files = bodies.uploads(form, "file")
+        if len(files) != 1:
+            raise Problem("invalid-input", "upload exactly one image in the form field 'file'")
+        data, ctype = await bodies.read_image(files[0], "file", rt.image_options)
+        new = PendingItem(content=data, content_type=ctype, external_id=item.external_id, metadata=item.metadata)
+    return _json_response(outcome(await enqueue(rt, c, [new], wait=wait)))
+
+
+@router.delete("/{item_id}", status_code=204, summary="Delete one item")
+async def delete_item(request: Request, name: str, item_id: ItemId, key: Key) -> Response:
+    rt, c = await _collection(request, name, key, "write")
+
+    def delete() -> None:
+        rt.store.delete_item(collection=name, id=item_id)
+        with raw_connection(rt.engine) as conn:
+            conn.execute("DELETE FROM memstore_ingest_queue WHERE collection_id = %s AND item_id = %s", (c.id, item_id))
+
+    await run_in_threadpool(delete)
+    return Response(status_code=204)
+
+
+@router.get(
+    "/{item_id}/content",
+    summary="Download the stored original (image bytes or text)",
+    response_class=Response,
+    responses={200: {"content": {"image/*": {}, "text/plain": {}}}},
+)
+async def get_content(request: Request, name: str, item_id: ItemId, key: Key) -> Response:
+    rt, c = await _collection(request, name, key, "read")
+
+    def fetch() -> tuple[Any, ...] | None:
+        with raw_connection(rt.engine) as conn:
+            return conn.execute(
+                sql.SQL("SELECT content, content_type, text FROM {} WHERE id = %s").format(c.table), (item_id,)
+            ).fetchone()
+
+    row = await run_in_threadpool(fetch)
+    if row is None:
+        raise ItemNotFoundError(name, item_id)
+    content, ctype, text = row
+    if content is not None:
+        return Response(bytes(content), media_type=ctype or "application/octet-stream")
+    if text is not None:
+        return Response(text.encode(), media_type=queue.TEXT_CONTENT_TYPE)
+    raise Problem("not-found", f"item {item_id} was stored as a vector only: there is no original to download")

@@ -1,0 +1,168 @@
+"""POST /v1/collections/{name}/search: by text, image, vector or a stored item."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import time
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from encoder.types import Priority
+from memstore.api import bodies
+from memstore.api.auth import SECURITY_DOC, authenticate_runtime, bearer_secret, require, runtime
+from memstore.api.ingest import check_encodable, check_text
+from memstore.api.problems import ERROR_RESPONSES, Problem, validation_problem
+from memstore.api.routes.items import content_url
+from memstore.api.runtime import Runtime
+from memstore.api.schemas import SearchOut, SearchRequest
+from memstore.collections import validate_name
+
+router = APIRouter(prefix="/v1/collections/{name}", tags=["search"], responses=ERROR_RESPONSES)
+
+_FORM_FIELDS = ("text", "vector", "item_id", "k", "filter", "ef_search", "exact")
+_SEARCH_DOC = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/SearchRequest"}},
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "properties": {
+                        "image": {"type": "string", "format": "binary"},
+                        "k": {"type": "integer", "minimum": 1},
+                        "filter": {"type": "string", "description": "a JSON object"},
+                        "ef_search": {"type": "integer"},
+                        "exact": {"type": "boolean"},
+                    },
+                    "required": ["image"],
+                }
+            },
+        },
+    }
+}
+
+
+async def _parse(request: Request, rt: Runtime) -> tuple[SearchRequest, bytes | None]:
+    if bodies.body_kind(request, multipart=True) == "json":
+        body = await bodies.read_json(request, SearchRequest)
+        image = None
+        if body.image is not None:
+            try:
+                image = base64.b64decode(body.image, validate=True)
+            except (binascii.Error, ValueError):
+                raise Problem("invalid-input", "image: not valid base64 (or upload the file as multipart)") from None
+        return body, image
+    form = await bodies.read_form(request, max_files=1)
+    uploads = bodies.uploads(form, "image") if "image" in form else []
+    fields: dict[str, Any] = {}
+    for name in _FORM_FIELDS:
+        values = bodies.text_fields(form, name)
+        if values:
+            fields[name] = values[-1]
+    for name in ("vector", "filter"):
+        if name in fields:
+            fields[name] = bodies.json_field(form, name)[-1]
+    try:
+        body = SearchRequest.model_validate(fields, strict=False)
+    except ValidationError as exc:
+        raise validation_problem(list(exc.errors())) from None
+    image = None
+    if uploads:
+        image = await uploads[0].read(rt.image_options.max_bytes + 1)
+    return body, image
+
+
+def _query_vector(rt: Runtime, name: str, body: SearchRequest, image: bytes | None) -> tuple[Any, str]:
+    given = [
+        k
+        for k, v in (("text", body.text), ("image", image), ("vector", body.vector), ("item_id", body.item_id))
+        if v is not None
+    ]
+    if len(given) != 1:
+        raise Problem(
+            "invalid-input",
+            f"give exactly one of text, image, vector or item_id, not {' and '.join(given) if given else 'none'}",
+        )
+    kind = given[0]
+    if kind == "vector":
+        return body.vector, kind
+    if kind == "item_id":
+        assert body.item_id is not None
+        item = rt.store.get_item(collection=name, id=body.item_id, with_vector=True)
+        if item.vector is None:
+            raise Problem(
+                "conflict",
+                f"item {body.item_id} has no vector yet (status {item.status}); search again once it is ready",
+            )
+        return item.vector, kind
+    backend = rt.require_backend("search by vector or item_id instead")
+    check_encodable(rt, rt.store.get_collection(name=name))
+    if kind == "text":
+        assert body.text is not None
+        check_text(rt, body.text, "text")
+        return np.asarray(backend.embed_texts([body.text], priority=Priority.QUERY))[0], kind
+    assert image is not None
+    data, _ = bodies.check_image(image, "image", rt.image_options)
+    return np.asarray(backend.embed_images([data], priority=Priority.QUERY))[0], kind
+
+
+def _search(rt: Runtime, name: str, body: SearchRequest, image: bytes | None) -> dict[str, Any]:
+    vector, kind = _query_vector(rt, name, body, image)
+    results = rt.store.search(
+        collection=name, vector=vector, k=body.k, filter=body.filter, ef_search=body.ef_search, exact=body.exact
+    )
+    if kind != "item_id" and rt.sampler.rate > 0:
+        c = rt.store.get_collection(name=name)
+        rt.sampler.offer(c.id, np.asarray(vector, dtype=np.float32))
+    return {
+        "results": [
+            {
+                "id": r.id,
+                "external_id": r.external_id,
+                "score": r.score,
+                "distance": r.distance,
+                "metadata": r.metadata,
+                "content_url": content_url(name, r.id),
+            }
+            for r in results
+        ]
+    }
+
+
+@router.post(
+    "/search",
+    openapi_extra={**_SEARCH_DOC, **SECURITY_DOC},
+    summary="Nearest items to a text, image, vector or stored item",
+    response_model=SearchOut,
+)
+async def search(request: Request, name: str) -> JSONResponse:
+    """Exactly one of ``text``, ``image`` (base64 in JSON, or a multipart upload), ``vector`` or ``item_id``.
+    ``filter`` keeps items whose metadata contains it; ``exact`` brute-forces the true nearest items.
+    Each result links to its stored original (``content_url``; 404 for items stored as vectors only)."""
+    rt = runtime(request)
+    await authorize(rt, name, bearer_secret(request.headers.get("authorization", "")))
+    body, image = await _parse(request, rt)
+    return JSONResponse(await execute(rt, name, body, image), media_type="application/json")
+
+
+async def authorize(rt: Runtime, name: str, secret: str | None) -> None:
+    key = await authenticate_runtime(rt, secret)
+    validate_name(name)
+    require(key, "read", name)
+
+
+async def execute(rt: Runtime, name: str, body: SearchRequest, image: bytes | None) -> dict[str, Any]:
+    """The search itself, shared by the route and the JSON fast path (memstore.api.fastpath)."""
+    if body.k > rt.api.max_k:
+        raise Problem("invalid-input", f"k is {body.k}; the limit is {rt.api.max_k} (MEMSTORE_API_MAX_K)")
+    started = time.perf_counter()
+    out = await asyncio.get_running_loop().run_in_executor(rt.executor, _search, rt, name, body, image)
+    rt.latency.record(time.perf_counter() - started)
+    return out

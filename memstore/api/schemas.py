@@ -1,0 +1,181 @@
+"""Request and response bodies, with the examples shown in the OpenAPI document."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from memstore.collections import HNSW_MAX_DIMENSIONS, MAX_PARTITIONS
+from memstore.store import MAX_EXTERNAL_ID_LENGTH, MAX_K
+
+Metric = Literal["cosine", "l2", "inner_product"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CollectionCreate(Strict):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"name": "photos"}, {"name": "notes", "dimensions": 384, "metric": "cosine"}]},
+    )
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]{0,47}$", description="Lowercase letters, digits, underscores.")
+    dimensions: int | None = Field(
+        default=None, ge=1, le=HNSW_MAX_DIMENSIONS, description="Vector size; omit to take the model's."
+    )
+    model: str | None = Field(
+        default=None, max_length=200, description="Encoder model whose vectors this holds (default: the server's)."
+    )
+    metric: Metric = "cosine"
+    hnsw_m: int | None = Field(default=None, ge=2, le=100)
+    hnsw_ef_construction: int | None = Field(default=None, ge=4, le=1000)
+    ef_search: int | None = Field(default=None, ge=1, le=1000, description="Default ef_search of searches.")
+    partitions: int = Field(default=1, ge=1, le=MAX_PARTITIONS)
+
+
+class CollectionOut(BaseModel):
+    name: str
+    dimensions: int
+    metric: str
+    model: str | None
+    hnsw_m: int
+    hnsw_ef_construction: int
+    ef_search: int
+    partitions: int
+    created_at: datetime | None = None
+    items: int | None = Field(default=None, description="All items (only when fetched one at a time).")
+    ready: int | None = None
+    pending: int | None = None
+    failed: int | None = None
+    index_bytes: int | None = None
+    table_bytes: int | None = None
+
+
+class CollectionList(BaseModel):
+    collections: list[CollectionOut]
+
+
+class ItemIn(Strict):
+    external_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_EXTERNAL_ID_LENGTH,
+        description="Your id; re-sending it updates the item. Default: derived from the content (texts) or random.",
+    )
+    text: str | None = Field(default=None, min_length=1, description="Text to embed (exclusive with vector).")
+    vector: list[float] | None = Field(default=None, min_length=1, max_length=HNSW_MAX_DIMENSIONS)
+    metadata: dict[str, Any] | None = None
+
+
+class ItemsIn(Strict):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"items": [{"external_id": "n1", "text": "a red bicycle", "metadata": {"tag": "bike"}}]}]
+        },
+    )
+
+    items: list[ItemIn] = Field(min_length=1)
+
+
+class ItemAck(BaseModel):
+    id: int
+    external_id: str
+    status: str = Field(description="pending, ready or failed")
+    change: str = Field(description="created, updated, metadata or unchanged")
+    error: str | None = None
+
+
+class ItemsAck(BaseModel):
+    items: list[ItemAck]
+
+
+class ItemOut(BaseModel):
+    id: int
+    external_id: str
+    status: str
+    metadata: dict[str, Any]
+    error: str | None = None
+    attempts: int | None = Field(default=None, description="Encoding attempts so far, while queued or failed.")
+    text: str | None = None
+    content_type: str | None = None
+    content_url: str | None = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    vector: list[float] | None = None
+
+
+class ItemPage(BaseModel):
+    items: list[ItemOut]
+    next: str | None = Field(default=None, description="URL of the next page, if any.")
+
+
+class ItemPatch(Strict):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"metadata": {"tag": "cat"}}]})
+
+    metadata: dict[str, Any] | None = None
+    merge: bool = Field(default=False, description="Merge into the existing metadata instead of replacing it.")
+    vector: list[float] | None = Field(default=None, min_length=1, max_length=HNSW_MAX_DIMENSIONS)
+
+
+class ContentIn(Strict):
+    text: str = Field(min_length=1)
+
+
+class DeleteRequest(Strict):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"filter": {"tag": "cat"}}]})
+
+    ids: list[int] | None = Field(default=None, max_length=100_000)
+    external_ids: list[str] | None = Field(default=None, max_length=100_000)
+    filter: dict[str, Any] | None = None
+
+
+class Deleted(BaseModel):
+    deleted: int
+
+
+class LookupRequest(Strict):
+    external_ids: list[str] = Field(min_length=1, max_length=10_000)
+
+
+class LookupOut(BaseModel):
+    found: dict[str, int] = Field(description="external_id -> id, for those that exist.")
+
+
+class SearchRequest(Strict):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"text": "a dog on a beach", "k": 5},
+                {"vector": [0.1, 0.2, 0.3], "k": 10, "filter": {"tag": "cat"}},
+                {"item_id": 42, "k": 10, "exact": True},
+            ]
+        },
+    )
+
+    text: str | None = Field(default=None, min_length=1)
+    image: str | None = Field(default=None, min_length=1, description="Base64 image (or upload it as multipart).")
+    vector: list[float] | None = Field(default=None, min_length=1, max_length=HNSW_MAX_DIMENSIONS)
+    item_id: int | None = Field(default=None, ge=1, le=2**63 - 1, description="Search with a stored item's vector.")
+    k: int = Field(default=10, ge=1, le=MAX_K)
+    filter: dict[str, Any] | None = Field(default=None, description='Metadata containment, e.g. {"tag": "cat"}.')
+    ef_search: int | None = Field(default=None, ge=1, le=1000)
+    exact: bool = Field(default=False, description="Brute force: exact, slower.")
+
+
+class SearchHit(BaseModel):
+    id: int
+    external_id: str
+    score: float
+    distance: float
+    metadata: dict[str, Any]
+    content_url: str
+
+
+class SearchOut(BaseModel):
+    results: list[SearchHit]

@@ -1,0 +1,28 @@
+"""The API's own settings (``MEMSTORE_API_*``): authentication and request limits."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from memstore.store import MAX_K
+
+
+class ApiSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MEMSTORE_API_", env_file=".env", extra="ignore")
+
+    auth: Literal["keys", "off"] = Field(
+        default="keys",
+        description="keys: every /v1 request needs 'Authorization: Bearer KEY'. off: no checks, for local use only.",
+    )
+    max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, description="Largest request body.")
+    max_files_per_request: int = Field(default=64, ge=1, le=10_000, description="Image files per upload.")
+    max_items_per_request: int = Field(default=1000, ge=1, le=100_000, description="JSON items (texts or vectors).")
+    max_text_chars: int = Field(default=8192, ge=1, description="Longest text item or text query.")
+    max_k: int = Field(default=MAX_K, ge=1, le=MAX_K, description="Most results one search returns.")
+    query_sample_rate: float = Field(
+        default=0.01, ge=0.0, le=1.0, description="Share of query vectors kept for maintenance's recall probes."
+    )
+    key_cache_s: float = Field(default=5.0, ge=0.0, description="How long a verified key is trusted.")

@@ -1,0 +1,220 @@
+"""Claiming queued items: worker identities, claims, and how each claim is settled.
+
+A claimed queue row names its claimer; each claimer holds a session advisory lock on that number for
+as long as it lives, so the rows of a worker that died (its connection closed, the lock released) are
+claimed again at once by the next worker. Settling a claim (writing the vector, recording a failure,
+giving it back) only touches rows that still carry the claimer's number: a row re-sent with new content
+or taken over meanwhile is never overwritten by a stale result.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import sqlalchemy as sa
+from psycopg import sql
+
+from memstore.collections import Collection
+from memstore.db import libpq_url, raw_connection
+from memstore.queue import CHANNEL, IngestSettings
+
+# First key of the two-int advisory locks claimers hold (the second is the claimer number).
+LOCK_NAMESPACE = 0x6D656D71  # "memq"
+
+
+@dataclass(frozen=True)
+class Claim:
+    queue_id: int
+    collection_id: int
+    item_id: int
+    attempts: int
+    claimer: int
+
+
+class Claimer:
+    """A worker identity: a connection holding the advisory lock on its number, also used to LISTEN."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self.url = libpq_url(engine.url.render_as_string(hide_password=False))
+        self.conn: psycopg.Connection[Any] | None = None
+        self.number = 0
+        self.connect()
+
+    def connect(self) -> None:
+        self.close()
+        conn = psycopg.connect(self.url, autocommit=True, application_name="memstore-ingest")
+        while True:
+            number = secrets.randbelow(2**31 - 2) + 1
+            row = conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (LOCK_NAMESPACE, number)).fetchone()
+            if row and row[0]:
+                break
+        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
+        self.conn, self.number = conn, number
+
+    def ensure(self) -> None:
+        """Reconnect (with a new number) when the identity connection broke."""
+        if self.conn is None or self.conn.closed or self.conn.broken:
+            self.connect()
+
+    def wait(self, timeout: float) -> bool:
+        """True when a NOTIFY arrived within ``timeout`` seconds."""
+        self.ensure()
+        assert self.conn is not None
+        try:
+            for _ in self.conn.notifies(timeout=timeout, stop_after=1):
+                return True
+        except psycopg.OperationalError:
+            self.conn.close()
+            raise
+        return False
+
+    def close(self) -> None:
+        if self.conn is not None and not self.conn.closed:
+            self.conn.close()
+        self.conn = None
+
+
+_CLAIM = """
+UPDATE memstore_ingest_queue AS q
+SET claimed_by = %(me)s, claimed_at = now(), attempts = q.attempts + 1
+FROM (
+    SELECT id FROM memstore_ingest_queue
+    WHERE status = 'pending' AND not_before <= now() {scope}
+      AND (claimed_by IS NULL
+           OR (claimed_by <> %(me)s AND pg_try_advisory_xact_lock(%(ns)s, claimed_by::integer)))
+    ORDER BY priority DESC, not_before, id
+    LIMIT %(n)s
+    FOR UPDATE SKIP LOCKED
+) AS picked
+WHERE q.id = picked.id
+RETURNING q.id, q.collection_id, q.item_id, q.attempts
+"""
+
+
+def claim(
+    engine: sa.Engine,
+    claimer: Claimer,
+    *,
+    limit: int,
+    collection_id: int | None = None,
+    item_ids: Iterable[int] | None = None,
+) -> list[Claim]:
+    """Claim up to ``limit`` due rows (optionally only these items of one collection)."""
+    params: dict[str, Any] = {"me": claimer.number, "ns": LOCK_NAMESPACE, "n": limit}
+    scope = ""
+    if collection_id is not None:
+        scope += " AND collection_id = %(cid)s"
+        params["cid"] = collection_id
+    if item_ids is not None:
+        scope += " AND item_id = ANY(%(items)s)"
+        params["items"] = list(item_ids)
+    with raw_connection(engine) as conn:
+        rows = conn.execute(_CLAIM.format(scope=scope), params).fetchall()
+    return [Claim(int(r[0]), int(r[1]), int(r[2]), int(r[3]), claimer.number) for r in rows]
+
+
+def complete(engine: sa.Engine, collection: Collection, claims: Sequence[Claim], vectors: dict[int, Any]) -> list[int]:
+    """Write the vectors of still-held claims and drop their queue rows; returns the item ids written."""
+    if not claims:
+        return []
+    by_queue = {c.queue_id: c for c in claims}
+    with raw_connection(engine) as conn:
+        held = conn.execute(
+            "DELETE FROM memstore_ingest_queue WHERE id = ANY(%s) AND claimed_by = %s RETURNING id",
+            (list(by_queue), claims[0].claimer),
+        ).fetchall()
+        items = [by_queue[int(r[0])].item_id for r in held]
+        if items:
+            with conn.cursor() as cur:
+                cur.executemany(
+                    sql.SQL(
+                        "UPDATE {} SET embedding = %s, status = 'ready', error = NULL, updated_at = now() WHERE id = %s"
+                    ).format(collection.table),
+                    [(vectors[i], i) for i in items],
+                )
+    return items
+
+
+def backoff_seconds(attempts: int, settings: IngestSettings) -> float:
+    """Exponential back-off with +-20% jitter, so retries of one failed batch spread out."""
+    base = min(settings.backoff_max_s, settings.backoff_base_s * 2 ** max(0, attempts - 1))
+    return base * (0.8 + 0.4 * secrets.randbelow(1000) / 1000)
+
+
+def fail(
+    engine: sa.Engine,
+    claims: Sequence[Claim],
+    error: str,
+    *,
+    settings: IngestSettings,
+    permanent: bool = False,
+    collections: dict[int, Collection] | None = None,
+) -> list[int]:
+    """Record a failed attempt: retry later with back-off, or mark the item failed; returns failed item ids."""
+    failed: list[int] = []
+    error = error[:2000]
+    with raw_connection(engine) as conn:
+        for c in claims:
+            row = conn.execute(
+                """
+                UPDATE memstore_ingest_queue
+                SET claimed_by = NULL, claimed_at = NULL, last_error = %s,
+                    status = CASE WHEN %s OR attempts >= %s THEN 'failed' ELSE 'pending' END,
+                    not_before = now() + make_interval(secs => %s)
+                WHERE id = %s AND claimed_by = %s
+                RETURNING status
+                """,
+                (error, permanent, settings.max_attempts, backoff_seconds(c.attempts, settings), c.queue_id, c.claimer),
+            ).fetchone()
+            if row is None or row[0] != "failed":
+                continue
+            collection = (collections or {}).get(c.collection_id)
+            if collection is not None:
+                conn.execute(
+                    sql.SQL("UPDATE {} SET status = 'failed', error = %s, updated_at = now() WHERE id = %s").format(
+                        collection.table
+                    ),
+                    (error, c.item_id),
+                )
+            failed.append(c.item_id)
+    return failed
+
+
+def release(engine: sa.Engine, claims: Sequence[Claim], *, delay_s: float) -> None:
+    """Give claims back without counting the attempt (the encoder was busy, not the item at fault)."""
+    if not claims:
+        return
+    with raw_connection(engine) as conn:
+        conn.execute(
+            """
+            UPDATE memstore_ingest_queue
+            SET claimed_by = NULL, claimed_at = NULL, attempts = greatest(attempts - 1, 0),
+                not_before = now() + make_interval(secs => %s)
+            WHERE id = ANY(%s) AND claimed_by = %s
+            """,
+            (delay_s, [c.queue_id for c in claims], claims[0].claimer),
+        )
+
+
+def drop(engine: sa.Engine, claims: Sequence[Claim]) -> None:
+    """Forget claims whose item no longer exists (deleted while it waited)."""
+    if claims:
+        with raw_connection(engine) as conn:
+            conn.execute(
+                "DELETE FROM memstore_ingest_queue WHERE id = ANY(%s) AND claimed_by = %s",
+                ([c.queue_id for c in claims], claims[0].claimer),
+            )
+
+
+def next_due_in(engine: sa.Engine) -> float | None:
+    """Seconds until the earliest pending row becomes due (0 if one is due now); None if none waits."""
+    with raw_connection(engine) as conn:
+        row = conn.execute(
+            "SELECT greatest(0, extract(epoch FROM min(not_before) - now())) FROM memstore_ingest_queue "
+            "WHERE status = 'pending'"
+        ).fetchone()
+    return None if row is None or row[0] is None else float(row[0])

@@ -1,0 +1,324 @@
+"""The ingest worker: claims pending items, has the encoder embed them, writes the vectors.
+
+One class, ``IngestWorker``, for every way of running it: threads inside ``memstore serve``,
+``memstore worker`` processes, or ``memstore worker --once`` from cron (drain what is due, then
+exit). ``run()`` returns an exit code; SIGTERM finishes the batch in hand, then stops. The
+API's ``?wait=true`` path uses the same ``Processor`` at a higher priority.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import sqlalchemy as sa
+from psycopg import sql
+from psycopg.rows import dict_row
+
+from encoder.errors import ImageRejectedError, QueueFullError, RequestTooLargeError
+from encoder.types import EmbeddingBackend, Priority
+from memstore import claims as queue_claims
+from memstore.claims import Claim, Claimer
+from memstore.collections import Collection
+from memstore.db import raw_connection
+from memstore.items import COLLECTION_COLUMNS
+from memstore.queue import IngestSettings
+
+log = logging.getLogger(__name__)
+
+# Errors that another attempt cannot fix: the item is marked failed at once.
+PERMANENT_ERRORS: tuple[type[BaseException], ...] = (ImageRejectedError, RequestTooLargeError, ValueError)
+
+
+@dataclass(frozen=True)
+class Loaded:
+    claim: Claim
+    text: str | None
+    content: bytes | None
+
+
+@dataclass(frozen=True)
+class EncodeGroup:
+    """Items of one collection and one modality: one call to the encoder."""
+
+    collection_id: int
+    modality: str  # "text" or "image"
+    items: tuple[Loaded, ...]
+
+
+def group_for_encoding(items: Sequence[Loaded], *, max_image_bytes: int = 64 * 1024 * 1024) -> list[EncodeGroup]:
+    """Split a claimed batch into encoder calls: per collection and modality, images capped by total bytes.
+
+    A pure function, so batching is tested without a model or a database.
+    """
+    out: list[EncodeGroup] = []
+    buckets: dict[tuple[int, str], list[Loaded]] = {}
+    for it in items:
+        buckets.setdefault((it.claim.collection_id, "text" if it.text is not None else "image"), []).append(it)
+    for (cid, modality), members in buckets.items():
+        if modality == "text":
+            out.append(EncodeGroup(cid, modality, tuple(members)))
+            continue
+        chunk: list[Loaded] = []
+        size = 0
+        for it in members:
+            n = len(it.content or b"")
+            if chunk and size + n > max_image_bytes:
+                out.append(EncodeGroup(cid, modality, tuple(chunk)))
+                chunk, size = [], 0
+            chunk.append(it)
+            size += n
+        if chunk:
+            out.append(EncodeGroup(cid, modality, tuple(chunk)))
+    return out
+
+
+@dataclass
+class Report:
+    claimed: int = 0
+    written: int = 0
+    retried: int = 0
+    failed: int = 0
+    released: int = 0
+    dropped: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def add(self, other: Report) -> None:
+        for name in ("claimed", "written", "retried", "failed", "released", "dropped"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.errors.extend(other.errors[-5:])
+
+
+class Processor:
+    """Encode claimed rows and settle each one: written, retried later, failed, or released."""
+
+    def __init__(self, engine: sa.Engine, backend: EmbeddingBackend, settings: IngestSettings) -> None:
+        self.engine = engine
+        self.backend = backend
+        self.settings = settings
+        self._collections: dict[int, Collection] = {}
+
+    def collection(self, cid: int) -> Collection | None:
+        c = self._collections.get(cid)
+        if c is None:
+            with raw_connection(self.engine) as conn:
+                row = (
+                    conn.cursor(row_factory=dict_row)
+                    .execute(f"SELECT {COLLECTION_COLUMNS} FROM memstore_collections WHERE id = %s", (cid,))
+                    .fetchone()
+                )
+            if row is None:
+                return None
+            c = self._collections[cid] = Collection(**row)
+        return c
+
+    def process(self, claims: Sequence[Claim], *, priority: Priority) -> Report:
+        report = Report(claimed=len(claims))
+        loaded, missing = self._load(claims)
+        if missing:
+            queue_claims.drop(self.engine, missing)
+            report.dropped += len(missing)
+        for group in group_for_encoding(loaded):
+            report.add(self._encode_group(group, priority))
+        return report
+
+    def _load(self, claims: Sequence[Claim]) -> tuple[list[Loaded], list[Claim]]:
+        by_collection: dict[int, list[Claim]] = {}
+        for c in claims:
+            by_collection.setdefault(c.collection_id, []).append(c)
+        loaded: list[Loaded] = []
+        missing: list[Claim] = []
+        for cid, members in by_collection.items():
+            collection = self.collection(cid)
+            if collection is None:
+                missing.extend(members)
+                continue
+            with raw_connection(self.engine) as conn:
+                rows = conn.execute(
+                    sql.SQL("SELECT id, text, content FROM {} WHERE id = ANY(%s)").format(collection.table),
+                    ([c.item_id for c in members],),
+                ).fetchall()
+            found = {int(r[0]): (r[1], r[2]) for r in rows}
+            for c in members:
+                if c.item_id not in found or (found[c.item_id][0] is None and found[c.item_id][1] is None):
+                    missing.append(c)
+                else:
+                    text, content = found[c.item_id]
+                    loaded.append(Loaded(c, text, None if content is None else bytes(content)))
+        return loaded, missing
+
+    def _mismatch(self, collection: Collection) -> str | None:
+        info = self.backend.info
+        if collection.model and collection.model != info.model:
+            return (
+                f"collection {collection.name!r} holds {collection.model} vectors but this encoder runs {info.model}; "
+                "run a worker with MEMSTORE_MODEL set to the collection's model"
+            )
+        if collection.dimensions != info.dimensions:
+            return (
+                f"collection {collection.name!r} has {collection.dimensions} dimensions but {info.model} makes "
+                f"{info.dimensions}"
+            )
+        return None
+
+    def _encode(self, group: EncodeGroup, priority: Priority) -> np.ndarray:
+        if group.modality == "text":
+            return np.asarray(self.backend.embed_texts([it.text or "" for it in group.items], priority=priority))
+        vectors = self.backend.embed_images([it.content or b"" for it in group.items], priority=priority)
+        return np.asarray(vectors)
+
+    def _encode_group(self, group: EncodeGroup, priority: Priority) -> Report:
+        collection = self.collection(group.collection_id)
+        claims = [it.claim for it in group.items]
+        report = Report()
+        if collection is None:
+            queue_claims.drop(self.engine, claims)
+            report.dropped += len(claims)
+            return report
+        mismatch = self._mismatch(collection)
+        if mismatch:
+            return self._settle_failure(claims, mismatch, permanent=True, collection=collection)
+        try:
+            vectors = self._encode(group, priority)
+        except QueueFullError as exc:
+            queue_claims.release(self.engine, claims, delay_s=exc.retry_after)
+            report.released += len(claims)
+            return report
+        except Exception as exc:
+            if len(group.items) == 1:
+                return self._settle_failure(
+                    claims, _describe(exc), permanent=isinstance(exc, PERMANENT_ERRORS), collection=collection
+                )
+            # One bad item fails the whole call; encode one by one to find it and keep the rest.
+            for it in group.items:
+                report.add(self._encode_group(EncodeGroup(group.collection_id, group.modality, (it,)), priority))
+            return report
+        written = queue_claims.complete(
+            self.engine, collection, claims, {it.claim.item_id: vectors[i] for i, it in enumerate(group.items)}
+        )
+        report.written += len(written)
+        return report
+
+    def _settle_failure(self, claims: list[Claim], error: str, *, permanent: bool, collection: Collection) -> Report:
+        failed = queue_claims.fail(
+            self.engine,
+            claims,
+            error,
+            settings=self.settings,
+            permanent=permanent,
+            collections={collection.id: collection},
+        )
+        log.warning("ingest: %d item(s) of %s failed (%s): %s", len(claims), collection.name, len(failed), error)
+        return Report(failed=len(failed), retried=len(claims) - len(failed), errors=[error])
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text if isinstance(exc, PERMANENT_ERRORS) else f"{type(exc).__name__}: {text}"
+
+
+class IngestWorker:
+    """Claims batches until stopped (or, with ``once``, until nothing is due)."""
+
+    def __init__(
+        self,
+        engine: sa.Engine,
+        backend: EmbeddingBackend,
+        *,
+        settings: IngestSettings | None = None,
+        stop_event: threading.Event | None = None,
+        priority: Priority = Priority.BACKGROUND,
+        name: str = "ingest-worker",
+    ) -> None:
+        self.engine = engine
+        self.settings = settings or IngestSettings()
+        self.processor = Processor(engine, backend, self.settings)
+        self.stop_event = stop_event or threading.Event()
+        self.priority = priority
+        self.name = name
+        self.totals = Report()
+        self._claimer: Claimer | None = None
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    def run_batch(self) -> Report:
+        """Claim one batch and settle it; an empty report when nothing was due."""
+        if self._claimer is None:
+            self._claimer = Claimer(self.engine)
+        self._claimer.ensure()
+        claims = queue_claims.claim(self.engine, self._claimer, limit=self.settings.batch_size)
+        if not claims:
+            return Report()
+        report = self.processor.process(claims, priority=self.priority)
+        self.totals.add(report)
+        return report
+
+    def run(self, *, once: bool = False) -> int:
+        """Work until stopped; ``once``: until the queue has nothing due. Returns an exit code."""
+        restore = _install_signal_handlers(self.stop_event)
+        try:
+            return self._loop(once)
+        finally:
+            restore()
+            if self._claimer is not None:
+                self._claimer.close()
+                self._claimer = None
+
+    def _loop(self, once: bool) -> int:
+        failures = 0
+        next_poll = 0.0
+        while not self.stop_event.is_set():
+            try:
+                report = self.run_batch()
+                failures = 0
+            except Exception as exc:  # database gone, mostly: keep trying unless running once
+                failures += 1
+                log.error("%s: %s", self.name, exc)
+                if once:
+                    return 1
+                self.stop_event.wait(min(30.0, 0.5 * 2**failures))
+                continue
+            if report.claimed:
+                continue
+            if once:
+                return 0
+            # Nothing due: sleep until a NOTIFY, the next retry's due time, or the poll interval.
+            now = time.monotonic()
+            if now >= next_poll:
+                next_poll = now + self.settings.poll_interval_s
+                due = queue_claims.next_due_in(self.engine)
+                if due is not None and due < self.settings.poll_interval_s:
+                    next_poll = now + due
+            try:
+                assert self._claimer is not None
+                self._claimer.wait(max(0.01, min(1.0, next_poll - time.monotonic())))
+            except Exception as exc:
+                log.warning("%s: lost the LISTEN connection (%s); reconnecting", self.name, exc)
+        return 0
+
+
+def _install_signal_handlers(stop: threading.Event) -> Any:
+    """SIGTERM/SIGINT set ``stop`` (only possible from the main thread); returns a function restoring them."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def handler(signum: int, _frame: object) -> None:
+        log.info("signal %d: finishing the current batch, then stopping", signum)
+        stop.set()
+
+    for s in previous:
+        signal.signal(s, handler)
+
+    def restore() -> None:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+    return restore

@@ -1,0 +1,159 @@
+"""The durable queue and its workers, without HTTP: claims, crashes, SIGTERM, stale results, batching."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from api_helpers import FakeBackend
+
+from memstore import claims, queue
+from memstore.claims import Claim, Claimer
+from memstore.ingest_worker import IngestWorker, Loaded, group_for_encoding
+from memstore.queue import IngestSettings, PendingItem
+from memstore.store import VectorStore
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture
+def worker_store(worker_engine: sa.Engine, settings) -> VectorStore:
+    return VectorStore(worker_engine, settings=settings)
+
+
+@pytest.fixture
+def tiny_collection(worker_store, collection_name):
+    return worker_store.create_collection(name=collection_name, dimensions=64, model="memstore-tiny")
+
+
+def enqueue_texts(engine, c, n: int, prefix: str = "t") -> list[int]:
+    done = queue.enqueue(engine, c, [PendingItem(text=f"{prefix} {i}", external_id=f"{prefix}{i}") for i in range(n)])
+    return [d.id for d in done]
+
+
+def item_states(engine, c) -> dict[int, str]:
+    with engine.connect() as conn:
+        return dict(conn.exec_driver_sql(f'SELECT id, status FROM "{c.table_name}"').fetchall())
+
+
+def test_grouping_splits_by_collection_modality_and_bytes() -> None:
+    def loaded(cid: int, qid: int, text: str | None = None, size: int = 0) -> Loaded:
+        return Loaded(Claim(qid, cid, qid, 1, 7), text, None if text else b"x" * size)
+
+    items = [loaded(1, 1, "a"), loaded(1, 2, size=60), loaded(2, 3, "b"), loaded(1, 4, size=60), loaded(1, 5, "c")]
+    groups = group_for_encoding(items, max_image_bytes=100)
+    shapes = [(g.collection_id, g.modality, [it.claim.queue_id for it in g.items]) for g in groups]
+    assert shapes == [(1, "text", [1, 5]), (1, "image", [2]), (1, "image", [4]), (2, "text", [3])]
+
+
+def test_claims_are_disjoint_and_a_dead_claimers_rows_return_at_once(worker_engine, tiny_collection) -> None:
+    enqueue_texts(worker_engine, tiny_collection, 10)
+    a, b, c = Claimer(worker_engine), Claimer(worker_engine), Claimer(worker_engine)
+    try:
+        first = claims.claim(worker_engine, a, limit=5, collection_id=tiny_collection.id)
+        second = claims.claim(worker_engine, b, limit=50, collection_id=tiny_collection.id)
+        assert len(first) == 5 and len(second) == 5
+        assert not {x.item_id for x in first} & {x.item_id for x in second}
+        assert claims.claim(worker_engine, c, limit=50, collection_id=tiny_collection.id) == []
+        a.close()  # the claimer's connection dies: its advisory lock goes with it
+        deadline = time.monotonic() + 5
+        again = []
+        while not again and time.monotonic() < deadline:  # as soon as the server has ended that session
+            again = claims.claim(worker_engine, c, limit=50, collection_id=tiny_collection.id)
+        assert sorted(x.item_id for x in again) == sorted(x.item_id for x in first)
+        assert {x.attempts for x in again} == {2}
+    finally:
+        for claimer in (a, b, c):
+            claimer.close()
+
+
+def test_a_stale_result_never_overwrites_new_content(worker_engine, tiny_collection) -> None:
+    [item_id] = enqueue_texts(worker_engine, tiny_collection, 1)
+    claimer = Claimer(worker_engine)
+    try:
+        [held] = claims.claim(worker_engine, claimer, limit=1, collection_id=tiny_collection.id)
+        queue.enqueue(worker_engine, tiny_collection, [PendingItem(text="new words", external_id="t0")])
+        assert claims.complete(worker_engine, tiny_collection, [held], {item_id: [0.1] * 64}) == []
+        assert item_states(worker_engine, tiny_collection)[item_id] == "pending"
+    finally:
+        claimer.close()
+
+
+def test_once_mode_drains_the_queue_and_exits_zero(worker_engine, tiny_collection) -> None:
+    ids = enqueue_texts(worker_engine, tiny_collection, 40)
+    backend = FakeBackend()
+    worker = IngestWorker(worker_engine, backend, settings=IngestSettings(batch_size=16))
+    assert worker.run(once=True) == 0
+    assert worker.totals.written >= 40
+    assert {s for i, s in item_states(worker_engine, tiny_collection).items() if i in ids} == {"ready"}
+    assert max(n for _, n, _ in backend.calls) <= 16
+
+
+def test_a_mismatched_collection_fails_its_items(worker_engine, worker_store, collection_name) -> None:
+    c = worker_store.create_collection(name=collection_name, dimensions=32)
+    [item_id] = enqueue_texts(worker_engine, c, 1)
+    IngestWorker(worker_engine, FakeBackend(), settings=IngestSettings()).run(once=True)
+    assert item_states(worker_engine, c)[item_id] == "failed"
+
+
+def _spawn(worker_url: str, mode: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(HERE / "worker_proc.py"), worker_url, mode],
+        cwd=HERE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def _wait_for(proc: subprocess.Popen[str], word: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if word in line:
+            return
+        if not line and proc.poll() is not None:
+            break
+    proc.kill()
+    raise AssertionError(f"the worker never printed {word}")
+
+
+def test_a_worker_killed_mid_batch_leaves_its_rows_to_another(worker_engine, worker_url, tiny_collection) -> None:
+    ids = enqueue_texts(worker_engine, tiny_collection, 12)
+    proc = _spawn(worker_url, "block")
+    try:
+        _wait_for(proc, "ENCODING")
+        with worker_engine.connect() as conn:
+            held = conn.exec_driver_sql(
+                "SELECT count(*) FROM memstore_ingest_queue WHERE collection_id = %s AND claimed_by IS NOT NULL",
+                (tiny_collection.id,),
+            ).scalar()
+        assert held == 12
+    finally:
+        proc.kill()
+        proc.wait(10)
+    worker = IngestWorker(worker_engine, FakeBackend(), settings=IngestSettings(batch_size=100))
+    deadline = time.monotonic() + 20
+    while worker.totals.written < 12 and time.monotonic() < deadline:
+        worker.run_batch()  # the dead process's lock disappears as soon as PostgreSQL sees the socket close
+        time.sleep(0.1)
+    assert {s for i, s in item_states(worker_engine, tiny_collection).items() if i in ids} == {"ready"}
+
+
+def test_sigterm_finishes_the_batch_then_exits_zero(worker_engine, worker_url, tiny_collection) -> None:
+    ids = enqueue_texts(worker_engine, tiny_collection, 5)
+    proc = _spawn(worker_url, "slow")
+    _wait_for(proc, "ENCODING")
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert "written=5" in out
+    assert {s for i, s in item_states(worker_engine, tiny_collection).items() if i in ids} == {"ready"}

@@ -1,0 +1,38 @@
+"""An ingest worker in its own process, for kill and SIGTERM tests: ``python worker_proc.py URL block|slow``.
+
+It prints ENCODING once the fake encoder has been handed a batch: ``block`` then never returns (the
+test kills the process), ``slow`` returns after two seconds (the test sends SIGTERM meanwhile).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+from api_helpers import FakeBackend
+
+from memstore.db import create_engine
+from memstore.ingest_worker import IngestWorker
+from memstore.queue import IngestSettings
+
+
+def main() -> int:
+    url, mode = sys.argv[1], sys.argv[2]
+    backend = FakeBackend()
+    backend.gate = threading.Event()
+    if mode == "slow":
+        threading.Timer(2.0, backend.gate.set).start()
+
+    def announce() -> None:
+        backend.entered.wait()
+        print("ENCODING", flush=True)
+
+    threading.Thread(target=announce, daemon=True).start()
+    worker = IngestWorker(create_engine(url), backend, settings=IngestSettings(batch_size=100, poll_interval_s=0.2))
+    code = worker.run()
+    print(f"EXIT {code} written={worker.totals.written}", flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

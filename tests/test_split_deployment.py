@@ -1,0 +1,182 @@
+"""The deployment compose.yaml describes, proven process by process without a Docker engine.
+
+Each role runs as its own OS process against one database, as the containers would: a one-shot
+migrate, the encoder service, the API pointed at that remote encoder, two ingest workers and the
+maintenance daemon. Texts are ingested and searched through the API; then every process is stopped
+with SIGTERM and must exit cleanly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+import sqlalchemy as sa
+from psycopg import sql
+
+from memstore.db import libpq_url
+
+TEXTS = [f"note number {i} about {'cats' if i % 2 else 'boats'}" for i in range(40)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def split_env(server_url: str, tmp_path: Path) -> Iterator[dict[str, str]]:
+    name = f"memstore_split_{uuid.uuid4().hex[:8]}"
+    admin = libpq_url(server_url)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    url = sa.make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSTORE_")}
+    env.update(
+        MEMSTORE_DATABASE_URL=url,
+        MEMSTORE_DATA_DIR=str(tmp_path / "data"),
+        MEMSTORE_MODEL="memstore-tiny",
+        MEMSTORE_PRETRAINED="none",
+        HF_HUB_OFFLINE="1",
+    )
+    yield env
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+class Role:
+    def __init__(self, name: str, args: list[str], env: dict[str, str], log_dir: Path) -> None:
+        self.name = name
+        self.log = log_dir / f"{name}.log"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", *args], env=env, stdout=self.log.open("w"), stderr=subprocess.STDOUT
+        )
+
+    def output(self) -> str:
+        return self.log.read_text()[-3000:]
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+def _wait_http(url: str, role: Role, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert role.alive(), f"{role.name} exited early:\n{role.output()}"
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    pytest.fail(f"{role.name} never answered {url}:\n{role.output()}")
+
+
+def _stop(roles: list[Role]) -> dict[str, int | None]:
+    for role in roles:
+        if role.alive():
+            role.proc.send_signal(signal.SIGTERM)
+    codes: dict[str, int | None] = {}
+    for role in roles:
+        try:
+            codes[role.name] = role.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            role.proc.kill()
+            codes[role.name] = None
+    return codes
+
+
+@pytest.mark.slow
+def test_split_deployment(split_env: dict[str, str], tmp_path: Path) -> None:
+    env = split_env
+    migrate = subprocess.run(
+        [sys.executable, "-m", "memstore.cli", "db", "upgrade", "--json"], env=env, capture_output=True, text=True
+    )
+    assert migrate.returncode == 0, migrate.stderr
+    created = subprocess.run(
+        [sys.executable, "-m", "memstore.cli", "keys", "create", "ops", "--scope", "admin", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert created.returncode == 0, created.stderr
+    key = json.loads(created.stdout.strip().splitlines()[-1])["key"]
+
+    enc_port, api_port = _free_port(), _free_port()
+    encoder_url = f"http://127.0.0.1:{enc_port}"
+    roles: list[Role] = []
+    try:
+        encoder = Role("encoder", ["encoder", "--host", "127.0.0.1", "--port", str(enc_port)], env, tmp_path)
+        roles.append(encoder)
+        _wait_http(f"{encoder_url}/health", encoder)
+        api = Role(
+            "api",
+            [
+                "memstore.cli",
+                "serve",
+                "--port",
+                str(api_port),
+                "--no-migrate",
+                "--no-worker",
+                "--encoder-url",
+                encoder_url,
+            ],
+            env,
+            tmp_path,
+        )
+        roles.append(api)
+        for i in range(2):
+            roles.append(
+                Role(
+                    f"worker{i}",
+                    ["memstore.cli", "worker", "--encoder-url", encoder_url, "--no-migrate"],
+                    env,
+                    tmp_path,
+                )
+            )
+        roles.append(Role("maintenance", ["maintenance.cli", "daemon", "--interval", "2"], env, tmp_path))
+        base = f"http://127.0.0.1:{api_port}"
+        _wait_http(f"{base}/health", api)
+        headers = {"Authorization": f"Bearer {key}"}
+        with httpx.Client(base_url=base, headers=headers, timeout=30) as client:
+            info = client.get(f"{encoder_url}/health").json()
+            r = client.post("/v1/collections", json={"name": "notes", "model": info["model"]})
+            assert r.status_code == 201, r.text
+            r = client.post(
+                "/v1/collections/notes/items",
+                json={
+                    "items": [{"external_id": f"n{i}", "text": t, "metadata": {"i": i}} for i, t in enumerate(TEXTS)]
+                },
+            )
+            assert r.status_code == 202, r.text
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                stats = client.get("/v1/collections/notes").json()
+                if stats["ready"] == len(TEXTS):
+                    break
+                assert all(role.alive() for role in roles), [r.output() for r in roles if not r.alive()]
+                time.sleep(0.5)
+            else:
+                pytest.fail(f"items never became ready: {stats}\n" + "\n".join(r.output() for r in roles))
+            r = client.post("/v1/collections/notes/search", json={"text": TEXTS[3], "k": 5})
+            assert r.status_code == 200, r.text
+            results = r.json()["results"]
+            assert results and results[0]["external_id"] == "n3"
+        assert all(role.alive() for role in roles)
+    finally:
+        codes = _stop(roles)
+    assert all(code == 0 for code in codes.values()), {
+        name: (code, next(r.output() for r in roles if r.name == name)) for name, code in codes.items()
+    }
