@@ -256,7 +256,16 @@ class IngestWorker:
         claims = queue_claims.claim(self.engine, self._claimer, limit=self.settings.batch_size)
         if not claims:
             return Report()
-        report = self.processor.process(claims, priority=self.priority)
+        try:
+            report = self.processor.process(claims, priority=self.priority)
+        except Exception:
+            # Never sit on claims after an unexpected error (a database blip mid-batch): give them
+            # back, or, if even that fails, drop this identity so its lock, and the claims, go.
+            try:
+                queue_claims.release(self.engine, claims, delay_s=self.settings.backoff_base_s)
+            except Exception:
+                self._claimer.connect()
+            raise
         self.totals.add(report)
         return report
 

@@ -8,8 +8,6 @@ same problem documents; everything else (multipart searches included) goes on to
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import re
 from typing import Any
@@ -22,7 +20,7 @@ from memstore.api import problems
 from memstore.api.auth import bearer_secret
 from memstore.api.middleware import BodyTooLargeError, too_large_detail
 from memstore.api.problems import Problem
-from memstore.api.routes.search import authorize, execute
+from memstore.api.routes.search import authorize, execute, json_image
 from memstore.api.runtime import Runtime
 from memstore.api.schemas import SearchRequest
 
@@ -81,13 +79,7 @@ class SearchFastPath:
             body = SearchRequest.model_validate_json(raw)
         except ValidationError as exc:
             raise problems.validation_problem(list(exc.errors())) from None
-        image = None
-        if body.image is not None:
-            try:
-                image = base64.b64decode(body.image, validate=True)
-            except (binascii.Error, ValueError):
-                raise Problem("invalid-input", "image: not valid base64 (or upload the file as multipart)") from None
-        return await execute(rt, name, body, image)
+        return await execute(rt, name, body, json_image(body))
 
 
 async def _read_body(receive: Receive) -> bytes:

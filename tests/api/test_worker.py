@@ -157,3 +157,25 @@ def test_sigterm_finishes_the_batch_then_exits_zero(worker_engine, worker_url, t
     assert proc.returncode == 0, out
     assert "written=5" in out
     assert {s for i, s in item_states(worker_engine, tiny_collection).items() if i in ids} == {"ready"}
+
+
+def test_an_unexpected_error_mid_batch_gives_the_claims_back(worker_engine, tiny_collection, monkeypatch) -> None:
+    ids = enqueue_texts(worker_engine, tiny_collection, 3, prefix="blip")
+    worker = IngestWorker(worker_engine, FakeBackend(), settings=IngestSettings(batch_size=100, backoff_base_s=0))
+    real_complete = claims.complete
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("database blip")
+
+    monkeypatch.setattr(claims, "complete", broken)
+    with pytest.raises(RuntimeError):
+        worker.run_batch()
+    with worker_engine.connect() as conn:
+        held = conn.exec_driver_sql(
+            "SELECT count(*) FROM memstore_ingest_queue WHERE collection_id = %s AND claimed_by IS NOT NULL",
+            (tiny_collection.id,),
+        ).scalar()
+    assert held == 0  # released, not left claimed by a live worker
+    monkeypatch.setattr(claims, "complete", real_complete)
+    assert worker.run(once=True) == 0
+    assert {s for i, s in item_states(worker_engine, tiny_collection).items() if i in ids} == {"ready"}

@@ -49,16 +49,20 @@ _SEARCH_DOC = {
 }
 
 
+def json_image(body: SearchRequest) -> bytes | None:
+    """The base64 image of a JSON search, decoded."""
+    if body.image is None:
+        return None
+    try:
+        return base64.b64decode(body.image, validate=True)
+    except (binascii.Error, ValueError):
+        raise Problem("invalid-input", "image: not valid base64 (or upload the file as multipart)") from None
+
+
 async def _parse(request: Request, rt: Runtime) -> tuple[SearchRequest, bytes | None]:
     if bodies.body_kind(request, multipart=True) == "json":
         body = await bodies.read_json(request, SearchRequest)
-        image = None
-        if body.image is not None:
-            try:
-                image = base64.b64decode(body.image, validate=True)
-            except (binascii.Error, ValueError):
-                raise Problem("invalid-input", "image: not valid base64 (or upload the file as multipart)") from None
-        return body, image
+        return body, json_image(body)
     form = await bodies.read_form(request, max_files=1)
     uploads = bodies.uploads(form, "image") if "image" in form else []
     fields: dict[str, Any] = {}
