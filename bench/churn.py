@@ -32,7 +32,8 @@ from bench.churn_load import Load
 from bench.churn_plot import plot
 from maintenance.config import MaintenanceConfig
 from maintenance.worker import MaintenanceWorker
-from memstore.db import get_engine
+from memstore import migrate
+from memstore.db import get_engine, resolve_database_url
 from memstore.settings import get_settings
 from memstore.store import VectorStore
 
@@ -236,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         args.rows = args.rows or 100_000
         ds = synthetic(int(args.rows * 1.3), queries=args.queries)
+    # The configured database (the embedded server by default), brought up to the current schema.
+    migrate.upgrade(resolve_database_url(get_settings()))
     store = VectorStore(get_engine(get_settings()), settings=get_settings())
     strategies = {s: run_strategy(s, ds, args, store) for s in args.strategies.split(",")}
     result: dict[str, Any] = {

