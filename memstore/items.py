@@ -68,42 +68,33 @@ def _forget_queued(conn: psycopg.Connection[Any], c: Collection, returned: Retur
         conn.execute(_DROP_QUEUED, (c.id, updated))
 
 
-def upsert_direct(
+def upsert(
     conn: psycopg.Connection[Any],
     c: Collection,
     ids: list[str],
     matrix: np.ndarray,
     metas: list[dict[str, Any]],
     unique: list[int],
+    *,
+    bulk: bool,
 ) -> Returned:
-    query = sql.SQL(_UPSERT_ONE + _UPSERT_TAIL).format(c.table)
-    rows: list[tuple[Any, ...]] = []
+    """Upsert rows ``unique`` (indices into ids/matrix/metas); ``bulk`` stages them with COPY BINARY first."""
     with conn.cursor() as cur:
-        cur.executemany(query, [(ids[i], matrix[i], Jsonb(metas[i])) for i in unique], returning=True)
-        while True:
-            rows.extend(cur.fetchall())
-            if not cur.nextset():
-                break
-    returned = _collect(rows)
-    _forget_queued(conn, c, returned)
-    return returned
-
-
-def upsert_via_copy(
-    conn: psycopg.Connection[Any],
-    c: Collection,
-    ids: list[str],
-    matrix: np.ndarray,
-    metas: list[dict[str, Any]],
-    unique: list[int],
-) -> Returned:
-    conn.execute(_STAGE)
-    with conn.cursor() as cur:
-        with cur.copy("COPY memstore_stage (external_id, embedding, metadata) FROM STDIN (FORMAT BINARY)") as copy:
-            copy.set_types(["text", "vector", "jsonb"])
-            for i in unique:
-                copy.write_row((ids[i], matrix[i], Jsonb(metas[i])))
-        rows = cur.execute(sql.SQL(_UPSERT_FROM_STAGE + _UPSERT_TAIL).format(c.table)).fetchall()
+        if bulk:
+            cur.execute(_STAGE)
+            with cur.copy("COPY memstore_stage (external_id, embedding, metadata) FROM STDIN (FORMAT BINARY)") as copy:
+                copy.set_types(["text", "vector", "jsonb"])
+                for i in unique:
+                    copy.write_row((ids[i], matrix[i], Jsonb(metas[i])))
+            rows = cur.execute(sql.SQL(_UPSERT_FROM_STAGE + _UPSERT_TAIL).format(c.table)).fetchall()
+        else:
+            query = sql.SQL(_UPSERT_ONE + _UPSERT_TAIL).format(c.table)
+            cur.executemany(query, [(ids[i], matrix[i], Jsonb(metas[i])) for i in unique], returning=True)
+            rows = []
+            while True:
+                rows.extend(cur.fetchall())
+                if not cur.nextset():
+                    break
     returned = _collect(rows)
     _forget_queued(conn, c, returned)
     return returned
@@ -148,9 +139,15 @@ def search_settings(*, ef_search: int, exact: bool, max_scan_tuples: int) -> tup
 
 
 def run_search(
-    conn: psycopg.Connection[Any], settings: tuple[str, ...], statement: sql.Composed, params: dict[str, Any]
+    conn: psycopg.Connection[Any],
+    settings: tuple[str, ...],
+    statement: sql.Composed,
+    params: dict[str, Any],
+    *,
+    settings_sql: str = SETTINGS_SQL,
 ) -> list[tuple[Any, ...]]:
+    """The transaction-local settings, then the search (compact searches pass their longer settings)."""
     with conn.cursor() as cur:
-        cur.execute(SETTINGS_SQL, settings)
+        cur.execute(settings_sql, settings)
         cur.execute(statement, params)
         return cur.fetchall()

@@ -257,10 +257,7 @@ class VectorStore:
         unique = sorted(last.values())
         try:
             with raw_connection(self.engine) as conn:
-                if len(unique) > COPY_THRESHOLD:
-                    returned = item_sql.upsert_via_copy(conn, c, ids, matrix, metas, unique)
-                else:
-                    returned = item_sql.upsert_direct(conn, c, ids, matrix, metas, unique)
+                returned = item_sql.upsert(conn, c, ids, matrix, metas, unique, bulk=len(unique) > COPY_THRESHOLD)
                 missing = [ids[i] for i in unique if ids[i] not in returned]
                 if missing:
                     for row_id, eid in conn.execute(
@@ -443,7 +440,9 @@ class VectorStore:
                             exact=False,
                             max_scan_tuples=self.settings.max_scan_tuples,
                         )
-                        rows = compact_search.run(conn, settings, statement, params)
+                        rows = item_sql.run_search(
+                            conn, settings, statement, params, settings_sql=compact_search.SETTINGS_SQL
+                        )
                     else:
                         statement = item_sql.search_statement(c, filtered=bool(checked), exact=exact)
                         settings = item_sql.search_settings(

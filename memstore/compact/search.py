@@ -100,12 +100,3 @@ def compact_query(conn: psycopg.Connection[Any], spec: specs.IndexSpec, vector: 
     assert spec.projection_id is not None
     p = proj.load(conn, spec.projection_id)
     return HalfVector(p.apply(vector))
-
-
-def run(
-    conn: psycopg.Connection[Any], settings: tuple[str, ...], statement: sql.Composed, params: dict[str, Any]
-) -> list[tuple[Any, ...]]:
-    with conn.cursor() as cur:
-        cur.execute(SETTINGS_SQL, settings)
-        cur.execute(statement, params)
-        return cur.fetchall()
