@@ -155,7 +155,7 @@ def _search(conn: psycopg.Connection[Any], run: dict[str, Any], q: np.ndarray, k
     # The full search also runs with the compact planner settings (no sequential scan): on a small
     # table the planner would rather scan the table, and this compares index with index.
     settings = item_sql.search_settings(ef_search=efs, exact=False, max_scan_tuples=20_000)
-    rows = compact_search.run(conn, settings, statement, params)
+    rows = item_sql.run_search(conn, settings, statement, params, settings_sql=compact_search.SETTINGS_SQL)
     conn.commit()
     return rows
 

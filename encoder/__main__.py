@@ -44,6 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             image_options=settings.image_options(),
             cache_dir=settings.cache_dir,
             threads=settings.service_torch_threads(resolve_device(settings.device)),
+            graph=settings.graph,
         )
     except (EncoderError, ValueError) as exc:
         print(f"encoder: {exc}", file=sys.stderr)

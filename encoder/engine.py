@@ -172,7 +172,7 @@ class EmbeddingEngine:
             raise TypeError("texts must be a list of strings")
         if not texts:
             return done_future(np.zeros((0, self.info.dimensions), dtype=np.float32))
-        tokens = self.encoder.tokenize(texts)
+        tokens = np.asarray(self.encoder.tokenize(texts))
         req = self._admit(Priority.parse(priority), Modality.TEXT, len(texts), deadline_s)
         with self._lock:
             for i in range(len(texts)):
@@ -296,11 +296,9 @@ class EmbeddingEngine:
         started = time.perf_counter()
         try:
             if modality is Modality.TEXT:
-                import torch  # only the text path needs torch.stack; keeps fakes torch-free otherwise
-
-                vectors = self.encoder.encode_text_batch(torch.stack(rows), urgent=urgent)
+                vectors = self.encoder.encode_text_batch(np.stack(rows), urgent=urgent)
             else:
-                vectors = self.encoder.encode_image_batch(np.stack(rows), urgent=urgent)
+                vectors = self.encoder.encode_image_batch(rows, urgent=urgent)
         except Exception as exc:  # a model failure fails the requests in the batch, not the engine
             with self._lock:
                 failed = {req.id: req for req, _ in batch}

@@ -8,6 +8,7 @@ core's settings.
 from __future__ import annotations
 
 import os
+from typing import Literal
 
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -30,6 +31,9 @@ class EncoderSettings(BaseSettings):
     # torch intra-op threads for the encoder service; None: cores - 1 on CPU (a core stays free for
     # decoding and scheduling instead of fighting over it), torch's default on CUDA.
     torch_threads: int | None = Field(default=None, ge=1)
+    # "trace": run micro-batches through a graph traced at their fixed shape (the whole forward pass
+    # without the interpreter lock); "eager": the plain module, for models the tracer cannot follow.
+    graph: Literal["trace", "eager"] = "trace"
 
     # Scheduler: fixed micro-batch shape, queue bounds, class shares, SLO.
     batch_size: int = Field(default=32, ge=1, le=1024)

@@ -54,6 +54,7 @@ class EncoderInfo:
     image_size: int
     context_length: int = 77
     batch_size: int = 32
+    graph: str = "eager"  # "trace": micro-batches run through a traced fixed-shape graph
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -66,6 +67,7 @@ class EncoderInfo:
             "image_size": self.image_size,
             "context_length": self.context_length,
             "batch_size": self.batch_size,
+            "graph": self.graph,
         }
 
     @classmethod

@@ -77,6 +77,7 @@ def open_backend(options: RuntimeOptions) -> tuple[EmbeddingBackend | None, Call
         batch_size=es.batch_size,
         image_options=es.image_options(),
         cache_dir=es.cache_dir,
+        graph=es.graph,
     )
     engine = EmbeddingEngine(model, es).start()
     return engine, engine.stop

@@ -66,11 +66,13 @@ class FakeEncoder:
             self.batches.append((kind, n))
 
     def encode_text_batch(self, tokens, *, urgent=True):
+        tokens = np.asarray(tokens)
         self._record("text", tokens.shape[0])
-        v = tokens.numpy().astype(np.float32) + 1.0
+        v = tokens.astype(np.float32) + 1.0
         return v / np.linalg.norm(v, axis=1, keepdims=True)
 
     def encode_image_batch(self, views, *, urgent=True):
+        views = np.asarray(views)  # the engine hands over a list of per-unit arrays
         self._record("image", views.shape[0])
         x = np.asarray(views, dtype=np.float32).reshape(views.shape[0], -1, 3)
         v = np.concatenate([x.mean(axis=1), x.std(axis=1), np.ones((len(x), self.info.dimensions - 6))], axis=1)

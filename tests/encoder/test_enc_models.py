@@ -44,6 +44,20 @@ def test_untrained_weights_are_the_same_in_every_process(tiny):
     assert np.array_equal(again.encode_texts(["same"]), tiny.encode_texts(["same"]))
 
 
+def test_the_traced_graph_gives_the_eager_modules_vectors(tiny):
+    assert tiny.info.graph == "trace" and tiny.info.as_dict()["graph"] == "trace"
+    eager = create_encoder("memstore-tiny", pretrained=None, batch_size=8, graph="eager")
+    assert eager.info.graph == "eager"
+    views = np.random.default_rng(3).integers(0, 256, (5, 64, 64, 3), dtype=np.uint8)
+    np.testing.assert_allclose(tiny.encode_image_batch(views), eager.encode_image_batch(views), atol=1e-5)
+    texts = ["a red bicycle", "", "ein Fahrrad"]
+    np.testing.assert_allclose(tiny.encode_texts(texts), eager.encode_texts(texts), atol=1e-5)
+    # A list of views is stacked into the batch exactly like the same views as one array.
+    assert tiny.encode_image_batch(list(views)).tobytes() == tiny.encode_image_batch(views).tobytes()
+    with pytest.raises(ValueError, match="graph must be one of"):
+        create_encoder("memstore-tiny", pretrained=None, graph="compiled")
+
+
 def test_fixed_shape_batches_make_a_row_independent_of_its_neighbours_and_position(tiny):
     rng = np.random.default_rng(0)
     item = rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)
