@@ -269,6 +269,13 @@ class EmbeddingEngine:
 
     def tick(self) -> TickReport | None:
         """Run one micro-batch if any unit is ready; None when there was nothing to do."""
+        taken = self._take()
+        if taken is None:
+            return None
+        return self._settle(*self._execute(*taken))
+
+    def _take(self) -> tuple[list[tuple[QueuedRequest, int]], list[Any]] | None:
+        """Ask the planner for the next micro-batch and take its units (and their inputs) off the queues."""
         now = time.monotonic()
         with self._lock:
             for req in [r for r in self._requests.values() if r.future.cancelled()]:
@@ -286,31 +293,43 @@ class EmbeddingEngine:
                 req = self._requests[ref.request_id]
                 del req.ready[ref.unit]
                 rows.append(req.inputs[ref.unit])
-                req.inputs[ref.unit] = None
+                req.inputs[ref.unit] = None  # the batch holds the only reference now
                 req.queued -= 1
                 req.served += 1
                 self._queued[req.priority] -= 1
                 batch.append((req, ref.unit))
+            return batch, rows
+
+    def _execute(
+        self, batch: list[tuple[QueuedRequest, int]], rows: list[Any]
+    ) -> tuple[list[tuple[QueuedRequest, int]], Any, float]:
+        """One fixed-shape pass: the vectors, or the exception the model raised, and its seconds."""
         modality = batch[0][0].modality
         urgent = any(req.priority is Priority.QUERY for req, _ in batch)
         started = time.perf_counter()
         try:
             if modality is Modality.TEXT:
-                vectors = self.encoder.encode_text_batch(np.stack(rows), urgent=urgent)
+                outcome: Any = self.encoder.encode_text_batch(np.stack(rows), urgent=urgent)
             else:
-                vectors = self.encoder.encode_image_batch(rows, urgent=urgent)
+                outcome = self.encoder.encode_image_batch(rows, urgent=urgent)
         except Exception as exc:  # a model failure fails the requests in the batch, not the engine
+            outcome = exc
+        return batch, outcome, time.perf_counter() - started
+
+    def _settle(self, batch: list[tuple[QueuedRequest, int]], outcome: Any, seconds: float) -> TickReport:
+        """Scatter a pass's vectors to their requests and resolve the requests it completed."""
+        modality = batch[0][0].modality
+        if isinstance(outcome, Exception):
             with self._lock:
                 failed = {req.id: req for req, _ in batch}
                 for req in failed.values():
                     self._remove(req)
             for req in failed.values():
-                fail_future(req.future, exc)
-            return TickReport(modality, len(batch), tuple(failed), (), time.perf_counter() - started)
-        seconds = time.perf_counter() - started
+                fail_future(req.future, outcome)
+            return TickReport(modality, len(batch), tuple(failed), (), seconds)
         finished: list[QueuedRequest] = []
         with self._lock:
-            for (req, unit), vec in zip(batch, vectors, strict=False):
+            for (req, unit), vec in zip(batch, outcome, strict=False):
                 if req.id not in self._requests:
                     continue  # cancelled or failed while the batch ran
                 req.vectors[unit] = vec
