@@ -64,6 +64,7 @@ def _drop(url: str) -> None:
 
 
 def serve(url: str, port: int, workers: int) -> None:
+    if os.environ.get("SI"): sys.setswitchinterval(float(os.environ["SI"]))
     """The server side (``--serve``): what ``memstore serve`` runs, on the benchmark's database."""
     import uvicorn
 
@@ -117,7 +118,7 @@ class RawClient:
     def request(self, raw: bytes) -> int:
         self.sock.sendall(raw)
         while b"\r\n\r\n" not in self.buf:
-            self.buf += self.sock.recv(65536)
+            self.buf += self._recv()
         head, _, rest = self.buf.partition(b"\r\n\r\n")
         length = 0
         for line in head.split(b"\r\n")[1:]:
@@ -125,9 +126,15 @@ class RawClient:
             if name.strip().lower() == b"content-length":
                 length = int(value)
         while len(rest) < length:
-            rest += self.sock.recv(65536)
+            rest += self._recv()
         self.buf = rest[length:]
         return int(head.split(b" ", 2)[1])
+
+    def _recv(self) -> bytes:
+        data = self.sock.recv(65536)
+        if not data:
+            raise ConnectionError("the server closed the connection")
+        return data
 
 
 def _run_for(seconds: float, threads: int, fn: Any) -> int:

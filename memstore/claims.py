@@ -213,8 +213,9 @@ def drop(engine: sa.Engine, claims: Sequence[Claim]) -> None:
 def next_due_in(engine: sa.Engine) -> float | None:
     """Seconds until the earliest pending row becomes due (0 if one is due now); None if none waits."""
     with raw_connection(engine) as conn:
+        # No greatest(0, ...) here: PostgreSQL's greatest ignores NULL, so an empty queue would read
+        # as "a row is due now" and an idle worker would poll without pause.
         row = conn.execute(
-            "SELECT greatest(0, extract(epoch FROM min(not_before) - now())) FROM memstore_ingest_queue "
-            "WHERE status = 'pending'"
+            "SELECT extract(epoch FROM min(not_before) - now()) FROM memstore_ingest_queue WHERE status = 'pending'"
         ).fetchone()
-    return None if row is None or row[0] is None else float(row[0])
+    return None if row is None or row[0] is None else max(0.0, float(row[0]))

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -179,3 +180,43 @@ def test_an_unexpected_error_mid_batch_gives_the_claims_back(worker_engine, tiny
     monkeypatch.setattr(claims, "complete", real_complete)
     assert worker.run(once=True) == 0
     assert {s for i, s in item_states(worker_engine, tiny_collection).items() if i in ids} == {"ready"}
+
+
+def test_an_idle_worker_waits_for_work_instead_of_polling(server_url, monkeypatch) -> None:
+    """An empty queue has nothing due: the worker sleeps until a NOTIFY or its poll interval."""
+    from conftest import _drop_database, _new_database
+
+    from memstore.db import create_engine
+
+    url = _new_database(server_url, "memstore_idle")
+    engine = create_engine(url)
+    try:
+        assert claims.next_due_in(engine) is None
+        c = VectorStore(engine).create_collection(name="idle", dimensions=64, model="memstore-tiny")
+        queue.enqueue(engine, c, [PendingItem(text="later", external_id="later")])
+        with engine.begin() as conn:
+            conn.exec_driver_sql("UPDATE memstore_ingest_queue SET not_before = now() + interval '30 seconds'")
+        due = claims.next_due_in(engine)
+        assert due is not None and 25 < due <= 30
+        with engine.begin() as conn:
+            conn.exec_driver_sql("DELETE FROM memstore_ingest_queue")
+
+        claimed: list[float] = []
+        original = claims.claim
+
+        def counting_claim(*args, **kwargs):
+            claimed.append(time.monotonic())
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(claims, "claim", counting_claim)
+        worker = IngestWorker(engine, FakeBackend(), settings=IngestSettings(poll_interval_s=5.0))
+        thread = threading.Thread(target=worker.run)
+        thread.start()
+        time.sleep(2.0)
+        worker.stop()
+        thread.join(10)
+        # One claim a second at most (the wait is capped at 1 s so that stop() is noticed).
+        assert 1 <= len(claimed) <= 4, f"{len(claimed)} claims in 2 s on an empty queue"
+    finally:
+        engine.dispose()
+        _drop_database(server_url, url)
