@@ -64,7 +64,6 @@ def _drop(url: str) -> None:
 
 
 def serve(url: str, port: int, workers: int) -> None:
-    if os.environ.get("SI"): sys.setswitchinterval(float(os.environ["SI"]))
     """The server side (``--serve``): what ``memstore serve`` runs, on the benchmark's database."""
     import uvicorn
 
