@@ -71,13 +71,16 @@ def _discard_dead_connections(dbapi_connection: Any, _record: Any, _proxy: Any) 
     (restart, crash, idle timeout) or sent an error. Raising DisconnectionError makes the pool
     discard it and hand out a fresh one, so a database restart costs no failed request.
     """
-    conn: psycopg.Connection[Any] = dbapi_connection
-    try:
-        dead = conn.closed or conn.broken or bool(select.select([conn.fileno()], [], [], 0)[0])
-    except (OSError, ValueError, psycopg.Error):
-        dead = True
-    if dead:
+    if server_went_away(dbapi_connection):
         raise sa.exc.DisconnectionError("the server closed this connection")
+
+
+def server_went_away(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """True when an idle connection is closed, broken, or has something to read (the server's goodbye)."""
+    try:
+        return conn.closed or conn.broken or bool(select.select([conn.fileno()], [], [], 0)[0])
+    except (OSError, ValueError, psycopg.Error):
+        return True
 
 
 def create_engine(url: str, *, pool_size: int = 8, max_overflow: int = 8) -> sa.Engine:

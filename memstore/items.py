@@ -120,11 +120,15 @@ def _search_statement(table: str, operator: str, filtered: bool, exact: bool) ->
     ).format(inner=inner)
 
 
-SETTINGS_SQL = (
-    "SELECT set_config('hnsw.ef_search', %s, true), set_config('hnsw.iterative_scan', %s, true), "
-    "set_config('hnsw.max_scan_tuples', %s, true), set_config('enable_indexscan', %s, true), "
-    "set_config('jit', 'off', true)"
+_SETTINGS_TEMPLATE = (
+    "SELECT set_config('hnsw.ef_search', %s, {local}), set_config('hnsw.iterative_scan', %s, {local}), "
+    "set_config('hnsw.max_scan_tuples', %s, {local}), set_config('enable_indexscan', %s, {local}), "
+    "set_config('jit', 'off', {local})"
 )
+SETTINGS_SQL = _SETTINGS_TEMPLATE.format(local="true")
+# The same settings for the whole session: only for connections that run nothing but searches,
+# each of which sets every one of them again (memstore.async_search's pool).
+SESSION_SETTINGS_SQL = _SETTINGS_TEMPLATE.format(local="false")
 
 
 def search_settings(*, ef_search: int, exact: bool, max_scan_tuples: int) -> tuple[str, ...]:

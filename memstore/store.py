@@ -10,6 +10,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -413,25 +414,20 @@ class VectorStore:
         brute-force ground truth. On a compact index (``memstore.compact``) the index gives ``pool``
         candidates (default: the collection's pool factor times k) and they are re-ranked exactly.
         """
-        _check_k(k)
-        if pool is not None and (not isinstance(pool, int) or isinstance(pool, bool) or not 1 <= pool <= MAX_K):
-            raise InvalidInputError(f"pool must be an integer between 1 and {MAX_K}, not {pool!r}")
-        checked = check_filter(filter)
+        checked = check_search_args(k, pool, filter)
         for attempt in range(2):
             # A switch of representation may drop what a cached collection row still names: the
             # second attempt reads the registry afresh.
             c = self.get_collection(name=collection, fresh=attempt > 0)
-            efs = c.default_ef_search if ef_search is None else ef_search
-            if not isinstance(efs, int) or isinstance(efs, bool) or not 1 <= efs <= 1000:
-                raise InvalidInputError(f"ef_search must be an integer between 1 and 1000, not {efs!r}")
-            query_vector = as_vector(vector, dimensions=c.dimensions)
             spec = compact_spec.index_spec(c)
-            params: dict[str, Any] = {"q": query_vector, "k": k}
-            if checked:
-                params["f"] = Jsonb(checked)
             try:
                 with raw_connection(self.engine) as conn:
                     if spec.compact and not exact:
+                        efs = _ef_search(c, ef_search)
+                        query_vector = as_vector(vector, dimensions=c.dimensions)
+                        params: dict[str, Any] = {"q": query_vector, "k": k}
+                        if checked:
+                            params["f"] = Jsonb(checked)
                         params["pool"] = spec.pool(k, pool)
                         params["c"] = compact_search.compact_query(conn, spec, query_vector)
                         statement = compact_search.statement(c, spec, filtered=bool(checked))
@@ -444,20 +440,48 @@ class VectorStore:
                             conn, settings, statement, params, settings_sql=compact_search.SETTINGS_SQL
                         )
                     else:
-                        statement = item_sql.search_statement(c, filtered=bool(checked), exact=exact)
-                        settings = item_sql.search_settings(
-                            ef_search=efs, exact=exact, max_scan_tuples=self.settings.max_scan_tuples
+                        plan = self.plain_search(
+                            c, vector=vector, k=k, checked_filter=checked, ef_search=ef_search, exact=exact
                         )
-                        rows = item_sql.run_search(conn, settings, statement, params)
+                        rows = item_sql.run_search(conn, plan.settings, plan.statement, plan.params)
                 break
             except (psycopg.errors.UndefinedTable, LookupError):
                 self._forget(collection)
                 if attempt:
                     raise CollectionNotFoundError(collection) from None
-        return [
-            SearchResult(id=r[0], external_id=r[1], distance=float(r[3]), score=c.score(float(r[3])), metadata=r[2])
-            for r in rows
-        ]
+        return search_results(c, rows)
+
+    def plain_search(
+        self,
+        c: Collection,
+        *,
+        vector: Any,
+        k: int,
+        checked_filter: dict[str, Any] | None,
+        ef_search: int | None,
+        exact: bool,
+    ) -> SearchPlan:
+        """The statement, settings and parameters of a search on the full-precision index (or exact)."""
+        params: dict[str, Any] = {"q": as_vector(vector, dimensions=c.dimensions), "k": k}
+        if checked_filter:
+            params["f"] = Jsonb(checked_filter)
+        return SearchPlan(
+            item_sql.search_statement(c, filtered=bool(checked_filter), exact=exact),
+            item_sql.search_settings(
+                ef_search=_ef_search(c, ef_search), exact=exact, max_scan_tuples=self.settings.max_scan_tuples
+            ),
+            params,
+        )
+
+    def cached_collection(self, name: str) -> Collection | None:
+        """The collection's registry row if this store read it recently, without touching the database."""
+        with self._cache_lock:
+            hit = self._cache.get(name)
+        return hit[1] if hit and time.monotonic() - hit[0] < COLLECTION_CACHE_SECONDS else None
+
+    def forget_collection(self, name: str) -> None:
+        """Drop a cached registry row (after the table it names turned out to be gone)."""
+        self._forget(name)
 
     def set_index_representation(
         self,
@@ -483,3 +507,32 @@ class VectorStore:
         )
         self._forget(collection)
         return spec
+
+
+@dataclass(frozen=True)
+class SearchPlan:
+    statement: sql.Composed
+    settings: tuple[str, ...]
+    params: dict[str, Any]
+
+
+def check_search_args(k: int, pool: int | None, filter: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Validate what a search asks for before any database work; returns the checked filter."""
+    _check_k(k)
+    if pool is not None and (not isinstance(pool, int) or isinstance(pool, bool) or not 1 <= pool <= MAX_K):
+        raise InvalidInputError(f"pool must be an integer between 1 and {MAX_K}, not {pool!r}")
+    return check_filter(filter)
+
+
+def _ef_search(c: Collection, ef_search: int | None) -> int:
+    efs = c.default_ef_search if ef_search is None else ef_search
+    if not isinstance(efs, int) or isinstance(efs, bool) or not 1 <= efs <= 1000:
+        raise InvalidInputError(f"ef_search must be an integer between 1 and 1000, not {efs!r}")
+    return efs
+
+
+def search_results(c: Collection, rows: list[tuple[Any, ...]]) -> list[SearchResult]:
+    return [
+        SearchResult(id=r[0], external_id=r[1], distance=float(r[3]), score=c.score(float(r[3])), metadata=r[2])
+        for r in rows
+    ]

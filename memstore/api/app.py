@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -12,6 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from memstore import queue
 from memstore.api import problems
@@ -20,6 +22,7 @@ from memstore.api.middleware import BodyLimit, BodyTooLargeError, Metrics, too_l
 from memstore.api.routes import collections, items, search
 from memstore.api.runtime import QuerySampler, Runtime, RuntimeOptions
 from memstore.api.settings import ApiSettings
+from memstore.async_search import AsyncSearcher
 from memstore.db import get_engine, raw_connection
 from memstore.keys import KeyVerifier
 from memstore.migrate import VERSION_TABLE
@@ -59,6 +62,12 @@ def create_app(
             verifier=KeyVerifier(engine, ttl=api.key_cache_s),
             sampler=QuerySampler(engine, api.query_sample_rate),
         )
+        loop = asyncio.get_running_loop()
+        rt.searcher = AsyncSearcher(
+            rt.store,
+            max_connections=settings.pool_size,
+            run_blocking=lambda fn: loop.run_in_executor(rt.executor, fn),
+        )
         app.state.runtime = rt
         try:
             rt.start_encoder(opts)
@@ -66,9 +75,10 @@ def create_app(
                 rt.start_maintenance()
             yield
         finally:
+            await rt.searcher.close()
             await run_in_threadpool(rt.close)
 
-    app = FastAPI(title="memstore", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
+    app = MemstoreAPI(title="memstore", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
     problems.install(app)
 
     async def on_too_large(request: Request, exc: Exception) -> JSONResponse:
@@ -78,9 +88,7 @@ def create_app(
     app.add_exception_handler(BodyTooLargeError, on_too_large)
     registry = CollectorRegistry()
     registry.register(_QueueCollector(app))
-    app.add_middleware(SearchFastPath, fastapi_app=app)
-    app.add_middleware(Metrics, registry=registry)
-    app.add_middleware(BodyLimit, limit=api.max_body_bytes)
+    app.front = BodyLimit(Metrics(SearchFastPath(app.dispatch, fastapi_app=app), registry=registry), api.max_body_bytes)
     # Routes are matched in order: the hot path (search) first.
     app.include_router(search.router)
     app.include_router(collections.router)
@@ -101,6 +109,23 @@ def create_app(
         return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+class MemstoreAPI(FastAPI):
+    """FastAPI behind a short front of plain ASGI layers: body limit, metrics, the search fast path.
+
+    The front runs before Starlette's own middleware stack (error pages, exception handlers,
+    routing), so JSON searches, the hot route, skip it entirely; every other request passes
+    through the front and then into FastAPI as usual.
+    """
+
+    front: ASGIApp | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await (self.front or self.dispatch)(scope, receive, send)
+
+    async def dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await super().__call__(scope, receive, send)
 
 
 class _QueueCollector(Collector):

@@ -98,6 +98,7 @@ class Metrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=registry,
         )
+        self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -117,6 +118,12 @@ class Metrics:
         finally:
             route: Any = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"
-            method = scope.get("method", "")
-            self.requests.labels(method, template, str(status)).inc()
-            self.latency.labels(method, template).observe(time.perf_counter() - started)
+            key = (scope.get("method", ""), template, status)
+            children = self._children.get(key)
+            if children is None:  # labels() takes a lock and builds a key: once per label set
+                children = self._children[key] = (
+                    self.requests.labels(key[0], template, str(status)),
+                    self.latency.labels(key[0], template),
+                )
+            children[0].inc()
+            children[1].observe(time.perf_counter() - started)

@@ -24,6 +24,7 @@ from encoder.images import ImageOptions
 from encoder.types import EmbeddingBackend
 from memstore.api.problems import Problem
 from memstore.api.settings import ApiSettings
+from memstore.async_search import AsyncSearcher
 from memstore.claims import Claimer
 from memstore.db import raw_connection
 from memstore.ingest_worker import IngestWorker, Processor
@@ -178,6 +179,7 @@ class Runtime:
     executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(max_workers=32, thread_name_prefix="search")
     )
+    searcher: AsyncSearcher | None = None  # vector searches on the event loop (set by the app's lifespan)
     encoder_state: str = "off"  # off, loading, ready or failed
     encoder_error: str | None = None
     _claimer: Claimer | None = None

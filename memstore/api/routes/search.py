@@ -22,6 +22,7 @@ from memstore.api.routes.items import content_url
 from memstore.api.runtime import Runtime
 from memstore.api.schemas import SearchOut, SearchRequest
 from memstore.collections import validate_name
+from memstore.models import SearchResult
 
 router = APIRouter(prefix="/v1/collections/{name}", tags=["search"], responses=ERROR_RESPONSES)
 
@@ -122,9 +123,15 @@ def _search(rt: Runtime, name: str, body: SearchRequest, image: bytes | None) ->
     results = rt.store.search(
         collection=name, vector=vector, k=body.k, filter=body.filter, ef_search=body.ef_search, exact=body.exact
     )
-    if kind != "item_id" and rt.sampler.rate > 0:
-        c = rt.store.get_collection(name=name)
-        rt.sampler.offer(c.id, np.asarray(vector, dtype=np.float32))
+    return _answer(rt, name, results, vector if kind != "item_id" else None)
+
+
+def _answer(rt: Runtime, name: str, results: list[SearchResult], query: Any) -> dict[str, Any]:
+    """The response body; a share of the query vectors is kept for the recall probes (not item searches)."""
+    if query is not None and rt.sampler.rate > 0:
+        c = rt.store.cached_collection(name)
+        if c is not None:
+            rt.sampler.offer(c.id, np.asarray(query, dtype=np.float32))
     return {
         "results": [
             {
@@ -167,6 +174,21 @@ async def execute(rt: Runtime, name: str, body: SearchRequest, image: bytes | No
     if body.k > rt.api.max_k:
         raise Problem("invalid-input", f"k is {body.k}; the limit is {rt.api.max_k} (MEMSTORE_API_MAX_K)")
     started = time.perf_counter()
-    out = await asyncio.get_running_loop().run_in_executor(rt.executor, _search, rt, name, body, image)
+    out = None
+    by_vector = body.vector is not None and body.text is None and image is None and body.item_id is None
+    if by_vector and rt.searcher is not None:
+        # A vector search needs no encoder: it stays on the event loop (see memstore.async_search).
+        results = await rt.searcher.search(
+            collection=name,
+            vector=body.vector,
+            k=body.k,
+            filter=body.filter,
+            ef_search=body.ef_search,
+            exact=body.exact,
+        )
+        if results is not None:
+            out = _answer(rt, name, results, body.vector)
+    if out is None:
+        out = await asyncio.get_running_loop().run_in_executor(rt.executor, _search, rt, name, body, image)
     rt.latency.record(time.perf_counter() - started)
     return out

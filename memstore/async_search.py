@@ -1,0 +1,140 @@
+"""Vector searches on the caller's event loop, over psycopg's async connection pool.
+
+`VectorStore.search` is blocking, so an async server has to hand each search to a thread and back.
+On a small machine that hop, and the interpreter lock it makes two threads fight over, costs more
+than the search's own Python work. `AsyncSearcher` runs the same statements (built by
+`VectorStore.plain_search`, so results are identical) without leaving the event loop. It covers the
+full-precision index and exact search; a collection on a compact index answers None, and the caller
+uses the blocking path for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from pgvector.psycopg import register_vector_async
+from psycopg_pool import AsyncConnectionPool
+
+from memstore import items as item_sql
+from memstore.collections import Collection
+from memstore.compact import spec as compact_spec
+from memstore.db import libpq_url, server_went_away
+from memstore.errors import CollectionNotFoundError
+from memstore.models import SearchResult
+from memstore.store import VectorStore, check_search_args, search_results
+
+log = logging.getLogger(__name__)
+
+
+class AsyncSearcher:
+    def __init__(
+        self,
+        store: VectorStore,
+        *,
+        max_connections: int = 8,
+        run_blocking: Callable[[Callable[[], Any]], Any] | None = None,
+    ) -> None:
+        """`run_blocking(fn)` awaits fn() off the event loop (registry reads on a cache miss)."""
+        self.store = store
+        self.max_connections = max_connections
+        self._run_blocking = run_blocking
+        self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
+        self._opening: asyncio.Lock | None = None
+
+    async def _connections(self) -> AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
+        if self._pool is None:
+            self._opening = self._opening or asyncio.Lock()
+            async with self._opening:
+                if self._pool is None:
+                    url = self.store.engine.url.render_as_string(hide_password=False)
+                    pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
+                        libpq_url(url),
+                        min_size=1,
+                        max_size=self.max_connections,
+                        open=False,
+                        configure=_configure,
+                        check=_check,
+                        # Autocommit, and the settings at session level: these connections run
+                        # searches only, and every search sets all of them (items.SESSION_SETTINGS_SQL).
+                        kwargs={"autocommit": True},
+                        name="memstore-search",
+                    )
+                    await pool.open()
+                    self._pool = pool
+        return self._pool
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    async def search(
+        self,
+        *,
+        collection: str,
+        vector: Any,
+        k: int = 10,
+        filter: dict[str, Any] | None = None,
+        ef_search: int | None = None,
+        exact: bool = False,
+    ) -> list[SearchResult] | None:
+        """What `VectorStore.search` answers, or None when the collection needs the blocking path."""
+        checked = check_search_args(k, None, filter)
+        for attempt in range(2):
+            c = await self._collection(collection, fresh=attempt > 0)
+            if compact_spec.index_spec(c).compact and not exact:
+                return None
+            plan = self.store.plain_search(
+                c, vector=vector, k=k, checked_filter=checked, ef_search=ef_search, exact=exact
+            )
+            pool = await self._connections()
+            try:
+                async with pool.connection() as conn:
+                    # One round trip: the settings and the search go out together, and on an
+                    # autocommit connection there is no transaction to commit afterwards.
+                    async with conn.pipeline():
+                        await conn.execute(item_sql.SESSION_SETTINGS_SQL, plan.settings)
+                        cur = await conn.execute(plan.statement, plan.params)
+                    rows = await cur.fetchall()
+                return search_results(c, rows)
+            except psycopg.errors.UndefinedTable:
+                # The cached registry row names a table that is gone: read the registry afresh.
+                self.store.forget_collection(collection)
+                if attempt:
+                    raise CollectionNotFoundError(collection) from None
+            except psycopg.OperationalError:
+                # A connection that died in the pool (a database restart): the pool drops it;
+                # a read is safe to send once more on a fresh one.
+                if attempt:
+                    raise
+                log.info("search connection lost; retrying once on a fresh one")
+        raise AssertionError("unreachable")
+
+    async def _collection(self, name: str, *, fresh: bool) -> Collection:
+        hit = None if fresh else self.store.cached_collection(name)
+        if hit is not None:
+            return hit
+
+        def read() -> Collection:
+            return self.store.get_collection(name=name, fresh=fresh)
+
+        if self._run_blocking is None:
+            return read()
+        result: Collection = await self._run_blocking(read)
+        return result
+
+
+async def _check(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Refuse a pooled connection the server has closed (a restart), without a round trip."""
+    if server_went_away(conn):
+        raise psycopg.OperationalError("the server closed this connection")
+
+
+async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
+    with contextlib.suppress(psycopg.ProgrammingError):  # no extension yet (before the first migration)
+        await register_vector_async(conn)
