@@ -9,12 +9,14 @@ import numpy as np
 import psycopg
 from maint_helpers import churn, clustered
 
+from maintenance import sqlfiles
 from maintenance.config import MaintenanceConfig
 from maintenance.probes import probe
-from maintenance.recall import measure_recall
+from maintenance.recall import INDEX_SETTINGS_SQL, measure_recall
 from maintenance.sizing import estimate_index_bytes
 from maintenance.targets import targets_for
 from memstore.collections import Collection
+from memstore.items import SETTINGS_SQL, search_settings
 
 
 def _all_vectors(conn: psycopg.Connection[Any], c: Collection) -> tuple[np.ndarray, np.ndarray]:
@@ -86,3 +88,22 @@ def test_fresh_size_estimate_matches_a_real_build(conn: psycopg.Connection[Any])
         estimate = estimate_index_bytes(n, dims=dims, m=16)
         assert abs(estimate - real) / real < 0.1, (dims, estimate, real)
     conn.execute("DROP TABLE sizing_check")
+
+
+def test_recall_probe_measures_the_index_even_where_the_planner_would_scan_the_table(
+    conn: psycopg.Connection[Any], make_collection: Callable[..., Collection]
+) -> None:
+    """On a small table the planner answers ORDER BY distance with an exact sequential scan; the
+    probe must still read the graph, or it reports recall 1.0 whatever state the index is in."""
+    c = make_collection(400, 64, seed=4)
+    [target] = targets_for(conn, c)
+    plan_of = psycopg.sql.SQL("EXPLAIN ") + sqlfiles.composed("index_search", table=c.table_name, op=c.spec.operator)
+    params = {"q": clustered(1, 64, seed=8)[0], "k": 10}
+    with conn.transaction():
+        conn.execute(SETTINGS_SQL, search_settings(ef_search=40, exact=False, max_scan_tuples=20_000))
+        store_plan = "\n".join(r[0] for r in conn.execute(plan_of, params))
+    assert "Seq Scan" in store_plan  # the premise: left alone, the planner scans this table
+    with conn.transaction():
+        conn.execute(INDEX_SETTINGS_SQL, search_settings(ef_search=40, exact=False, max_scan_tuples=20_000))
+        probe_plan = "\n".join(r[0] for r in conn.execute(plan_of, params))
+    assert f"Index Scan using {target.index}" in probe_plan
