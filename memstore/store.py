@@ -370,9 +370,16 @@ class VectorStore:
             clause, param = "id = ANY(%s)", [int(i) for i in ids]
         else:
             clause, param = "external_id = ANY(%s)", [str(e) for e in external_ids or ()]
+        # Their queue rows go too: a worker would otherwise claim them only to find the item gone.
+        statement = sql.SQL(
+            "WITH gone AS (DELETE FROM {t} WHERE " + clause + " RETURNING id), "
+            "unqueued AS (DELETE FROM memstore_ingest_queue WHERE collection_id = %s "
+            "AND item_id IN (SELECT id FROM gone)) "
+            "SELECT count(*) FROM gone"
+        ).format(t=c.table)
         with raw_connection(self.engine) as conn:
-            cur = conn.execute(sql.SQL("DELETE FROM {} WHERE " + clause).format(c.table), (param,))
-            return cur.rowcount
+            row = conn.execute(statement, (param, c.id)).fetchone()
+            return int(row[0]) if row else 0
 
     def delete_item(self, *, collection: str, id: int | None = None, external_id: str | None = None) -> None:
         where, value = self._item_key(id, external_id)

@@ -113,9 +113,10 @@ class LatencyTracker:
 class QuerySampler:
     """Keeps a random share of query vectors in ``memstore_query_samples``, written off the request path."""
 
-    def __init__(self, engine: sa.Engine, rate: float, *, capacity: int = 1000) -> None:
+    def __init__(self, engine: sa.Engine, rate: float, *, capacity: int = 1000, keep: int = 1000) -> None:
         self.engine = engine
         self.rate = rate
+        self.keep = keep  # samples kept per collection (the probes read the most recent ones)
         self._queue: stdqueue.Queue[tuple[int, np.ndarray] | None] = stdqueue.Queue(capacity)
         self._thread: threading.Thread | None = None
 
@@ -150,6 +151,13 @@ class QuerySampler:
                         "INSERT INTO memstore_query_samples (collection_id, embedding) "
                         "SELECT %s, %s WHERE EXISTS (SELECT 1 FROM memstore_collections WHERE id = %s)",
                         [(cid, vec, cid) for cid, vec in batch],
+                    )
+                    # Keep the most recent `keep` per collection: the table must not grow forever.
+                    cur.executemany(
+                        "DELETE FROM memstore_query_samples WHERE collection_id = %(c)s AND id <= ("
+                        "SELECT id FROM memstore_query_samples WHERE collection_id = %(c)s "
+                        "ORDER BY id DESC OFFSET %(keep)s LIMIT 1)",
+                        [{"c": cid, "keep": self.keep} for cid in {cid for cid, _ in batch}],
                     )
             except Exception as exc:
                 log.warning("query sampler: %s", exc)

@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import sqlalchemy as sa
 from api_helpers import FakeBackend
@@ -221,3 +222,38 @@ def test_an_idle_worker_waits_for_work_instead_of_polling(server_url, monkeypatc
     finally:
         engine.dispose()
         _drop_database(server_url, url)
+
+
+def test_deleting_items_drops_their_queue_rows(worker_engine, worker_store, tiny_collection) -> None:
+    ids = enqueue_texts(worker_engine, tiny_collection, 4, prefix="gone")
+
+    def queued() -> set[int]:
+        with worker_engine.connect() as conn:
+            rows = conn.exec_driver_sql(
+                f"SELECT item_id FROM memstore_ingest_queue WHERE collection_id = {tiny_collection.id}"
+            ).fetchall()
+        return {int(r[0]) for r in rows}
+
+    assert set(ids) <= queued()
+    assert worker_store.delete_items(collection=tiny_collection.name, ids=ids[:3]) == 3
+    assert queued() & set(ids) == {ids[3]}
+    assert worker_store.delete_items(collection=tiny_collection.name, external_ids=["gone3", "nothing"]) == 1
+    assert not queued() & set(ids)
+
+
+def test_query_samples_keep_only_the_most_recent(worker_engine, tiny_collection) -> None:
+    from memstore.api.runtime import QuerySampler
+
+    sampler = QuerySampler(worker_engine, rate=1.0, keep=5)
+    vectors = [np.full(64, i, dtype=np.float32) for i in range(1, 13)]
+    for v in vectors:
+        sampler.offer(tiny_collection.id, v)
+        time.sleep(0.01)  # several batches, so trimming runs more than once
+    sampler.close()
+    with worker_engine.connect() as conn:
+        rows = conn.exec_driver_sql(
+            "SELECT embedding FROM memstore_query_samples WHERE collection_id = %s ORDER BY id",
+            (tiny_collection.id,),
+        ).fetchall()
+    kept = [float(np.asarray(r[0].to_numpy())[0]) for r in rows]
+    assert kept == [8.0, 9.0, 10.0, 11.0, 12.0]
