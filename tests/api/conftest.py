@@ -119,6 +119,14 @@ def _drop_database(server_url: str, url: str) -> None:
         )
 
 
+@pytest.fixture
+def empty_database_url(server_url: str) -> Iterator[str]:
+    """A migrated database of its own, for tests that need a queue nobody else touches."""
+    url = _new_database(server_url, "memstore_empty")
+    yield url
+    _drop_database(server_url, url)
+
+
 @pytest.fixture(scope="session")
 def worker_url(server_url: str) -> Iterator[str]:
     """A database of its own for the worker tests: the API servers' workers would claim their rows."""

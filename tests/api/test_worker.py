@@ -183,14 +183,11 @@ def test_an_unexpected_error_mid_batch_gives_the_claims_back(worker_engine, tiny
     assert {s for i, s in item_states(worker_engine, tiny_collection).items() if i in ids} == {"ready"}
 
 
-def test_an_idle_worker_waits_for_work_instead_of_polling(server_url, monkeypatch) -> None:
+def test_an_idle_worker_waits_for_work_instead_of_polling(empty_database_url, monkeypatch) -> None:
     """An empty queue has nothing due: the worker sleeps until a NOTIFY or its poll interval."""
-    from conftest import _drop_database, _new_database
-
     from memstore.db import create_engine
 
-    url = _new_database(server_url, "memstore_idle")
-    engine = create_engine(url)
+    engine = create_engine(empty_database_url)
     try:
         assert claims.next_due_in(engine) is None
         c = VectorStore(engine).create_collection(name="idle", dimensions=64, model="memstore-tiny")
@@ -221,7 +218,6 @@ def test_an_idle_worker_waits_for_work_instead_of_polling(server_url, monkeypatc
         assert 1 <= len(claimed) <= 4, f"{len(claimed)} claims in 2 s on an empty queue"
     finally:
         engine.dispose()
-        _drop_database(server_url, url)
 
 
 def test_deleting_items_drops_their_queue_rows(worker_engine, worker_store, tiny_collection) -> None:
