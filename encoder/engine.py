@@ -272,7 +272,9 @@ class EmbeddingEngine:
         taken = self._take()
         if taken is None:
             return None
-        return self._settle(*self._execute(*taken))
+        batch, rows = taken
+        outcome, seconds = self._execute(batch, rows)
+        return self._settle(batch, outcome, seconds)
 
     def _take(self) -> tuple[list[tuple[QueuedRequest, int]], list[Any]] | None:
         """Ask the planner for the next micro-batch and take its units (and their inputs) off the queues."""
@@ -300,9 +302,7 @@ class EmbeddingEngine:
                 batch.append((req, ref.unit))
             return batch, rows
 
-    def _execute(
-        self, batch: list[tuple[QueuedRequest, int]], rows: list[Any]
-    ) -> tuple[list[tuple[QueuedRequest, int]], Any, float]:
+    def _execute(self, batch: list[tuple[QueuedRequest, int]], rows: list[Any]) -> tuple[Any, float]:
         """One fixed-shape pass: the vectors, or the exception the model raised, and its seconds."""
         modality = batch[0][0].modality
         urgent = any(req.priority is Priority.QUERY for req, _ in batch)
@@ -314,7 +314,7 @@ class EmbeddingEngine:
                 outcome = self.encoder.encode_image_batch(rows, urgent=urgent)
         except Exception as exc:  # a model failure fails the requests in the batch, not the engine
             outcome = exc
-        return batch, outcome, time.perf_counter() - started
+        return outcome, time.perf_counter() - started
 
     def _settle(self, batch: list[tuple[QueuedRequest, int]], outcome: Any, seconds: float) -> TickReport:
         """Scatter a pass's vectors to their requests and resolve the requests it completed."""

@@ -153,8 +153,7 @@ class Encoder:
         tokens = torch.zeros((b, info.context_length), dtype=torch.long, device=self.device)
         self._image_graph = _fixed_shape_graph(_ImageGraph(model, mean, std, self._dtype).eval(), views, graph)
         self._text_graph = _fixed_shape_graph(_TextGraph(model).eval(), tokens, graph)
-        traced = isinstance(self._image_graph, torch.jit.ScriptModule)
-        traced = traced and isinstance(self._text_graph, torch.jit.ScriptModule)
+        traced = all(isinstance(g, torch.jit.ScriptModule) for g in (self._image_graph, self._text_graph))
         self.info = replace(info, graph="trace" if traced else "eager")
         # CUDA: queries on a high-priority stream, bulk work on a low-priority one.
         self._streams: dict[bool, Any] = {}
@@ -198,11 +197,7 @@ class Encoder:
     # waiting for a decoding thread, so the fewer the better on the model's critical path.
     def encode_text_batch(self, tokens: np.ndarray | torch.Tensor, *, urgent: bool = True) -> np.ndarray:
         """Unit vectors for up to batch_size token rows, run as one padded batch of batch_size."""
-        n = self._check_rows(tokens.shape[0])
-        buf = self._staging(tuple(tokens.shape[1:]), torch.long)
-        rows = buf.numpy()
-        rows[:n] = np.asarray(tokens)
-        rows[n:] = 0
+        buf, n = self._stage(tokens, (int(tokens.shape[1]),), torch.long)
         return self._pass(self._text_graph, buf, n, urgent)
 
     def encode_image_batch(
@@ -213,21 +208,25 @@ class Encoder:
         `views` may be one array or a sequence of (size, size, 3) arrays (stacked straight into the
         staging buffer, without an intermediate copy).
         """
-        n = self._check_rows(len(views))
         s = self.spec.size
-        buf = self._staging((s, s, 3), torch.uint8)
-        rows = buf.numpy()
-        if isinstance(views, np.ndarray | torch.Tensor):
-            rows[:n] = np.asarray(views)
-        elif n:
-            np.stack(views, out=rows[:n])
-        rows[n:] = 0
+        buf, n = self._stage(views, (s, s, 3), torch.uint8)
         return self._pass(self._image_graph, buf, n, urgent)
 
-    def _check_rows(self, n: int) -> int:
+    def _stage(
+        self, rows: np.ndarray | torch.Tensor | Sequence[np.ndarray], shape: tuple[int, ...], dtype: torch.dtype
+    ) -> tuple[torch.Tensor, int]:
+        """Copy `rows` into this thread's staging buffer, zero the padding; the buffer and the row count."""
+        n = len(rows)
         if n > self.batch_size:
             raise ValueError(f"a micro-batch holds at most {self.batch_size} units, not {n}")
-        return n
+        buf = self._staging(shape, dtype)
+        out = buf.numpy()
+        if isinstance(rows, np.ndarray | torch.Tensor):
+            out[:n] = np.asarray(rows)
+        elif n:
+            np.stack(rows, out=out[:n])
+        out[n:] = 0
+        return buf, n
 
     # -- convenience paths (same fixed shape, so the same vectors as the engine) -----------------
     def encode_texts(self, texts: Sequence[str]) -> np.ndarray:
