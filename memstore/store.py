@@ -162,11 +162,8 @@ class VectorStore:
     def get_collection(self, *, name: str, fresh: bool = False) -> Collection:
         validate_name(name)
         now = time.monotonic()
-        if not fresh:
-            with self._cache_lock:
-                hit = self._cache.get(name)
-            if hit and now - hit[0] < COLLECTION_CACHE_SECONDS:
-                return hit[1]
+        if not fresh and (hit := self.cached_collection(name)) is not None:
+            return hit
         with raw_connection(self.engine) as conn:
             row = (
                 conn.cursor(row_factory=dict_row)
@@ -174,7 +171,7 @@ class VectorStore:
                 .fetchone()
             )
         if row is None:
-            self._forget(name)
+            self.forget_collection(name)
             raise CollectionNotFoundError(name)
         collection = Collection(**row)
         with self._cache_lock:
@@ -197,7 +194,7 @@ class VectorStore:
                 (f"memstore_lr_c{collection.id}_v",),
             ).fetchall():
                 conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(side)))
-        self._forget(name)
+        self.forget_collection(name)
 
     def collection_stats(self, *, name: str) -> CollectionStats:
         c = self.get_collection(name=name)
@@ -220,10 +217,6 @@ class VectorStore:
             index_bytes=int(sizes[1] or 0),
             extra={"index": spec.to_json()},
         )
-
-    def _forget(self, name: str) -> None:
-        with self._cache_lock:
-            self._cache.pop(name, None)
 
     def _collection_for_write(self, name: str) -> Collection:
         return self.get_collection(name=name)
@@ -267,7 +260,7 @@ class VectorStore:
                     ):
                         returned[eid] = (int(row_id), "unchanged")
         except psycopg.errors.UndefinedTable:
-            self._forget(collection)
+            self.forget_collection(collection)
             raise CollectionNotFoundError(collection) from None
         return [UpsertResult(id=returned[eid][0], external_id=eid, status=returned[eid][1]) for eid in ids]
 
@@ -431,12 +424,9 @@ class VectorStore:
                 with raw_connection(self.engine) as conn:
                     if spec.compact and not exact:
                         efs = _ef_search(c, ef_search)
-                        query_vector = as_vector(vector, dimensions=c.dimensions)
-                        params: dict[str, Any] = {"q": query_vector, "k": k}
-                        if checked:
-                            params["f"] = Jsonb(checked)
+                        params = _search_params(c, vector, k, checked)
                         params["pool"] = spec.pool(k, pool)
-                        params["c"] = compact_search.compact_query(conn, spec, query_vector)
+                        params["c"] = compact_search.compact_query(conn, spec, params["q"])
                         statement = compact_search.statement(c, spec, filtered=bool(checked))
                         settings = item_sql.search_settings(
                             ef_search=min(1000, max(efs, params["pool"])),
@@ -453,7 +443,7 @@ class VectorStore:
                         rows = item_sql.run_search(conn, plan.settings, plan.statement, plan.params)
                 break
             except (psycopg.errors.UndefinedTable, LookupError):
-                self._forget(collection)
+                self.forget_collection(collection)
                 if attempt:
                     raise CollectionNotFoundError(collection) from None
         return search_results(c, rows)
@@ -469,15 +459,12 @@ class VectorStore:
         exact: bool,
     ) -> SearchPlan:
         """The statement, settings and parameters of a search on the full-precision index (or exact)."""
-        params: dict[str, Any] = {"q": as_vector(vector, dimensions=c.dimensions), "k": k}
-        if checked_filter:
-            params["f"] = Jsonb(checked_filter)
         return SearchPlan(
             item_sql.search_statement(c, filtered=bool(checked_filter), exact=exact),
             item_sql.search_settings(
                 ef_search=_ef_search(c, ef_search), exact=exact, max_scan_tuples=self.settings.max_scan_tuples
             ),
-            params,
+            _search_params(c, vector, k, checked_filter),
         )
 
     def cached_collection(self, name: str) -> Collection | None:
@@ -487,8 +474,9 @@ class VectorStore:
         return hit[1] if hit and time.monotonic() - hit[0] < COLLECTION_CACHE_SECONDS else None
 
     def forget_collection(self, name: str) -> None:
-        """Drop a cached registry row (after the table it names turned out to be gone)."""
-        self._forget(name)
+        """Drop a cached registry row (dropped, switched, or its table turned out to be gone)."""
+        with self._cache_lock:
+            self._cache.pop(name, None)
 
     def set_index_representation(
         self,
@@ -512,7 +500,7 @@ class VectorStore:
             refit=refit,
             grace_s=DEFAULT_GRACE_S if grace_s is None else grace_s,
         )
-        self._forget(collection)
+        self.forget_collection(collection)
         return spec
 
 
@@ -529,6 +517,14 @@ def check_search_args(k: int, pool: int | None, filter: dict[str, Any] | None) -
     if pool is not None and (not isinstance(pool, int) or isinstance(pool, bool) or not 1 <= pool <= MAX_K):
         raise InvalidInputError(f"pool must be an integer between 1 and {MAX_K}, not {pool!r}")
     return check_filter(filter)
+
+
+def _search_params(c: Collection, vector: Any, k: int, checked_filter: dict[str, Any] | None) -> dict[str, Any]:
+    """The query vector (checked against the collection), k and the filter, as every search binds them."""
+    params: dict[str, Any] = {"q": as_vector(vector, dimensions=c.dimensions), "k": k}
+    if checked_filter:
+        params["f"] = Jsonb(checked_filter)
+    return params
 
 
 def _ef_search(c: Collection, ef_search: int | None) -> int:
