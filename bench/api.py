@@ -226,7 +226,7 @@ def make_photo(seed: int, size: tuple[int, int]) -> bytes:
 
 def bench_ingest(args: argparse.Namespace, server: Server, key: str) -> dict[str, Any]:
     from encoder.engine import EmbeddingEngine
-    from encoder.models import create_encoder
+    from encoder.models import create_encoder_from_settings
     from encoder.settings import EncoderSettings
     from encoder.types import Priority
 
@@ -235,7 +235,7 @@ def bench_ingest(args: argparse.Namespace, server: Server, key: str) -> dict[str
     os.environ.update(TINY_ENV)
     es = EncoderSettings()
     engine = EmbeddingEngine(
-        create_encoder(es.model, pretrained=es.pretrained, batch_size=es.batch_size, image_options=es.image_options()),
+        create_encoder_from_settings(es),  # as `memstore serve` builds it
         es,
     ).start()
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)

@@ -31,20 +31,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     import uvicorn  # imported late so --help stays fast
 
     from .engine import EmbeddingEngine
-    from .models import create_encoder, resolve_device
+    from .models import create_encoder_from_settings, resolve_device
     from .service import create_app
 
     try:
-        enc = create_encoder(
-            settings.model,
-            pretrained=settings.pretrained,
-            device=settings.device,
-            precision=settings.precision,
-            batch_size=settings.batch_size,
-            image_options=settings.image_options(),
-            cache_dir=settings.cache_dir,
-            threads=settings.service_torch_threads(resolve_device(settings.device)),
-            graph=settings.graph,
+        enc = create_encoder_from_settings(
+            settings, threads=settings.service_torch_threads(resolve_device(settings.device))
         )
     except (EncoderError, ValueError) as exc:
         print(f"encoder: {exc}", file=sys.stderr)

@@ -8,7 +8,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import open_clip
@@ -19,6 +19,9 @@ from .images import ImageOptions, ImageSpec, load_views, plan_for, probe_image
 from .tiling import aggregate
 from .types import EncoderInfo, ImageEmbedding
 from .weights import resolve_weights
+
+if TYPE_CHECKING:
+    from .settings import EncoderSettings
 
 log = logging.getLogger(__name__)
 TINY_MODEL = "memstore-tiny"
@@ -346,3 +349,18 @@ def create_encoder(
         batch_size=batch_size,
     )
     return Encoder(model, tokenizer, info, spec, image_options=image_options, graph=graph)
+
+
+def create_encoder_from_settings(settings: EncoderSettings, *, threads: int | None = None) -> Encoder:
+    """`create_encoder` with everything `EncoderSettings` says (the service, `memstore serve`, benchmarks)."""
+    return create_encoder(
+        settings.model,
+        pretrained=settings.pretrained,
+        device=settings.device,
+        precision=settings.precision,
+        batch_size=settings.batch_size,
+        image_options=settings.image_options(),
+        cache_dir=settings.cache_dir,
+        threads=threads,
+        graph=settings.graph,
+    )

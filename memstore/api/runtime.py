@@ -68,19 +68,9 @@ def open_backend(options: RuntimeOptions) -> tuple[EmbeddingBackend | None, Call
         remote = RemoteEncoder(url)
         return remote, getattr(remote, "close", lambda: None)
     from encoder.engine import EmbeddingEngine
-    from encoder.models import create_encoder
+    from encoder.models import create_encoder_from_settings
 
-    model = create_encoder(
-        es.model,
-        pretrained=es.pretrained,
-        device=es.device,
-        precision=es.precision,
-        batch_size=es.batch_size,
-        image_options=es.image_options(),
-        cache_dir=es.cache_dir,
-        graph=es.graph,
-    )
-    engine = EmbeddingEngine(model, es).start()
+    engine = EmbeddingEngine(create_encoder_from_settings(es), es).start()
     return engine, engine.stop
 
 
