@@ -16,8 +16,9 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psycopg
@@ -71,17 +72,23 @@ class Role:
         return self.proc.poll() is None
 
 
-def _wait_http(url: str, role: Role, timeout: float = 120.0) -> None:
+def _wait_http(
+    url: str, role: Role, ready: Callable[[dict[str, Any]], bool] = lambda body: True, timeout: float = 120.0
+) -> None:
+    """Until ``url`` answers 200 with a body that ``ready`` accepts (the API answers before its encoder is up)."""
     deadline = time.monotonic() + timeout
+    body: dict[str, Any] = {}
     while time.monotonic() < deadline:
         assert role.alive(), f"{role.name} exited early:\n{role.output()}"
         try:
-            if httpx.get(url, timeout=2).status_code == 200:
+            response = httpx.get(url, timeout=2)
+            body = response.json()
+            if response.status_code == 200 and ready(body):
                 return
-        except httpx.HTTPError:
+        except (httpx.HTTPError, ValueError):
             pass
         time.sleep(0.3)
-    pytest.fail(f"{role.name} never answered {url}:\n{role.output()}")
+    pytest.fail(f"{role.name} never became ready at {url} (last answer {body}):\n{role.output()}")
 
 
 def _stop(roles: list[Role]) -> dict[str, int | None]:
@@ -148,7 +155,8 @@ def test_split_deployment(split_env: dict[str, str], tmp_path: Path) -> None:
             )
         roles.append(Role("maintenance", ["maintenance.cli", "daemon", "--interval", "2"], env, tmp_path))
         base = f"http://127.0.0.1:{api_port}"
-        _wait_http(f"{base}/health", api)
+        # The API's encoder client asks the encoder for its facts in a thread after startup.
+        _wait_http(f"{base}/health", api, ready=lambda body: body["encoder"]["state"] == "ready")
         headers = {"Authorization": f"Bearer {key}"}
         with httpx.Client(base_url=base, headers=headers, timeout=30) as client:
             info = client.get(f"{encoder_url}/health").json()
