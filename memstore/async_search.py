@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -26,7 +27,7 @@ from memstore.compact import spec as compact_spec
 from memstore.db import libpq_url, server_went_away
 from memstore.errors import CollectionNotFoundError
 from memstore.models import SearchResult
-from memstore.store import VectorStore, check_search_args, search_results
+from memstore.store import SearchPlan, VectorStore, check_search_args, search_results
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,11 @@ class AsyncSearcher:
         self._run_blocking = run_blocking
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
         self._opening: asyncio.Lock | None = None
+        # The search settings each pooled connection holds: most searches run at their collection's
+        # defaults, so the settings statement is sent only when they change.
+        self._applied: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], tuple[str, ...]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     async def _connections(self) -> AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
         if self._pool is None:
@@ -60,7 +66,7 @@ class AsyncSearcher:
                         configure=_configure,
                         check=_check,
                         # Autocommit, and the settings at session level: these connections run
-                        # searches only, and every search sets all of them (items.SESSION_SETTINGS_SQL).
+                        # searches only, each under the settings it needs (see _run).
                         kwargs={"autocommit": True},
                         name="memstore-search",
                     )
@@ -95,12 +101,7 @@ class AsyncSearcher:
             pool = await self._connections()
             try:
                 async with pool.connection() as conn:
-                    # One round trip: the settings and the search go out together, and on an
-                    # autocommit connection there is no transaction to commit afterwards.
-                    async with conn.pipeline():
-                        await conn.execute(item_sql.SESSION_SETTINGS_SQL, plan.settings)
-                        cur = await conn.execute(plan.statement, plan.params)
-                    rows = await cur.fetchall()
+                    rows = await self._run(conn, plan)
                 return search_results(c, rows)
             except psycopg.errors.UndefinedTable:
                 # The cached registry row names a table that is gone: read the registry afresh.
@@ -114,6 +115,23 @@ class AsyncSearcher:
                     raise
                 log.info("search connection lost; retrying once on a fresh one")
         raise AssertionError("unreachable")
+
+    async def _run(self, conn: psycopg.AsyncConnection[Any], plan: SearchPlan) -> list[Any]:
+        """One round trip: the search alone when the connection already holds its settings, else the
+        settings and the search pipelined (autocommit: no transaction to commit afterwards)."""
+        try:
+            if self._applied.get(conn) == plan.settings:
+                cur = await conn.execute(plan.statement, plan.params)
+            else:
+                self._applied.pop(conn, None)
+                async with conn.pipeline():
+                    await conn.execute(item_sql.SESSION_SETTINGS_SQL, plan.settings)
+                    cur = await conn.execute(plan.statement, plan.params)
+                self._applied[conn] = plan.settings
+            return await cur.fetchall()
+        except BaseException:
+            self._applied.pop(conn, None)  # whatever failed, the next search on it sets everything again
+            raise
 
     async def _collection(self, name: str, *, fresh: bool) -> Collection:
         hit = None if fresh else self.store.cached_collection(name)

@@ -1,0 +1,61 @@
+"""AsyncSearcher: the event-loop search path answers as VectorStore.search does, and a pooled
+connection never runs a search under the settings an earlier search left on it."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+
+from memstore.async_search import AsyncSearcher
+from memstore.errors import DimensionMismatchError
+from memstore.models import ItemIn
+from memstore.store import VectorStore
+
+
+async def _settings_of(searcher: AsyncSearcher) -> tuple[str, str]:
+    pool = await searcher._connections()
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT current_setting('hnsw.ef_search'), current_setting('enable_indexscan')")
+        row = await cur.fetchone()
+    assert row is not None
+    return str(row[0]), str(row[1])
+
+
+def test_async_search_matches_the_store_whatever_the_previous_search_set(
+    store: VectorStore, collection_name: str
+) -> None:
+    rng = np.random.default_rng(5)
+    base = rng.normal(size=(400, 24)).astype(np.float32)
+    store.create_collection(name=collection_name, dimensions=24, hnsw_m=4, hnsw_ef_construction=8)
+    store.upsert_items(
+        collection=collection_name, items=[ItemIn(vector=v, external_id=str(i)) for i, v in enumerate(base)]
+    )
+    queries = rng.normal(size=(4, 24)).astype(np.float32)
+    default_ef = store.get_collection(name=collection_name).default_ef_search
+    # Default settings, then others, then the defaults again: each must run under its own.
+    cases: list[dict[str, Any]] = [{}, {"ef_search": 3}, {"exact": True}, {}, {"ef_search": 3}, {}]
+
+    async def scenario() -> None:
+        searcher = AsyncSearcher(store, max_connections=1)  # one connection: every search reuses it
+        try:
+            for case in cases:
+                for q in queries:
+                    got = await searcher.search(collection=collection_name, vector=q, k=10, **case)
+                    want = store.search(collection=collection_name, vector=q, k=10, **case)
+                    assert got is not None
+                    assert [r.id for r in got] == [r.id for r in want], case
+                ef, indexscan = await _settings_of(searcher)
+                assert ef == str(case.get("ef_search", default_ef))
+                assert indexscan == ("off" if case.get("exact") else "on")
+            # A failed search leaves nothing assumed about its connection.
+            with pytest.raises(DimensionMismatchError):
+                await searcher.search(collection=collection_name, vector=np.zeros(3, np.float32), k=5)
+            got = await searcher.search(collection=collection_name, vector=queries[0], k=10, ef_search=5)
+            assert got is not None and await _settings_of(searcher) == ("5", "on")
+        finally:
+            await searcher.close()
+
+    asyncio.run(scenario())
