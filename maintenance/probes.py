@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
@@ -97,8 +98,13 @@ def probe(
     """Read the state of ``target`` (the connection must be in autocommit mode)."""
     t0 = time.perf_counter()
     c = target.collection
-    conn.execute("SELECT pg_stat_clear_snapshot()")
-    stats = conn.cursor(row_factory=dict_row).execute(sqlfiles.text("table_stats"), {"table": target.table}).fetchone()
+    if conn.info.transaction_status != TransactionStatus.IDLE:
+        conn.execute("SELECT pg_stat_clear_snapshot()")  # a new transaction sees fresh counters anyway
+    stats = (
+        conn.cursor(row_factory=dict_row)
+        .execute(sqlfiles.text("table_stats"), {"table": target.table, "index": target.index})
+        .fetchone()
+    )
     if stats is None:
         raise LookupError(f"table {target.table} does not exist")
     history = conn.cursor(row_factory=dict_row).execute(sqlfiles.text("last_clean"), {"table": target.table}).fetchone()
@@ -110,10 +116,7 @@ def probe(
         row = conn.execute(sqlfiles.composed("count_rows", table=target.table)).fetchone()
         live = int(row[0]) if row else 0
     owned = str(stats["index_cleanup"]).lower() in ("off", "false", "0", "no")
-    index_bytes = 0
-    if target.index:
-        row = conn.execute("SELECT pg_relation_size(to_regclass(%s))", (target.index,)).fetchone()
-        index_bytes = int(row[0] or 0) if row else 0
+    index_bytes = int(stats["index_bytes"]) if target.index else 0
 
     last_recall = parse_json(history["last_recall"])
     recall_due = _recall_due(last_recall, counters, live, config)

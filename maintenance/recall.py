@@ -23,6 +23,8 @@ MIN_QUERIES = 5
 # The index's answers must come from the index: on a small table the planner rightly prefers a
 # sequential scan (exact, so the probe would read recall 1.0 whatever state the graph is in).
 INDEX_SETTINGS_SQL = SETTINGS_SQL + ", set_config('enable_seqscan', 'off', true)"
+# And back for the brute-force searches, which share the index searches' transaction.
+EXACT_SETTINGS_SQL = SETTINGS_SQL + ", set_config('enable_seqscan', 'on', true)"
 # Distances equal to the k-th exact one count as hits: ties must not cost recall.
 TIE_EPSILON = 1e-6
 
@@ -85,30 +87,28 @@ def measure_recall(
     exact_sql = sqlfiles.composed("exact_search", table=target.table, op=op)
     approx = search_settings(ef_search=ef_search, exact=False, max_scan_tuples=max_scan_tuples)
     brute = search_settings(ef_search=ef_search, exact=True, max_scan_tuples=max_scan_tuples)
-    total_hits = total_expected = 0
-    found_ids: list[list[int]] = []
-    exact_ids: list[list[int]] = []
-    for n, q in enumerate(vectors):
-        if n >= MIN_QUERIES and time.perf_counter() - t0 > budget_s:
-            break
-        with conn.transaction(), conn.cursor() as cur:
+    found: list[list[tuple[int, float]]] = []
+    exact: list[list[tuple[int, float]]] = []
+    # One transaction and one snapshot for all the searches, so that rows written meanwhile are seen
+    # by both the index and the exact answers or by neither; the settings are transaction-local.
+    with conn.transaction(), conn.cursor() as cur:
+        cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        for n, q in enumerate(vectors):
+            if n >= MIN_QUERIES and time.perf_counter() - t0 > budget_s:
+                break
             cur.execute(INDEX_SETTINGS_SQL, approx)
-            found = [(int(i), float(d)) for i, d in cur.execute(index_sql, {"q": q, "k": k}).fetchall()]
-        with conn.transaction(), conn.cursor() as cur:
-            cur.execute(SETTINGS_SQL, brute)
-            exact = [(int(i), float(d)) for i, d in cur.execute(exact_sql, {"q": q, "k": k}).fetchall()]
-        total_hits += hits(found, exact, k)
-        total_expected += len(exact)
-        found_ids.append([i for i, _ in found])
-        exact_ids.append([i for i, _ in exact])
-    recall = total_hits / total_expected if total_expected else None
+            found.append([(int(i), float(d)) for i, d in cur.execute(index_sql, {"q": q, "k": k}).fetchall()])
+            cur.execute(EXACT_SETTINGS_SQL, brute)
+            exact.append([(int(i), float(d)) for i, d in cur.execute(exact_sql, {"q": q, "k": k}).fetchall()])
+    total_hits = sum(hits(f, e, k) for f, e in zip(found, exact, strict=True))
+    total_expected = sum(len(e) for e in exact)
     return RecallResult(
-        recall=recall,
+        recall=total_hits / total_expected if total_expected else None,
         k=k,
-        queries=len(found_ids),
+        queries=len(found),
         ef_search=ef_search,
         source=source,
         seconds=time.perf_counter() - t0,
-        found=found_ids,
-        exact=exact_ids,
+        found=[[i for i, _ in f] for f in found],
+        exact=[[i for i, _ in e] for e in exact],
     )

@@ -127,7 +127,7 @@ _SETTINGS_TEMPLATE = (
 )
 SETTINGS_SQL = _SETTINGS_TEMPLATE.format(local="true")
 # The same settings for the whole session: only for connections that run nothing but searches,
-# each of which sets every one of them again (memstore.async_search's pool).
+# and that know which settings they hold (memstore.async_search's pool).
 SESSION_SETTINGS_SQL = _SETTINGS_TEMPLATE.format(local="false")
 
 

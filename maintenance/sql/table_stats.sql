@@ -1,6 +1,6 @@
--- Live/dead rows, cumulative churn counters and the index cleanup option of one table.
--- Counters come from the cumulative statistics system: call pg_stat_clear_snapshot() first when
--- reading twice in one transaction.
+-- Live/dead rows, cumulative churn counters and the index cleanup option of one table, and the size
+-- of its index. Counters come from the cumulative statistics system, whose snapshot lasts a
+-- transaction: call pg_stat_clear_snapshot() first when reading twice in one.
 SELECT greatest(c.reltuples, 0)::bigint AS reltuples,
        coalesce(s.n_live_tup, 0) AS n_live_tup,
        coalesce(s.n_dead_tup, 0) AS n_dead_tup,
@@ -13,7 +13,8 @@ SELECT greatest(c.reltuples, 0)::bigint AS reltuples,
        coalesce(s.autovacuum_count, 0) AS autovacuum_count,
        (SELECT o.option_value FROM pg_options_to_table(c.reloptions) o
         WHERE o.option_name = 'vacuum_index_cleanup') AS index_cleanup,
-       pg_table_size(c.oid) AS table_bytes
+       pg_table_size(c.oid) AS table_bytes,
+       coalesce(pg_relation_size(to_regclass(%(index)s)), 0) AS index_bytes
 FROM pg_class c
 LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
 WHERE c.oid = to_regclass(%(table)s)
