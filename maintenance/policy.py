@@ -8,6 +8,8 @@ Why these rules (measurements in docs/maintenance.md):
   size are healthy, and then cleaned all at once by a rebuild.
 - VACUUM stays the right tool where a rebuild's fixed costs dominate (tiny tables) and where few dead
   entries have waited long (their repair touches little of the graph).
+- A verdict that rests on recall alone is taken on two independent samples (the worker confirms a low
+  first reading before it pays for a rebuild).
 """
 
 from __future__ import annotations

@@ -177,9 +177,16 @@ def probe(
 
 
 def attach_recall(
-    conn: psycopg.Connection[Any], target: Target, p: Probe, config: MaintenanceConfig, *, max_scan_tuples: int
+    conn: psycopg.Connection[Any],
+    target: Target,
+    p: Probe,
+    config: MaintenanceConfig,
+    *,
+    max_scan_tuples: int,
+    confirm: bool = False,
 ) -> None:
-    """Measure sampled recall into ``p`` (the costly part of a probe: exact searches)."""
+    """Measure sampled recall into ``p`` (the costly part of a probe: exact searches). ``confirm``:
+    measure a second, independent sample and keep both together."""
     if not target.index or p.live_rows <= 0:
         return
     if representation(target.collection) != "full":
@@ -187,7 +194,8 @@ def attach_recall(
         # candidate-and-rerank query, per partition. Until then the cheap signals decide alone.
         return
     t0 = time.perf_counter()
-    p.recall = measure_recall(
+    first = p.recall if confirm else None
+    measured = measure_recall(
         conn,
         target,
         k=config.recall_k,
@@ -195,7 +203,9 @@ def attach_recall(
         budget_s=recall_budget(p, config),
         ef_search=target.collection.default_ef_search,
         max_scan_tuples=max_scan_tuples,
+        skip=0 if first is None else first.queries,  # the API's samples that the first one did not use
     )
+    p.recall = measured if first is None else first.combined(measured)
     p.duration_s += time.perf_counter() - t0
 
 

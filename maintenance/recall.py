@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -37,12 +37,32 @@ class RecallResult:
     ef_search: int
     source: str  # "given", "query_samples" or "stored"
     seconds: float
+    hits: int = 0  # index answers among the exact ones, all queries together
+    expected: int = 0  # exact answers, all queries together
     found: list[list[int]] = field(default_factory=list, repr=False)
     exact: list[list[int]] = field(default_factory=list, repr=False)
 
+    def combined(self, other: RecallResult) -> RecallResult:
+        """This sample and ``other`` as one (a second sample confirming the first)."""
+        hits, expected = self.hits + other.hits, self.expected + other.expected
+        return replace(
+            self,
+            recall=hits / expected if expected else None,
+            queries=self.queries + other.queries,
+            source=self.source if self.source == other.source else f"{self.source}+{other.source}",
+            seconds=self.seconds + other.seconds,
+            hits=hits,
+            expected=expected,
+            found=self.found + other.found,
+            exact=self.exact + other.exact,
+        )
 
-def sample_queries(conn: psycopg.Connection[Any], target: Target, n: int) -> tuple[list[np.ndarray], str]:
-    params = {"collection_id": target.collection.id, "n": n}
+
+def sample_queries(
+    conn: psycopg.Connection[Any], target: Target, n: int, *, skip: int = 0
+) -> tuple[list[np.ndarray], str]:
+    """``n`` query vectors: the API's most recent samples (past the newest ``skip``), else random stored ones."""
+    params = {"collection_id": target.collection.id, "n": n, "skip": skip}
     rows = conn.cursor(binary=True).execute(sqlfiles.text("sample_queries"), params).fetchall()
     dims = target.collection.dimensions
     vectors = [v for v in (as_numpy(r[0]) for r in rows) if v.shape == (dims,)]
@@ -76,12 +96,13 @@ def measure_recall(
     ef_search: int,
     max_scan_tuples: int,
     queries: Sequence[np.ndarray] | None = None,
+    skip: int = 0,
 ) -> RecallResult:
     t0 = time.perf_counter()
     if queries is not None:
         vectors, source = list(queries), "given"
     else:
-        vectors, source = sample_queries(conn, target, sample)
+        vectors, source = sample_queries(conn, target, sample, skip=skip)
     op = target.collection.spec.operator
     index_sql = sqlfiles.composed("index_search", table=target.table, op=op)
     exact_sql = sqlfiles.composed("exact_search", table=target.table, op=op)
@@ -109,6 +130,8 @@ def measure_recall(
         ef_search=ef_search,
         source=source,
         seconds=time.perf_counter() - t0,
+        hits=total_hits,
+        expected=total_expected,
         found=[[i for i, _ in f] for f in found],
         exact=[[i for i, _ in e] for e in exact],
     )

@@ -272,6 +272,12 @@ class MaintenanceWorker:
         if d.action == "nothing" and p.recall_due:
             attach_recall(conn, target, p, self.config, max_scan_tuples=self.settings.max_scan_tuples)
             d = decide(p, self.config)
+            if d.action != "nothing":
+                # Recall alone changed the verdict. A small sample can read low by chance (a few
+                # hard queries), and a rebuild costs about ten probes: confirm on a second sample
+                # and decide on both together.
+                attach_recall(conn, target, p, self.config, max_scan_tuples=self.settings.max_scan_tuples, confirm=True)
+                d = decide(p, self.config)
         record_probe(conn, p, d.label)
         if self.config.own_index_cleanup and not p.owned and target.index is not None:
             owned = self.act(target, "own_index_cleanup", reason="the worker cleans this index (cheaper by rebuild)")

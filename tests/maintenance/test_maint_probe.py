@@ -57,6 +57,11 @@ def test_recall_probe_prefers_sampled_real_queries(
         conn.execute("INSERT INTO memstore_query_samples (collection_id, embedding) VALUES (%s, %s)", (c.id, v))
     sampled = measure_recall(conn, target, k=5, sample=7, budget_s=10, ef_search=40, max_scan_tuples=20_000)
     assert sampled.source == "query_samples" and sampled.queries == 3
+    # A confirming second sample takes the samples the first did not use, then stored vectors.
+    rest = measure_recall(conn, target, k=5, sample=7, budget_s=10, ef_search=40, max_scan_tuples=20_000, skip=2)
+    assert rest.source == "query_samples" and rest.queries == 1
+    past = measure_recall(conn, target, k=5, sample=7, budget_s=10, ef_search=40, max_scan_tuples=20_000, skip=3)
+    assert past.source == "stored" and past.queries == 7
 
 
 def test_probe_counts_dead_entries_and_size(

@@ -304,3 +304,44 @@ def test_actions_are_recorded_with_before_and_after(
     if action == "compact":
         assert row["after"]["size_ratio"] < row["before"]["size_ratio"]
         assert row["after"]["recall"] is not None
+
+
+@pytest.mark.parametrize(("readings", "decision"), [((0.90, 1.0), "nothing"), ((0.90, 0.92), "compact")])
+def test_a_low_recall_reading_is_confirmed_on_a_second_sample_before_a_rebuild(
+    conn: psycopg.Connection[Any],
+    make_collection: Callable[..., Collection],
+    make_worker: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    readings: tuple[float, float],
+    decision: str,
+) -> None:
+    """The sampled recall is replaced by fixed readings of 10 queries each (floor 0.95, never rebuilt):
+    0.90 then 1.0 average to 0.95, not below the floor; 0.90 then 0.92 confirm the drop. Without the
+    confirmation both would compact on the first reading."""
+    from maintenance import probes
+    from maintenance.recall import RecallResult
+
+    c = make_collection(1000, 16)
+    calls: list[int] = []
+
+    def reading(*args: Any, skip: int = 0, **kwargs: Any) -> RecallResult:
+        value = readings[min(len(calls), 1)]  # a compaction's own "after" probe reads the second value again
+        calls.append(skip)
+        hits = round(value * 100)
+        return RecallResult(
+            recall=value, k=10, queries=10, ef_search=40, source="stored", seconds=0.0, hits=hits, expected=100
+        )
+
+    monkeypatch.setattr(probes, "measure_recall", reading)
+    before = index_oid(conn, c.index_name)
+    worker: MaintenanceWorker = make_worker(recall_floor=0.95)
+    assert worker.run_once() == EXIT_OK
+    [outcome] = worker.last_outcomes
+    assert calls[:2] == [0, 10]  # the second sample starts past the API samples the first one used
+    assert outcome.decision == decision
+    assert (index_oid(conn, c.index_name) == before) == (decision == "nothing")
+    recorded = conn.execute(
+        "SELECT recall, recall_sample FROM memstore_maintenance_probes WHERE partition_table = %s ORDER BY id LIMIT 1",
+        (c.table_name,),
+    ).fetchone()
+    assert recorded is not None and recorded[1] == 20 and abs(recorded[0] - sum(readings) / 2) < 1e-9
