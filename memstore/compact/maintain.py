@@ -18,6 +18,7 @@ Each action is recorded in ``memstore_maintenance_actions`` like the worker's ow
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import asdict, dataclass
@@ -41,6 +42,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MIN_RECALL = 0.9
 DEFAULT_QUERIES = 30
+# After an action that left recall below the minimum, acting again soon would only repeat it (the
+# representation loses too much for this data): wait this long, or until someone changes the index.
+DEFAULT_RETRY_AFTER_S = 24 * 3600.0
 # Distances equal to the k-th exact one count as hits: ties must not cost recall.
 TIE_EPSILON = 1e-6
 
@@ -151,6 +155,28 @@ def _finish(
     )
 
 
+def _futile_action(
+    conn: psycopg.Connection[Any], table: str, spec: specs.IndexSpec, min_recall: float, within_s: float
+) -> str | None:
+    """Why not to act again: the last action on this collection, within ``within_s``, left recall below
+    ``min_recall`` and the index it left is still the one in force (None when acting may help)."""
+    row = conn.execute(
+        "SELECT action, finished_at, (after -> 'probe' ->> 'recall')::float8, after -> 'spec' "
+        "FROM memstore_maintenance_actions "
+        "WHERE partition_table = %s AND outcome = 'ok' AND action IN ('refit_projection', 'rebuild_compact_index') "
+        "AND finished_at > now() - make_interval(secs => %s) ORDER BY finished_at DESC LIMIT 1",
+        (table, within_s),
+    ).fetchone()
+    if row is None or row[2] is None or row[2] >= min_recall:
+        return None
+    if row[3] != json.loads(json.dumps(spec.to_json())):
+        return None  # the index changed since (a new representation, pool or rank): worth a new try
+    return (
+        f"the {row[0]} at {row[1]:%Y-%m-%d %H:%M} left recall at {row[2]:.3f}, below {min_recall}, and doing it "
+        "again would not help: raise pool_factor (or the rank) or choose a finer representation"
+    )
+
+
 def _index_name(c: Any, spec: specs.IndexSpec) -> str:
     if spec.representation == "lowrank" and spec.version is not None:
         return specs.side_index(c.id, spec.version)
@@ -182,6 +208,7 @@ def maintain_compact_index(
     k: int = 10,
     queries: int = DEFAULT_QUERIES,
     grace_s: float = DEFAULT_GRACE_S,
+    retry_after_s: float = DEFAULT_RETRY_AFTER_S,
     settings: Settings | None = None,
 ) -> dict[str, Any]:
     """Check one collection's compact index and act when needed; returns what was seen and done.
@@ -218,6 +245,9 @@ def maintain_compact_index(
         reason = f"compact recall@{k} {probe.recall:.3f} below {min_recall}"
         if probe.exhaustive_recall is not None:
             reason += f" (exhaustive on the projection: {probe.exhaustive_recall:.3f})"
+        futile = _futile_action(conn, c.table_name, spec, min_recall, retry_after_s)
+        if futile is not None:
+            return {**out, "action": None, "outcome": "skipped", "reason": futile}
         before = {"probe": asdict(probe), "spec": spec.to_json()}
         started = time.monotonic()
         action_id = _start(conn, collection, c.table_name, _index_name(c, spec), action, reason, before)
