@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import psycopg
+from psycopg.pq import TransactionStatus
 
 from maintenance import sqlfiles
 from maintenance.targets import Target
@@ -112,8 +113,10 @@ def measure_recall(
     exact: list[list[tuple[int, float]]] = []
     # One transaction and one snapshot for all the searches, so that rows written meanwhile are seen
     # by both the index and the exact answers or by neither; the settings are transaction-local.
+    outer = conn.info.transaction_status != TransactionStatus.IDLE  # then its snapshot rules
     with conn.transaction(), conn.cursor() as cur:
-        cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        if not outer:
+            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         for n, q in enumerate(vectors):
             if n >= MIN_QUERIES and time.perf_counter() - t0 > budget_s:
                 break

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import psycopg
 from maint_helpers import churn, clustered
+from pgvector.psycopg import register_vector
 
 from maintenance import sqlfiles
 from maintenance.config import MaintenanceConfig
@@ -112,3 +113,16 @@ def test_recall_probe_measures_the_index_even_where_the_planner_would_scan_the_t
         conn.execute(INDEX_SETTINGS_SQL, search_settings(ef_search=40, exact=False, max_scan_tuples=20_000))
         probe_plan = "\n".join(r[0] for r in conn.execute(plan_of, params))
     assert f"Index Scan using {target.index}" in probe_plan
+
+
+def test_recall_probe_runs_inside_a_callers_transaction(dsn: str, make_collection: Callable[..., Collection]) -> None:
+    """On its own the probe takes one repeatable-read snapshot; inside a caller's open transaction it
+    uses that transaction's (setting the isolation level there would be an error)."""
+    c = make_collection(300, 8)
+    with psycopg.connect(dsn) as tx:
+        register_vector(tx)
+        tx.execute("SELECT 1")  # a transaction is now open
+        [target] = targets_for(tx, c)
+        r = measure_recall(tx, target, k=5, sample=6, budget_s=5, ef_search=40, max_scan_tuples=20_000)
+        assert r.recall is not None and r.queries == 6
+        assert tx.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS  # still the caller's
