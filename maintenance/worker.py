@@ -30,7 +30,7 @@ from memstore.compact.maintain import maintain_compact_index
 from memstore.compact.spec import index_spec
 from memstore.db import libpq_url
 from memstore.settings import Settings, get_settings
-from memstore.store import VectorStore
+from memstore.store import read_collections
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +117,9 @@ class MaintenanceWorker:
     def executor(self, stop: threading.Event | None = None) -> Executor:
         return Executor(self.connect, self.config, stop=stop or self.stop, on_progress=self.on_progress)
 
-    def list_collections(self) -> list[Collection]:
-        every = VectorStore(self.engine, settings=self.settings).list_collections()
+    def list_collections(self, conn: psycopg.Connection[Any]) -> list[Collection]:
+        """The registry, read on the worker's own autocommit session (one round trip, no pool checkout)."""
+        every = read_collections(conn)
         if self.collections is None:
             return every
         wanted = set(self.collections)
@@ -128,7 +129,7 @@ class MaintenanceWorker:
         return [c for c in every if c.name in wanted]
 
     def targets(self, conn: psycopg.Connection[Any]) -> list[Target]:
-        return [t for c in self.list_collections() for t in targets_for(conn, c)]
+        return [t for c in self.list_collections(conn) for t in targets_for(conn, c)]
 
     # ------------------------------------------------------------------ probing
 

@@ -152,12 +152,7 @@ class VectorStore:
 
     def list_collections(self) -> list[Collection]:
         with raw_connection(self.engine) as conn:
-            rows = (
-                conn.cursor(row_factory=dict_row)
-                .execute(f"SELECT {item_sql.COLLECTION_COLUMNS} FROM memstore_collections ORDER BY name")
-                .fetchall()
-            )
-        return [Collection(**r) for r in rows]
+            return read_collections(conn)
 
     def get_collection(self, *, name: str, fresh: bool = False) -> Collection:
         validate_name(name)
@@ -509,6 +504,16 @@ class SearchPlan:
     statement: sql.Composed
     settings: tuple[str, ...]
     params: dict[str, Any]
+
+
+def read_collections(conn: psycopg.Connection[Any]) -> list[Collection]:
+    """Every registered collection, by name, on the connection given."""
+    rows = (
+        conn.cursor(row_factory=dict_row)
+        .execute(f"SELECT {item_sql.COLLECTION_COLUMNS} FROM memstore_collections ORDER BY name")
+        .fetchall()
+    )
+    return [Collection(**r) for r in rows]
 
 
 def check_search_args(k: int, pool: int | None, filter: dict[str, Any] | None) -> dict[str, Any] | None:
