@@ -99,7 +99,7 @@ def probe(
     t0 = time.perf_counter()
     c = target.collection
     if conn.info.transaction_status != TransactionStatus.IDLE:
-        conn.execute("SELECT pg_stat_clear_snapshot()")  # a new transaction sees fresh counters anyway
+        conn.execute("SELECT pg_stat_clear_snapshot()")  # only inside a transaction: a new one reads fresh counters
     stats = (
         conn.cursor(row_factory=dict_row)
         .execute(sqlfiles.text("table_stats"), {"table": target.table, "index": target.index})
