@@ -61,4 +61,5 @@ class CollectionStats:
     failed: int
     index_bytes: int
     table_bytes: int
+    counts_exact: bool = True  # False: items and ready are the planner's estimate (large collections)
     extra: dict[str, Any] = field(default_factory=dict)

@@ -65,6 +65,11 @@ def _check_external_id(value: Any) -> str:
     return value
 
 
+# Past this many rows an exact count(*) costs tens of ms a call and more, and collections are polled
+# (``memstore ingest`` asks twice a second while it waits).
+EXACT_COUNT_LIMIT = 100_000
+
+
 class VectorStore:
     """Collections and their items in one PostgreSQL database, reached through ``engine``."""
 
@@ -191,25 +196,34 @@ class VectorStore:
                 conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(side)))
         self.forget_collection(name)
 
-    def collection_stats(self, *, name: str) -> CollectionStats:
+    def collection_stats(self, *, name: str, exact_limit: int = EXACT_COUNT_LIMIT) -> CollectionStats:
+        """Item counts and sizes. Items (and so ready) are counted exactly up to about ``exact_limit``
+        rows and estimated past that (``counts_exact``); pending and failed are always exact."""
         c = self.get_collection(name=name)
         spec = compact_spec.index_spec(c)
         tables = c.partition_tables()
         if spec.representation == "lowrank" and spec.version is not None:
             tables = [*tables, compact_spec.side_table(c.id, spec.version)]
         with raw_connection(self.engine) as conn:
-            counts = conn.execute(sql.SQL("SELECT status, count(*) FROM {} GROUP BY status").format(c.table)).fetchall()
+            # Pending and failed items are exactly those with a queue row (the queue keeps that
+            # invariant), counted through its (collection_id, item_id) index: no scan of the items.
+            queued = conn.execute(
+                "SELECT status, count(*) FROM memstore_ingest_queue WHERE collection_id = %s GROUP BY status", (c.id,)
+            ).fetchall()
+            items, exact = _count_items(conn, c, exact_limit)
             sizes = conn.execute(item_sql.SIZES_SQL, (tables,)).fetchone()
-        by_status = {status: int(n) for status, n in counts}
+        by_status = {status: int(n) for status, n in queued}
+        pending, failed = by_status.get("pending", 0), by_status.get("failed", 0)
         assert sizes is not None
         return CollectionStats(
             collection=c,
-            items=sum(by_status.values()),
-            ready=by_status.get("ready", 0),
-            pending=by_status.get("pending", 0),
-            failed=by_status.get("failed", 0),
+            items=items,
+            ready=max(0, items - pending - failed),
+            pending=pending,
+            failed=failed,
             table_bytes=int(sizes[0] or 0),
             index_bytes=int(sizes[1] or 0),
+            counts_exact=exact,
             extra={"index": spec.to_json()},
         )
 
@@ -504,6 +518,23 @@ class SearchPlan:
     statement: sql.Composed
     settings: tuple[str, ...]
     params: dict[str, Any]
+
+
+def _count_items(conn: psycopg.Connection[Any], c: Collection, exact_limit: int) -> tuple[int, bool]:
+    """(items, exact): counted up to about ``exact_limit`` rows, past that the planner's estimate
+    (kept current by autovacuum's ANALYZE), so that a poll of a large collection does not scan it."""
+    row = conn.execute(
+        "SELECT coalesce(sum(greatest(reltuples, 0)), 0)::bigint, coalesce(bool_or(reltuples < 0), true) "
+        "FROM pg_class WHERE oid = ANY(%s::regclass[])",
+        (c.partition_tables(),),
+    ).fetchone()
+    assert row is not None
+    estimate, never_analyzed = int(row[0]), bool(row[1])
+    if never_analyzed or estimate <= exact_limit:
+        counted = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(c.table)).fetchone()
+        assert counted is not None
+        return int(counted[0]), True
+    return estimate, False
 
 
 def read_collections(conn: psycopg.Connection[Any]) -> list[Collection]:

@@ -168,3 +168,27 @@ def test_bulk_upsert_uses_copy_binary(store: VectorStore, coll: str) -> None:
             "SELECT count(*) FROM pg_class WHERE relname = 'memstore_stage' AND relpersistence = 't'"
         ).fetchone()
     assert copies is not None and copies[0] >= 1
+
+
+def test_stats_count_exactly_then_estimate_past_the_limit(store: VectorStore, coll: str) -> None:
+    """Pending and failed come from the queue; items are counted up to the limit, estimated past it."""
+    from memstore import queue
+    from memstore.queue import PendingItem
+
+    store.upsert_items(collection=coll, items=_items(60))
+    c = store.get_collection(name=coll)
+    queue.enqueue(store.engine, c, [PendingItem(text=f"note {i}", external_id=f"t{i}") for i in range(4)])
+    with raw_connection(store.engine) as conn:
+        conn.execute(
+            "UPDATE memstore_ingest_queue SET status = 'failed' WHERE collection_id = %s "
+            "AND item_id = (SELECT min(item_id) FROM memstore_ingest_queue WHERE collection_id = %s)",
+            (c.id, c.id),
+        )
+    exact = store.collection_stats(name=coll)
+    assert (exact.items, exact.ready, exact.pending, exact.failed, exact.counts_exact) == (64, 60, 3, 1, True)
+    with raw_connection(store.engine) as conn:
+        for table in c.partition_tables():
+            conn.execute(f'ANALYZE "{table}"')
+    estimated = store.collection_stats(name=coll, exact_limit=10)
+    assert not estimated.counts_exact and (estimated.pending, estimated.failed) == (3, 1)
+    assert estimated.items == 64 and estimated.ready == 60  # ANALYZE of a table this small reads every row

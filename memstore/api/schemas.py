@@ -53,6 +53,11 @@ class CollectionOut(BaseModel):
     failed: int | None = None
     index_bytes: int | None = None
     table_bytes: int | None = None
+    counts_exact: bool | None = Field(
+        default=None,
+        description="False when items and ready are estimates (collections past 100,000 rows: the planner's "
+        "row estimate, kept current by autovacuum); pending and failed are always exact.",
+    )
 
 
 class CollectionList(BaseModel):

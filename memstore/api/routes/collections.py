@@ -29,6 +29,7 @@ def collection_out(c: Collection, stats: CollectionStats | None = None) -> Colle
     if stats is not None:
         out.items, out.ready, out.pending, out.failed = stats.items, stats.ready, stats.pending, stats.failed
         out.index_bytes, out.table_bytes = stats.index_bytes, stats.table_bytes
+        out.counts_exact = stats.counts_exact
     return out
 
 
