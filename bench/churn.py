@@ -114,7 +114,9 @@ def churn_round(conn: Any, table: str, mirror: Mirror, fraction: float, rng: np.
     conn.execute("SELECT pg_stat_force_next_flush()")  # the worker reads these counters
 
 
-def _setup(store: VectorStore, name: str, ds: Dataset, rows: int, seed: int) -> tuple[str, str, Mirror, float]:
+def setup_collection(
+    store: VectorStore, name: str, ds: Dataset, rows: int, seed: int
+) -> tuple[str, str, Mirror, float]:
     with contextlib.suppress(LookupError):
         store.drop_collection(name=name)
     c = store.create_collection(name=name, dimensions=int(ds.base.shape[1]))
@@ -140,10 +142,11 @@ def _setup(store: VectorStore, name: str, ds: Dataset, rows: int, seed: int) -> 
 
 def run_strategy(strategy: str, ds: Dataset, args: argparse.Namespace, store: VectorStore) -> dict[str, Any]:
     name = f"bench_churn_{strategy}"
-    table, index, mirror, build = _setup(store, name, ds, args.rows, args.seed)
+    table, index, mirror, build = setup_collection(store, name, ds, args.rows, args.seed)
     ef = store.settings.default_ef_search
     queries = ds.queries[: args.queries]
     worker = MaintenanceWorker(store.engine, settings=store.settings, config=MaintenanceConfig(), collections=[name])
+    worker.session()  # the worker's connection is opened up front, like the other strategies' connection
     out: dict[str, Any] = {
         "recall": [],
         "index_bytes": [],

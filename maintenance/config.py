@@ -55,7 +55,7 @@ class MaintenanceConfig(BaseSettings):
     )
     recall_interval_s: float = Field(default=3600.0, ge=0, description="... or once this much time has passed.")
     recall_cost_fraction: float = Field(
-        default=0.1,
+        default=0.05,
         gt=0,
         description="A recall probe may cost at most this fraction of the index's last rebuild time (at least "
         "5 queries): the check must stay cheap next to the remedy.",
@@ -67,7 +67,7 @@ class MaintenanceConfig(BaseSettings):
         "100k x 128-d in 25 s, 720 x 1024-d in 0.17 s).",
     )
     recall_budget_s: float = Field(
-        default=10.0, gt=0, description="Stop adding exact searches to a probe past this many seconds (min 5 queries)."
+        default=10.0, gt=0, description="Stop adding queries to a probe past this many seconds (min 5 queries)."
     )
 
     # --- safety ---

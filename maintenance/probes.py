@@ -100,14 +100,12 @@ def probe(
     c = target.collection
     if conn.info.transaction_status != TransactionStatus.IDLE:
         conn.execute("SELECT pg_stat_clear_snapshot()")  # only inside a transaction: a new one reads fresh counters
-    stats = (
-        conn.cursor(row_factory=dict_row)
-        .execute(sqlfiles.text("table_stats"), {"table": target.table, "index": target.index})
-        .fetchone()
-    )
+    with conn.pipeline(), conn.cursor(row_factory=dict_row) as s, conn.cursor(row_factory=dict_row) as h:
+        s.execute(sqlfiles.text("table_stats"), {"table": target.table, "index": target.index}, prepare=True)
+        h.execute(sqlfiles.text("last_clean"), {"table": target.table}, prepare=True)
+        stats, history = s.fetchone(), h.fetchone()
     if stats is None:
         raise LookupError(f"table {target.table} does not exist")
-    history = conn.cursor(row_factory=dict_row).execute(sqlfiles.text("last_clean"), {"table": target.table}).fetchone()
     assert history is not None
     counters = {k: int(stats[k]) for k in COUNTERS}
     live = int(stats["n_live_tup"]) or int(stats["reltuples"])
@@ -264,4 +262,5 @@ def record_probe(conn: psycopg.Connection[Any], p: Probe, recommendation: str) -
                 }
             ),
         },
+        prepare=True,
     )

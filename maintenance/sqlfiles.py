@@ -26,9 +26,10 @@ def query(name: str) -> sql.SQL:
     return sql.SQL(text(name))
 
 
-def composed(name: str, *, table: str, op: str | None = None) -> sql.Composed:
-    """``sql/<name>.sql`` with ``{table}`` quoted as an identifier and ``{op}`` a known distance operator."""
-    parts: dict[str, sql.Composable] = {"table": sql.Identifier(table)}
+def composed(name: str, *, table: str, op: str | None = None, **fragments: sql.Composable) -> sql.Composed:
+    """``sql/<name>.sql`` with ``{table}`` quoted as an identifier, ``{op}`` a known distance operator and
+    any other placeholder filled by an already composed fragment."""
+    parts: dict[str, sql.Composable] = {"table": sql.Identifier(table), **fragments}
     if op is not None:
         if op not in ("<=>", "<->", "<#>"):
             raise ValueError(f"unknown distance operator {op!r}")

@@ -52,10 +52,19 @@ def representation(c: Collection) -> str:
 
 
 def targets_for(conn: psycopg.Connection[Any], collection: Collection) -> list[Target]:
+    return every_target(conn, [collection])
+
+
+def every_target(conn: psycopg.Connection[Any], collections: list[Collection]) -> list[Target]:
+    """The targets of every collection given, their indexes read in one round trip."""
+    tables = [(c, i, t, len(ts)) for c in collections for ts in [c.partition_tables()] for i, t in enumerate(ts)]
+    with conn.pipeline():
+        cursors = [conn.cursor(row_factory=dict_row) for _ in tables]
+        for cur, (_, _, table, _) in zip(cursors, tables, strict=True):
+            cur.execute(sqlfiles.text("indexes"), {"table": table}, prepare=True)
+        found = [cur.fetchall() for cur in cursors]
     out: list[Target] = []
-    tables = collection.partition_tables()
-    for i, table in enumerate(tables):
-        rows = conn.cursor(row_factory=dict_row).execute(sqlfiles.text("indexes"), {"table": table}).fetchall()
+    for (collection, i, table, parts), rows in zip(tables, found, strict=True):
         valid = [r["index_name"] for r in rows if r["valid"] and r["method"] == "hnsw"]
         # Prefer the conventional name when a table somehow has more than one HNSW index.
         preferred = f"{table}_hnsw"
@@ -68,7 +77,7 @@ def targets_for(conn: psycopg.Connection[Any], collection: Collection) -> list[T
                 collection=collection,
                 table=table,
                 index=index,
-                partition=i if len(tables) > 1 else None,
+                partition=i if parts > 1 else None,
                 leftovers=leftovers,
             )
         )

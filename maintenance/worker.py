@@ -24,7 +24,7 @@ from maintenance.config import MaintenanceConfig
 from maintenance.policy import Decision, decide
 from maintenance.probes import Probe, attach_recall, probe, record_probe
 from maintenance.progress import ProgressCallback
-from maintenance.targets import Target, targets_for
+from maintenance.targets import Target, every_target
 from memstore.collections import Collection
 from memstore.compact.maintain import maintain_compact_index
 from memstore.compact.spec import index_spec
@@ -129,7 +129,7 @@ class MaintenanceWorker:
         return [c for c in every if c.name in wanted]
 
     def targets(self, conn: psycopg.Connection[Any]) -> list[Target]:
-        return [t for c in self.list_collections(conn) for t in targets_for(conn, c)]
+        return every_target(conn, self.list_collections(conn))
 
     # ------------------------------------------------------------------ probing
 
@@ -146,11 +146,21 @@ class MaintenanceWorker:
 
     # ------------------------------------------------------------------ acting
 
-    def act(self, target: Target, action: str, *, reason: str, stop: threading.Event | None = None) -> Outcome:
-        """Run ``action`` (vacuum, compact, cleanup, own_index_cleanup, hand_back) on one target, recorded."""
+    def act(
+        self,
+        target: Target,
+        action: str,
+        *,
+        reason: str,
+        stop: threading.Event | None = None,
+        before: Probe | None = None,
+    ) -> Outcome:
+        """Run ``action`` (vacuum, compact, cleanup, own_index_cleanup, hand_back) on one target, recorded.
+        ``before``: the probe the decision was taken on, when there is one (else the target is probed)."""
         ex = self.executor(stop)
         conn = self.session()
-        before = probe(conn, target, self.config, max_scan_tuples=self.settings.max_scan_tuples, with_recall=False)
+        if before is None:
+            before = probe(conn, target, self.config, max_scan_tuples=self.settings.max_scan_tuples, with_recall=False)
         out = Outcome(target.collection.name, target.table, action, reason, "running", before=before.summary())
         action_id = history.start_action(conn, target, action, reason, out.before)
         t0 = time.perf_counter()
@@ -281,14 +291,17 @@ class MaintenanceWorker:
                 d = decide(p, self.config)
         record_probe(conn, p, d.label)
         if self.config.own_index_cleanup and not p.owned and target.index is not None:
-            owned = self.act(target, "own_index_cleanup", reason="the worker cleans this index (cheaper by rebuild)")
+            owned = self.act(
+                target, "own_index_cleanup", reason="the worker cleans this index (cheaper by rebuild)", before=p
+            )
             if owned.outcome == "failed":
                 return owned
+            p.owned = owned.outcome == "ok"
         if d.action == "nothing":
             if d.cleanup:
-                return self.act(target, "cleanup", reason="INVALID leftovers: " + ", ".join(p.leftovers))
+                return self.act(target, "cleanup", reason="INVALID leftovers: " + ", ".join(p.leftovers), before=p)
             return Outcome(target.collection.name, target.table, "nothing", d.reason, "nothing", before=p.summary())
-        return self.act(target, d.action, reason=d.reason)
+        return self.act(target, d.action, reason=d.reason, before=p)
 
     def run_forever(self, stop: threading.Event | None = None) -> int:
         """Passes every ``interval_s`` until ``stop`` (or ``self.stop``) is set; the last pass's exit code."""

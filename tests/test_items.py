@@ -177,8 +177,19 @@ def test_stats_count_exactly_then_estimate_past_the_limit(store: VectorStore, co
 
     store.upsert_items(collection=coll, items=_items(60))
     c = store.get_collection(name=coll)
-    queue.enqueue(store.engine, c, [PendingItem(text=f"note {i}", external_id=f"t{i}") for i in range(4)])
     with raw_connection(store.engine) as conn:
+        # In one transaction with the enqueue: not due for an hour, so that no ingest worker still
+        # running in this test session (the API tests' server) claims them while they are counted.
+        queue._enqueue(
+            conn,
+            c,
+            {f"t{i}": PendingItem(text=f"note {i}", external_id=f"t{i}") for i in range(4)},
+            queue.PRIORITY_DEFAULT,
+        )
+        conn.execute(
+            "UPDATE memstore_ingest_queue SET not_before = now() + interval '1 hour' WHERE collection_id = %s",
+            (c.id,),
+        )
         conn.execute(
             "UPDATE memstore_ingest_queue SET status = 'failed' WHERE collection_id = %s "
             "AND item_id = (SELECT min(item_id) FROM memstore_ingest_queue WHERE collection_id = %s)",

@@ -7,13 +7,14 @@ from typing import Any
 
 import numpy as np
 import psycopg
+import pytest
 from maint_helpers import churn, clustered
 from pgvector.psycopg import register_vector
 
 from maintenance import sqlfiles
 from maintenance.config import MaintenanceConfig
 from maintenance.probes import probe
-from maintenance.recall import INDEX_SETTINGS_SQL, measure_recall
+from maintenance.recall import EXACT_SETTINGS_SQL, INDEX_SETTINGS_SQL, exact_answers, measure_recall
 from maintenance.sizing import estimate_index_bytes
 from maintenance.targets import targets_for
 from memstore.collections import Collection
@@ -45,6 +46,44 @@ def test_recall_probe_agrees_with_numpy(
     expected = sum(len(set(f) & t) for f, t in zip(result.found, truth, strict=True)) / (k * len(truth))
     assert result.recall is not None and abs(result.recall - expected) < 1e-9
     assert 0.3 < expected <= 1.0
+
+
+def _numpy_distances(metric: str, queries: np.ndarray, vectors: np.ndarray) -> np.ndarray:
+    if metric == "l2":
+        return np.linalg.norm(queries[:, None, :] - vectors[None, :, :], axis=2)
+    if metric == "inner_product":
+        return -(queries @ vectors.T)
+    return 1.0 - (queries @ vectors.T) / np.linalg.norm(vectors, axis=1) / np.linalg.norm(queries, axis=1)[:, None]
+
+
+@pytest.mark.parametrize("metric", ["l2", "inner_product"])
+def test_exact_answers_from_one_scan_match_numpy_even_when_bounds_mislead(
+    conn: psycopg.Connection[Any], make_collection: Callable[..., Collection], metric: str
+) -> None:
+    """The one-scan exact answers trust the index's k-th distance as a bound; a bound that holds fewer
+    than k rows, or a query the index answered short, must still get the true k nearest."""
+    c = make_collection(600, 12, metric=metric, seed=4)
+    [target] = targets_for(conn, c)
+    queries = clustered(6, 12, seed=8)
+    ids, vectors = _all_vectors(conn, c)
+    distances = _numpy_distances(metric, queries, vectors)
+    k = 7
+    order = [np.argsort(d, kind="stable") for d in distances]
+    honest = [[(int(ids[j]), float(d[j])) for j in o[k : 2 * k]] for o, d in zip(order, distances, strict=True)]
+    found = [
+        honest[0],  # the index's k answers, not the best: a loose bound, still a valid one
+        honest[1],
+        [(int(ids[j]), float(distances[2][j])) for j in order[2][:k]],  # exactly right
+        [(i, d - 10.0) for i, d in honest[3]],  # too tight: fewer than k rows within it
+        honest[4][: k - 2],  # the index answered short: no bound at all
+        [],
+    ]
+    with conn.transaction(), conn.cursor() as cur:
+        cur.execute(EXACT_SETTINGS_SQL, search_settings(ef_search=40, exact=True, max_scan_tuples=20_000))
+        answers = exact_answers(cur, target, list(queries), found, k)
+    for o, d, answer in zip(order, distances, answers, strict=True):
+        assert [i for i, _ in answer] == [int(ids[j]) for j in o[:k]]
+        assert np.allclose([x for _, x in answer], d[o[:k]], atol=1e-5)
 
 
 def test_recall_probe_prefers_sampled_real_queries(
