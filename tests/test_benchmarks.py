@@ -1,0 +1,59 @@
+"""The maintenance benchmarks run end to end on a small table (their figures are in the docs; here
+only that they run, agree with themselves and report what their readers rely on)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _run(module: str, database_url: str, *args: str) -> dict[str, Any]:
+    env = os.environ | {"MEMSTORE_DATABASE_URL": database_url}
+    done = subprocess.run(
+        [sys.executable, "-m", module, "--json", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_churn_benchmark_runs_every_strategy(database_url: str, tmp_path: Path) -> None:
+    plot = tmp_path / "churn.png"
+    result = _run(
+        "bench.churn",
+        database_url,
+        *("--rows", "1500", "--rounds", "2", "--queries", "30", "--fresh-builds", "2", "--plot", str(plot)),
+    )
+    strategies = result["strategies"]
+    assert set(strategies) == {"none", "vacuum", "compact", "policy"}
+    for s in strategies.values():
+        assert len(s["recall"]) == 3 and len(s["index_bytes"]) == 3  # before, then after each round
+        assert len(s["fresh_recalls"]) == 2 and s["fresh_recall"] == round(sum(s["fresh_recalls"]) / 2, 4)
+        assert s["errors"] == 0, s["error_samples"]
+    assert strategies["none"]["maint_seconds"] == 0 < strategies["vacuum"]["maint_seconds"]
+    assert len(strategies["policy"]["decisions"]) == 2
+    assert set(result["goals"]) == {
+        "min_recall_policy>=0.95",
+        "min_recall_policy>=fresh_recall-0.01",
+        "cost_ratio_policy_vs_vacuum<=0.25",
+        "size_ratio_policy_max<=1.1",
+        "zero_errors",
+    }
+    assert result["cost_ratio_policy_vs_vacuum"] == round(
+        strategies["policy"]["maint_seconds"] / strategies["vacuum"]["maint_seconds"], 4
+    )
+    assert plot.stat().st_size > 10_000
+
+
+def test_recall_probe_benchmark_agrees_with_brute_force(database_url: str) -> None:
+    result = _run("bench.recall_probe", database_url, "--rows", "3000", "--repeats", "1")
+    for n in (5, 20):
+        figures = result[f"queries_{n}"]
+        assert figures["same_answers"] is True
+        assert figures["per_query_ms"] > 0 and figures["one_scan_ms"] > 0
