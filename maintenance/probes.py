@@ -201,7 +201,7 @@ def attach_recall(
         budget_s=recall_budget(p, config),
         ef_search=target.collection.default_ef_search,
         max_scan_tuples=max_scan_tuples,
-        skip=0 if first is None else first.queries,  # the API's samples that the first one did not use
+        exclude=() if first is None else first.sample_ids,  # the API's samples the first one did not use
     )
     p.recall = measured if first is None else first.combined(measured)
     p.duration_s += time.perf_counter() - t0

@@ -1,10 +1,10 @@
 """Sampled recall: recall@k of an index against exact search, at the collection's search settings.
 
-Queries are, in order of preference: the ones given, real recent queries sampled by the API
-(``memstore_query_samples``), or random stored vectors. The index answers ``MIN_QUERIES``, then as many
+Queries are, in order of preference: the ones given, a random draw of the real recent queries the
+API sampled (``memstore_query_samples``), or random stored vectors. The index answers ``MIN_QUERIES``, then as many
 more as half the time budget pays for; then one scan of the table gives the exact
 answers to all of them, bounded by the index's own answers (``exact_answers``). One scan in place of
-one per query is 3 to 5 times cheaper (measured in docs/maintenance.md).
+one per query is 2 to 4.4 times cheaper (``python -m bench.recall_probe``, figures in docs/maintenance.md).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from psycopg.pq import TransactionStatus
 from maintenance import sqlfiles
 from maintenance.targets import Target
 from memstore.items import SETTINGS_SQL, search_settings
+from memstore.recall import TIE_EPSILON, recall_hits
 
 MIN_QUERIES = 5
 # The index's answers must come from the index: on a small table the planner rightly prefers a
@@ -29,8 +30,6 @@ MIN_QUERIES = 5
 INDEX_SETTINGS_SQL = SETTINGS_SQL + ", set_config('enable_seqscan', 'off', true)"
 # And back for the brute-force searches, which share the index searches' transaction.
 EXACT_SETTINGS_SQL = SETTINGS_SQL + ", set_config('enable_seqscan', 'on', true)"
-# Distances equal to the k-th exact one count as hits: ties must not cost recall.
-TIE_EPSILON = 1e-6
 
 
 @dataclass(frozen=True)
@@ -45,6 +44,7 @@ class RecallResult:
     expected: int = 0  # exact answers, all queries together
     found: list[list[int]] = field(default_factory=list, repr=False)
     exact: list[list[int]] = field(default_factory=list, repr=False)
+    sample_ids: tuple[int, ...] = ()  # the API samples used (a confirming sample leaves them out)
 
     def combined(self, other: RecallResult) -> RecallResult:
         """This sample and ``other`` as one (a second sample confirming the first)."""
@@ -59,35 +59,28 @@ class RecallResult:
             expected=expected,
             found=self.found + other.found,
             exact=self.exact + other.exact,
+            sample_ids=self.sample_ids + other.sample_ids,
         )
 
 
 def sample_queries(
-    conn: psycopg.Connection[Any], target: Target, n: int, *, skip: int = 0
-) -> tuple[list[np.ndarray], str]:
-    """``n`` query vectors: the API's most recent samples (past the newest ``skip``), else random stored ones."""
-    params = {"collection_id": target.collection.id, "n": n, "skip": skip}
+    conn: psycopg.Connection[Any], target: Target, n: int, *, exclude: Sequence[int] = ()
+) -> tuple[list[np.ndarray], str, tuple[int, ...]]:
+    """``n`` query vectors, their source and the ids of the API samples among them: a random sample
+    of the API's kept samples other than ``exclude``, else (none left) random stored vectors."""
+    params = {"collection_id": target.collection.id, "n": n, "exclude": list(exclude)}
     rows = conn.cursor(binary=True).execute(sqlfiles.text("sample_queries"), params, prepare=True).fetchall()
     dims = target.collection.dimensions
-    vectors = [v for v in (as_numpy(r[0]) for r in rows) if v.shape == (dims,)]
-    if vectors:
-        return vectors, "query_samples"
+    kept = [(int(r[0]), v) for r in rows if (v := as_numpy(r[1])).shape == (dims,)]
+    if kept:
+        return [v for _, v in kept], "query_samples", tuple(i for i, _ in kept)
     rows = conn.cursor(binary=True).execute(sqlfiles.composed("sample_stored", table=target.table), {"n": n}).fetchall()
-    return [as_numpy(r[0]) for r in rows], "stored"
+    return [as_numpy(r[0]) for r in rows], "stored", ()
 
 
 def as_numpy(value: Any) -> np.ndarray:
     """pgvector's loader gives ``Vector`` objects (or arrays, depending on the version)."""
     return np.asarray(value.to_numpy() if hasattr(value, "to_numpy") else value, dtype=np.float32)
-
-
-def hits(found: Sequence[tuple[int, float]], exact: Sequence[tuple[int, float]], k: int) -> int:
-    """How many of the index's answers are among the true k nearest (ties at the k-th distance count)."""
-    if not exact:
-        return 0
-    exact_ids = {i for i, _ in exact}
-    kth = exact[min(k, len(exact)) - 1][1]
-    return min(sum(1 for i, d in found if i in exact_ids or d <= kth + TIE_EPSILON), len(exact))
 
 
 def measure_recall(
@@ -100,13 +93,14 @@ def measure_recall(
     ef_search: int,
     max_scan_tuples: int,
     queries: Sequence[np.ndarray] | None = None,
-    skip: int = 0,
+    exclude: Sequence[int] = (),
 ) -> RecallResult:
     t0 = time.perf_counter()
+    sample_ids: tuple[int, ...] = ()
     if queries is not None:
         vectors, source = list(queries), "given"
     else:
-        vectors, source = sample_queries(conn, target, sample, skip=skip)
+        vectors, source, sample_ids = sample_queries(conn, target, sample, exclude=exclude)
     index_sql = sqlfiles.composed("index_search", table=target.table, op=target.collection.spec.operator)
     approx = search_settings(ef_search=ef_search, exact=False, max_scan_tuples=max_scan_tuples)
     brute = search_settings(ef_search=ef_search, exact=True, max_scan_tuples=max_scan_tuples)
@@ -129,7 +123,7 @@ def measure_recall(
         found += _index_answers(conn, index_sql, vectors[first : first + max(more, 0)], k)
         cur.execute(EXACT_SETTINGS_SQL, brute)
         exact = exact_answers(cur, target, vectors[: len(found)], found, k)
-    total_hits = sum(hits(f, e, k) for f, e in zip(found, exact, strict=True))
+    total_hits = sum(recall_hits(f, e) for f, e in zip(found, exact, strict=True))
     total_expected = sum(len(e) for e in exact)
     return RecallResult(
         recall=total_hits / total_expected if total_expected else None,
@@ -142,6 +136,7 @@ def measure_recall(
         expected=total_expected,
         found=[[i for i, _ in f] for f in found],
         exact=[[i for i, _ in e] for e in exact],
+        sample_ids=sample_ids[: len(found)],
     )
 
 
@@ -187,7 +182,7 @@ def exact_answers(
             "exact_within",
             table=target.table,
             distances=sql.SQL(", ").join(
-                sql.SQL("e {} {}").format(sql.SQL(c.spec.operator), sql.Placeholder(f"q{j}"))
+                sql.SQL("e {} {}").format(sqlfiles.operator(c.spec.operator), sql.Placeholder(f"q{j}"))
                 for j in range(len(bounded))
             ),
             within=sql.SQL(" OR ").join(

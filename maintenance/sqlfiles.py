@@ -31,7 +31,12 @@ def composed(name: str, *, table: str, op: str | None = None, **fragments: sql.C
     any other placeholder filled by an already composed fragment."""
     parts: dict[str, sql.Composable] = {"table": sql.Identifier(table), **fragments}
     if op is not None:
-        if op not in ("<=>", "<->", "<#>"):
-            raise ValueError(f"unknown distance operator {op!r}")
-        parts["op"] = sql.SQL(op)
+        parts["op"] = operator(op)
     return sql.SQL(text(name)).format(**parts)
+
+
+def operator(op: str) -> sql.SQL:
+    """A distance operator for a statement, checked against pgvector's three."""
+    if op not in ("<=>", "<->", "<#>"):
+        raise ValueError(f"unknown distance operator {op!r}")
+    return sql.SQL(op)

@@ -106,7 +106,7 @@ class QuerySampler:
     def __init__(self, engine: sa.Engine, rate: float, *, capacity: int = 1000, keep: int = 1000) -> None:
         self.engine = engine
         self.rate = rate
-        self.keep = keep  # samples kept per collection (the probes read the most recent ones)
+        self.keep = keep  # samples kept per collection (the probes draw from them at random)
         self._queue: stdqueue.Queue[tuple[int, np.ndarray] | None] = stdqueue.Queue(capacity)
         self._thread: threading.Thread | None = None
 

@@ -35,6 +35,7 @@ from memstore.compact import projection as proj
 from memstore.compact import search as compact_search
 from memstore.compact import spec as specs
 from memstore.compact.switch import DEFAULT_GRACE_S, read_collection, reconcile, set_representation
+from memstore.recall import recall_hits
 from memstore.settings import Settings
 from memstore.store import VectorStore
 
@@ -45,8 +46,6 @@ DEFAULT_QUERIES = 30
 # After an action that left recall below the minimum, acting again soon would only repeat it (the
 # representation loses too much for this data): wait this long, or until someone changes the index.
 DEFAULT_RETRY_AFTER_S = 24 * 3600.0
-# Distances equal to the k-th exact one count as hits: ties must not cost recall.
-TIE_EPSILON = 1e-6
 
 
 @dataclass(frozen=True)
@@ -72,12 +71,6 @@ def _queries(conn: psycopg.Connection[Any], collection_id: int, table: sql.Ident
         sql.SQL("SELECT embedding FROM {} WHERE embedding IS NOT NULL ORDER BY random() LIMIT %s").format(table), (n,)
     ).fetchall()
     return [r[0].to_numpy() for r in rows], "stored"
-
-
-def _hits(found: list[tuple[int, float]], exact: list[tuple[int, float]]) -> int:
-    truth = {i for i, _ in exact}
-    kth = exact[-1][1]
-    return min(len(exact), sum(1 for i, d in found if i in truth or d <= kth + TIE_EPSILON))
 
 
 def _exhaustive(conn: psycopg.Connection[Any], c: Any, spec: specs.IndexSpec, v: np.ndarray, k: int) -> list:
@@ -118,9 +111,9 @@ def probe_compact_recall(
             if not exact:
                 continue
             found = [(r.id, r.distance) for r in store.search(collection=collection, vector=v, k=k)]
-            hits += _hits(found, exact)
+            hits += recall_hits(found, exact)
             if spec.representation == "lowrank":
-                exhaustive_hits += _hits(_exhaustive(conn, c, spec, v, k), exact)
+                exhaustive_hits += recall_hits(_exhaustive(conn, c, spec, v, k), exact)
             total += len(exact)
     return CompactProbe(
         recall=hits / total if total else None,

@@ -98,10 +98,14 @@ def test_recall_probe_prefers_sampled_real_queries(
     sampled = measure_recall(conn, target, k=5, sample=7, budget_s=10, ef_search=40, max_scan_tuples=20_000)
     assert sampled.source == "query_samples" and sampled.queries == 3
     # A confirming second sample takes the samples the first did not use, then stored vectors.
-    rest = measure_recall(conn, target, k=5, sample=7, budget_s=10, ef_search=40, max_scan_tuples=20_000, skip=2)
-    assert rest.source == "query_samples" and rest.queries == 1
-    past = measure_recall(conn, target, k=5, sample=7, budget_s=10, ef_search=40, max_scan_tuples=20_000, skip=3)
-    assert past.source == "stored" and past.queries == 7
+    assert len(set(sampled.sample_ids)) == 3
+    used = sampled.sample_ids[:2]
+    rest = measure_recall(conn, target, k=5, sample=7, budget_s=10, ef_search=40, max_scan_tuples=20_000, exclude=used)
+    assert rest.source == "query_samples" and rest.queries == 1 and set(rest.sample_ids) == set(sampled.sample_ids[2:])
+    past = measure_recall(
+        conn, target, k=5, sample=7, budget_s=10, ef_search=40, max_scan_tuples=20_000, exclude=sampled.sample_ids
+    )
+    assert past.source == "stored" and past.queries == 7 and past.sample_ids == ()
 
 
 def test_probe_counts_dead_entries_and_size(

@@ -322,14 +322,23 @@ def test_a_low_recall_reading_is_confirmed_on_a_second_sample_before_a_rebuild(
     from maintenance.recall import RecallResult
 
     c = make_collection(1000, 16)
-    calls: list[int] = []
+    calls: list[tuple[int, ...]] = []
 
-    def reading(*args: Any, skip: int = 0, **kwargs: Any) -> RecallResult:
+    def reading(*args: Any, exclude: tuple[int, ...] = (), **kwargs: Any) -> RecallResult:
         value = readings[min(len(calls), 1)]  # a compaction's own "after" probe reads the second value again
-        calls.append(skip)
+        ids = tuple(range(10 * len(calls), 10 * len(calls) + 10))
+        calls.append(exclude)
         hits = round(value * 100)
         return RecallResult(
-            recall=value, k=10, queries=10, ef_search=40, source="stored", seconds=0.0, hits=hits, expected=100
+            recall=value,
+            k=10,
+            queries=10,
+            ef_search=40,
+            source="query_samples",
+            seconds=0.0,
+            hits=hits,
+            expected=100,
+            sample_ids=ids,
         )
 
     monkeypatch.setattr(probes, "measure_recall", reading)
@@ -337,7 +346,7 @@ def test_a_low_recall_reading_is_confirmed_on_a_second_sample_before_a_rebuild(
     worker: MaintenanceWorker = make_worker(recall_floor=0.95)
     assert worker.run_once() == EXIT_OK
     [outcome] = worker.last_outcomes
-    assert calls[:2] == [0, 10]  # the second sample starts past the API samples the first one used
+    assert calls[:2] == [(), tuple(range(10))]  # the second sample leaves out the API samples the first one used
     assert outcome.decision == decision
     assert (index_oid(conn, c.index_name) == before) == (decision == "nothing")
     recorded = conn.execute(
