@@ -175,9 +175,10 @@ def exact_answers(
     answers: list[list[tuple[int, float]]] = [[] for _ in queries]
     bounded = [i for i, f in enumerate(found) if len(f) >= k]
     if bounded:
+        bounds = [found[i][k - 1][1] + TIE_EPSILON for i in bounded]
         params: dict[str, Any] = {"dims": c.dimensions}
         for j, i in enumerate(bounded):
-            params[f"q{j}"], params[f"b{j}"] = queries[i], found[i][k - 1][1] + TIE_EPSILON
+            params[f"q{j}"], params[f"b{j}"] = queries[i], bounds[j]
         statement = sqlfiles.composed(
             "exact_within",
             table=target.table,
@@ -190,8 +191,7 @@ def exact_answers(
             ),
         )
         rows = [(int(i), [float(x) for x in d]) for i, d in cur.execute(statement, params).fetchall()]
-        for j, i in enumerate(bounded):
-            bound = params[f"b{j}"]
+        for j, (i, bound) in enumerate(zip(bounded, bounds, strict=True)):
             if sum(1 for _, d in rows if d[j] <= bound) >= k:
                 answers[i] = sorted(((rid, d[j]) for rid, d in rows), key=lambda a: (a[1], a[0]))[:k]
     exact_sql = sqlfiles.composed("exact_search", table=target.table, op=c.spec.operator)
