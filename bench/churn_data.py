@@ -1,6 +1,6 @@
 """Data for ``bench.churn``: the default clustered synthetic set, ``--data FILE.npz``, and bge-m3.
 
-``python -m bench.churn_data --bge-m3 DIR --out FILE.npz`` turns the shared bge-m3 embeddings (raw
+``python -m bench.churn_data --out FILE.npz`` (``--bge-m3 DIR`` for another folder) turns the bge-m3 embeddings (raw
 little-endian float32 files, 1024 dimensions) into an npz with ``base`` and held-out ``queries``.
 """
 
@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
+
+from bench.data import BGE_M3_DIR, load_bge_m3
 
 Matrix = npt.NDArray[np.float32]
 SEED = 20261130
@@ -64,19 +66,18 @@ def load_npz(path: Path) -> Dataset:
     return Dataset(name=path.stem, base=np.ascontiguousarray(base), queries=np.ascontiguousarray(queries))
 
 
-def bge_m3(folder: Path, *, queries: int = 100, seed: int = SEED) -> Dataset:
+def bge_m3(folder: Path = BGE_M3_DIR, *, queries: int = 100, seed: int = SEED) -> Dataset:
     """All ``*.f32`` files of ``folder`` (1024-d, unit length); a random ``queries`` rows held out."""
-    files = sorted(folder.glob("*.f32"))
-    if not files:
-        raise FileNotFoundError(f"no *.f32 files in {folder}")
-    every = np.concatenate([np.fromfile(f, dtype="<f4").reshape(-1, 1024) for f in files])
+    every = load_bge_m3(folder)
     order = np.random.default_rng(seed).permutation(len(every))
     return Dataset(name="bge-m3-1024", base=every[order[queries:]].copy(), queries=every[order[:queries]].copy())
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.churn_data", description=__doc__)
-    parser.add_argument("--bge-m3", type=Path, required=True, help="folder with the bge-m3 *.f32 files")
+    parser.add_argument(
+        "--bge-m3", type=Path, default=BGE_M3_DIR, help=f"folder with the bge-m3 *.f32 files (default {BGE_M3_DIR})"
+    )
     parser.add_argument("--queries", type=int, default=100)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)

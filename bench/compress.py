@@ -35,7 +35,7 @@ from pgvector.psycopg import register_vector
 from psycopg import sql
 from tqdm import tqdm
 
-from bench.data import exact_neighbours, load_npz, low_rank, recall_at_k
+from bench.data import BGE_M3_DIR, exact_neighbours, load_bge_m3, load_npz, low_rank, recall_at_k
 from memstore import items as item_sql
 from memstore import migrate
 from memstore.collections import Collection
@@ -49,15 +49,14 @@ from memstore.models import ItemIn
 from memstore.settings import Settings
 from memstore.store import VectorStore
 
-BGE_M3_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "bge-m3-1024"
 NAME = "bench_compress"
 
 
 def bge_m3(folder: Path, *, held_out: int = 100, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    files = sorted(folder.glob("*.f32"))
-    if not files:
-        raise SystemExit(f"no *.f32 files in {folder}")
-    rows = np.concatenate([np.fromfile(f, dtype="<f4").reshape(-1, 1024) for f in files])
+    try:
+        rows = load_bge_m3(folder)
+    except FileNotFoundError as e:
+        raise SystemExit(str(e)) from None
     order = np.random.default_rng(seed).permutation(len(rows))
     return rows[order[held_out:]], rows[order[:held_out]]
 

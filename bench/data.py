@@ -6,6 +6,17 @@ from pathlib import Path
 
 import numpy as np
 
+# The real embeddings the project carries (with their licence and provenance note in tests/data/).
+BGE_M3_DIR = Path(__file__).resolve().parents[1] / "tests" / "data" / "bge-m3-1024"
+
+
+def load_bge_m3(folder: Path = BGE_M3_DIR) -> np.ndarray:
+    """Every ``*.f32`` file of ``folder`` (raw little-endian float32, 1024-d, unit length), in name order."""
+    files = sorted(folder.glob("*.f32"))
+    if not files:
+        raise FileNotFoundError(f"no *.f32 files in {folder} (the bge-m3 rows belong in tests/data/bge-m3-1024)")
+    return np.concatenate([np.fromfile(f, dtype="<f4").reshape(-1, 1024) for f in files])
+
 
 def clustered(n: int, dimensions: int, *, clusters: int = 100, spread: float = 0.35, seed: int = 0) -> np.ndarray:
     """A Gaussian mixture: ``clusters`` random unit centres, each point a centre plus isotropic noise.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import signal
 import sys
 from collections.abc import Sequence
@@ -19,14 +20,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pretrained", help="tag, checkpoint path or 'none' (MEMSTORE_PRETRAINED)")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (MEMSTORE_ENCODER_DEVICE)")
     p.add_argument("--precision", help="fp32, fp16 or bf16 (MEMSTORE_ENCODER_PRECISION)")
+    p.add_argument(
+        "--allow-open",
+        action="store_true",
+        help="serve a non-loopback address without MEMSTORE_ENCODER_API_KEY (anyone who reaches it may use it)",
+    )
     p.add_argument("--log-level", default="info")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    overrides = {k: v for k, v in vars(args).items() if k != "log_level" and v is not None}
+    overrides = {k: v for k, v in vars(args).items() if k not in ("log_level", "allow_open") and v is not None}
     settings = EncoderSettings(**overrides)
+    if settings.api_key is None and not args.allow_open and not is_loopback(settings.host):
+        print(
+            f"encoder: refusing to serve {settings.host} without a key: set MEMSTORE_ENCODER_API_KEY (the API and "
+            "workers send the same one), or pass --allow-open",
+            file=sys.stderr,
+        )
+        return 2
 
     import uvicorn  # imported late so --help stays fast
 
@@ -48,8 +61,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{enc.info.precision}, pretrained={enc.info.pretrained_weights}) on http://{settings.host}:{settings.port}",
         file=sys.stderr,
     )
-    uvicorn.run(create_app(engine, own_engine=True), host=settings.host, port=settings.port, log_level=args.log_level)
+    app = create_app(engine, own_engine=True, api_key=settings.api_key)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level)
     return 0
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _exit_cleanly_on_sigterm() -> None:

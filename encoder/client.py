@@ -42,9 +42,12 @@ class RemoteEncoder:
     the matching encoder error, so callers handle local and remote encoders alike.
     """
 
-    def __init__(self, base_url: str, timeout: float = 60.0, *, client: httpx.Client | None = None) -> None:
+    def __init__(
+        self, base_url: str, timeout: float = 60.0, *, client: httpx.Client | None = None, api_key: str | None = None
+    ) -> None:
         self.base_url = base_url.rstrip("/")
-        self._client = client or httpx.Client(base_url=self.base_url, timeout=timeout)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = client or httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers)
         self._owns_client = client is None
         self.timeout = timeout
         self._info: EncoderInfo | None = None

@@ -125,7 +125,8 @@ class EmbeddingEngine:
                 self._wake.wait(0.5)
 
     # -- submission -------------------------------------------------------------------------------
-    def _admit(self, priority: Priority, modality: Modality, n_units: int, deadline_s: float | None) -> QueuedRequest:
+    def _check_size(self, priority: Priority, n_units: int) -> None:
+        """RequestTooLargeError for a request no queue state could admit: checked before any work."""
         limit = self.limits[priority]
         if n_units > limit:
             self.metrics.rejected.labels(priority.label, "too_large").inc()
@@ -133,6 +134,10 @@ class EmbeddingEngine:
                 f"request needs {n_units} units but the {priority.label} queue holds at most {limit} "
                 f"(MEMSTORE_ENCODER_QUEUE_UNITS_{priority.name}); split it into smaller requests"
             )
+
+    def _admit(self, priority: Priority, modality: Modality, n_units: int, deadline_s: float | None) -> QueuedRequest:
+        self._check_size(priority, n_units)
+        limit = self.limits[priority]
         now = time.monotonic()
         with self._lock:
             if self._closed:
@@ -172,6 +177,14 @@ class EmbeddingEngine:
             raise TypeError("texts must be a list of strings")
         if not texts:
             return done_future(np.zeros((0, self.info.dimensions), dtype=np.float32))
+        # Refused before tokenising (the costly part of a text request): too many, or too long.
+        self._check_size(Priority.parse(priority), len(texts))
+        longest = max(range(len(texts)), key=lambda i: len(texts[i]))
+        if len(texts[longest]) > self.settings.max_text_chars:
+            raise RequestTooLargeError(
+                f"text {longest} has {len(texts[longest])} characters; the limit is {self.settings.max_text_chars} "
+                "(MEMSTORE_ENCODER_MAX_TEXT_CHARS)"
+            )
         tokens = np.asarray(self.encoder.tokenize(texts))
         req = self._admit(Priority.parse(priority), Modality.TEXT, len(texts), deadline_s)
         with self._lock:

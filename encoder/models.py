@@ -8,7 +8,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import open_clip
@@ -16,18 +16,15 @@ import torch
 
 from .errors import UnknownModelError
 from .images import ImageOptions, ImageSpec, load_views, plan_for, probe_image
+from .settings import DEFAULT_PRETRAINED, DEFAULT_WEIGHTS, EncoderSettings
 from .tiling import aggregate
 from .types import EncoderInfo, ImageEmbedding
 from .weights import resolve_weights
 
-if TYPE_CHECKING:
-    from .settings import EncoderSettings
-
 log = logging.getLogger(__name__)
 TINY_MODEL = "memstore-tiny"
 GRAPH_MODES = ("trace", "eager")
-DEFAULT = "default"  # pretrained sentinel: the model's usual weights (none for memstore-tiny)
-_DEFAULT_TAGS = {"ViT-B-32": "laion2b_s34b_b79k", TINY_MODEL: None}
+DEFAULT = DEFAULT_PRETRAINED  # pretrained sentinel: the model's usual weights (none for memstore-tiny)
 _CONFIG_DIR = Path(__file__).parent / "model_configs"
 _register_lock = threading.Lock()
 _registered = False
@@ -47,9 +44,16 @@ def list_encoders() -> list[str]:
     return list(open_clip.list_models())
 
 
+def model_dimensions(name: str) -> int | None:
+    """The vector size a model makes, from its configuration alone (nothing is loaded); None if unknown."""
+    _register_configs()
+    cfg = open_clip.get_model_config(name)
+    return None if cfg is None else int(cfg["embed_dim"])
+
+
 def default_pretrained(name: str) -> str | None:
-    if name in _DEFAULT_TAGS:
-        return _DEFAULT_TAGS[name]
+    if name in DEFAULT_WEIGHTS:
+        return DEFAULT_WEIGHTS[name]
     tags = open_clip.list_pretrained_tags_by_model(name)
     return tags[0] if tags else None
 
@@ -310,6 +314,8 @@ def create_encoder(
     if threads is not None:
         torch.set_num_threads(threads)
     tag = default_pretrained(name) if pretrained == DEFAULT else pretrained
+    if tag is None and pretrained == DEFAULT:
+        log.warning("%s has no pretrained weights: using untrained ones (its vectors carry no meaning)", name)
     dev = resolve_device(device)
     prec = resolve_precision(precision, dev)
     weights = resolve_weights(name, tag, cache_dir)

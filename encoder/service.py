@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import hmac
+import json
 import math
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
@@ -23,6 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .engine import EmbeddingEngine
 from .errors import (
@@ -109,8 +112,68 @@ async def _await(fut: Future[Any], request: Request) -> Any:
             raise RequestCancelledError("client disconnected")
 
 
-def create_app(engine: EmbeddingEngine, *, own_engine: bool = False) -> FastAPI:
-    """The service around a (started or not) engine; `own_engine` stops it at shutdown."""
+class _BodyTooLarge(StarletteHTTPException):
+    """Raised while a route reads a body over the limit; an HTTPException, so FastAPI's body
+    reader passes it on as a 413 instead of calling it a parse error (400)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(413, detail)
+
+
+class Gate:
+    """Before a byte of a /v1 body is read: one bearer key (when the service has one, compared in
+    constant time) and the body limit (Content-Length, then counted while reading)."""
+
+    def __init__(self, app: ASGIApp, *, api_key: str | None, max_body_bytes: int) -> None:
+        self.app, self.api_key, self.limit = app, api_key, max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope.get("path", "").startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+        headers = scope.get("headers", ())
+        auth = [v for k, v in headers if k == b"authorization"]
+        if self.api_key is not None:
+            expected = b"Bearer " + self.api_key.encode()
+            if len(auth) != 1 or not hmac.compare_digest(auth[0], expected):
+                await _refuse(send, 401, "unauthorized", "Unauthorized", "send 'Authorization: Bearer KEY' "
+                              "with the service's MEMSTORE_ENCODER_API_KEY")  # fmt: skip
+                return
+        for k, v in headers:
+            if k == b"content-length" and v.isdigit() and int(v) > self.limit:
+                await _refuse(send, 413, "request-too-large", "Request too large", self._too_large())
+                return
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise _BodyTooLarge(self._too_large())
+            return message
+
+        await self.app(scope, limited, send)
+
+    def _too_large(self) -> str:
+        return f"the body is over {self.limit} bytes (MEMSTORE_ENCODER_MAX_BODY_BYTES); send fewer or smaller inputs"
+
+
+async def _refuse(send: Send, status: int, kind: str, title: str, detail: str) -> None:
+    body = json.dumps({"type": PROBLEM + kind, "title": title, "status": status, "detail": detail}).encode()
+    headers = [(b"content-type", b"application/problem+json"), (b"content-length", str(len(body)).encode())]
+    if status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    headers.append((b"connection", b"close"))  # the body was not read: the connection cannot be reused
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def create_app(
+    engine: EmbeddingEngine, *, own_engine: bool = False, api_key: str | None = None, max_body_bytes: int | None = None
+) -> FastAPI:
+    """The service around a (started or not) engine; `own_engine` stops it at shutdown. ``api_key``:
+    the bearer key every /v1 request must carry (None: none asked)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -131,6 +194,8 @@ def create_app(engine: EmbeddingEngine, *, own_engine: bool = False) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 413:
+            return problem(413, "request-too-large", "Request too large", str(exc.detail))
         return problem(exc.status_code, "http", str(exc.detail), str(exc.detail))
 
     for cls, (status, kind, title) in _STATUS.items():
@@ -212,4 +277,6 @@ def create_app(engine: EmbeddingEngine, *, own_engine: bool = False) -> FastAPI:
     async def metrics() -> Response:
         return Response(generate_latest(engine.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    limit = max_body_bytes if max_body_bytes is not None else engine.settings.max_body_bytes
+    app.add_middleware(Gate, api_key=api_key, max_body_bytes=limit)
     return app

@@ -10,20 +10,28 @@ from __future__ import annotations
 import os
 from typing import Literal
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .images import ImageOptions
 from .types import Priority
 
+# The weights a model gets when MEMSTORE_PRETRAINED is not set. A model missing here gets its first
+# known tag ("default", resolved when it loads), or untrained weights, with a warning, if it has none.
+DEFAULT_WEIGHTS: dict[str, str | None] = {"ViT-B-32": "laion2b_s34b_b79k", "memstore-tiny": None}
+DEFAULT_PRETRAINED = "default"
+OFFLINE_HINT = "MEMSTORE_MODEL=memstore-tiny MEMSTORE_PRETRAINED=none make run"
+
 
 class EncoderSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="MEMSTORE_ENCODER_", extra="ignore")
+    # .env as the core's Settings read it, so MEMSTORE_MODEL there reaches `memstore serve`.
+    model_config = SettingsConfigDict(env_prefix="MEMSTORE_ENCODER_", env_file=".env", extra="ignore")
 
     model: str = Field(default="ViT-B-32", validation_alias=AliasChoices("MEMSTORE_MODEL", "model"))
-    # A tag known to open_clip, a local checkpoint path, or None ("none"/"" in the environment).
+    # A tag known to open_clip, a local checkpoint path, "default" (the model's usual weights), or
+    # None ("none"/"" in the environment). Unset: DEFAULT_WEIGHTS for the model.
     pretrained: str | None = Field(
-        default="laion2b_s34b_b79k", validation_alias=AliasChoices("MEMSTORE_PRETRAINED", "pretrained")
+        default=DEFAULT_PRETRAINED, validation_alias=AliasChoices("MEMSTORE_PRETRAINED", "pretrained")
     )
     device: str | None = None  # None: cuda when available, else cpu
     precision: str | None = None  # None: fp16 on cuda, fp32 on cpu
@@ -58,13 +66,24 @@ class EncoderSettings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8001, ge=0, le=65535)
     url: str | None = None  # set: API and workers use the remote encoder service at this URL
+    # The service's bearer key (and the one the API's remote client sends). Unset: no key is asked,
+    # which the service allows on a loopback address only unless told otherwise (--allow-open).
+    api_key: str | None = Field(default=None, repr=False)
+    max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)  # largest /v1/embeddings request
+    max_text_chars: int = Field(default=8192, ge=1)  # longest text (the tokenizer keeps 77 tokens anyway)
 
-    @field_validator("pretrained", "device", "precision", "cache_dir", "url", "torch_threads", mode="before")
+    @field_validator("pretrained", "device", "precision", "cache_dir", "url", "torch_threads", "api_key", mode="before")
     @classmethod
     def _none_words(cls, value: object) -> object:
         if isinstance(value, str) and value.strip().lower() in ("", "none", "null"):
             return None
         return value
+
+    @model_validator(mode="after")
+    def _model_default_weights(self) -> EncoderSettings:
+        if "pretrained" not in self.model_fields_set:
+            self.pretrained = DEFAULT_WEIGHTS.get(self.model, DEFAULT_PRETRAINED)
+        return self
 
     def service_torch_threads(self, device: str) -> int | None:
         if self.torch_threads is not None or device.startswith("cuda"):

@@ -14,6 +14,7 @@ from typing import Any
 import open_clip
 
 from .errors import WeightsNotFoundError
+from .settings import OFFLINE_HINT
 
 _PREPROCESS_KEYS = ("mean", "std", "interpolation", "resize_mode", "fill_color")
 _CHECKPOINT_SUFFIXES = (".bin", ".pt", ".pth", ".safetensors", ".ckpt")
@@ -94,7 +95,7 @@ def _missing_message(model: str, tag: str, cfg: dict[str, Any], cache_dir: str |
         f"  1. Hugging Face cache: {fetch};\n"
         f"  2. a local checkpoint file: MEMSTORE_PRETRAINED=/path/to/{filename};\n"
         "  3. untrained weights (vectors carry no meaning; tests and offline trials only): "
-        "MEMSTORE_PRETRAINED=none."
+        f"MEMSTORE_PRETRAINED=none; to try memstore offline: `{OFFLINE_HINT}`."
     )
 
 

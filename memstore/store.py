@@ -6,6 +6,7 @@ is refused before anything is written. The REST API, the ingest workers and main
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import uuid
@@ -254,7 +255,7 @@ class VectorStore:
         if not items:
             return []
         ids = [_check_external_id(it.external_id) for it in items]
-        matrix = as_matrix([it.vector for it in items], dimensions=c.dimensions)
+        matrix = as_matrix([it.vector for it in items], dimensions=c.dimensions, metric=c.metric)
         metas = [check_metadata(it.metadata) for it in items]
         last = {eid: i for i, eid in enumerate(ids)}
         unique = sorted(last.values())
@@ -337,7 +338,7 @@ class VectorStore:
             params.append(Jsonb(check_metadata(metadata)))
         if vector is not None:
             sets += ["embedding = %s", "status = 'ready'", "error = NULL"]
-            params.append(as_vector(vector, dimensions=c.dimensions))
+            params.append(as_vector(vector, dimensions=c.dimensions, metric=c.metric))
         if len(sets) == 1:
             raise InvalidInputError("nothing to update: give metadata, vector or both")
         query = sql.SQL(
@@ -557,7 +558,7 @@ def check_search_args(k: int, pool: int | None, filter: dict[str, Any] | None) -
 
 def _search_params(c: Collection, vector: Any, k: int, checked_filter: dict[str, Any] | None) -> dict[str, Any]:
     """The query vector (checked against the collection), k and the filter, as every search binds them."""
-    params: dict[str, Any] = {"q": as_vector(vector, dimensions=c.dimensions), "k": k}
+    params: dict[str, Any] = {"q": as_vector(vector, dimensions=c.dimensions, metric=c.metric), "k": k}
     if checked_filter:
         params["f"] = Jsonb(checked_filter)
     return params
@@ -571,7 +572,10 @@ def _ef_search(c: Collection, ef_search: int | None) -> int:
 
 
 def search_results(c: Collection, rows: list[tuple[Any, ...]]) -> list[SearchResult]:
+    """The rows as results. A row whose distance is not a number (a zero vector stored in a cosine
+    collection before such vectors were refused) is near nothing: it is left out, not answered."""
     return [
         SearchResult(id=r[0], external_id=r[1], distance=float(r[3]), score=c.score(float(r[3])), metadata=r[2])
         for r in rows
+        if math.isfinite(r[3])
     ]

@@ -13,8 +13,9 @@ from memstore.errors import DimensionMismatchError, InvalidInputError
 FloatMatrix = npt.NDArray[np.float32]
 
 
-def as_vector(values: Any, *, dimensions: int, where: str = "vector") -> FloatMatrix:
-    """A finite float32 vector of exactly ``dimensions`` numbers, or InvalidInputError."""
+def as_vector(values: Any, *, dimensions: int, where: str = "vector", metric: str | None = None) -> FloatMatrix:
+    """A finite float32 vector of exactly ``dimensions`` numbers, or InvalidInputError. With ``metric``
+    "cosine", a vector without a direction (zero length) is refused too (see ``check_lengths``)."""
     # The common case on the search path (vectors from the encoder or numpy): no copy.
     if (
         isinstance(values, np.ndarray)
@@ -22,12 +23,33 @@ def as_vector(values: Any, *, dimensions: int, where: str = "vector") -> FloatMa
         and values.dtype == np.float32
         and np.isfinite(values).all()
     ):
+        if metric == "cosine":
+            check_lengths(values[None, :], where=where)
         return values
-    return as_matrix([values], dimensions=dimensions, where=where)[0]
+    return as_matrix([values], dimensions=dimensions, where=where, metric=metric)[0]
 
 
-def as_matrix(rows: Sequence[Any] | np.ndarray, *, dimensions: int, where: str = "vector") -> FloatMatrix:
-    """Stack ``rows`` into an (n, dimensions) float32 matrix, refusing ragged, non-numeric or non-finite input."""
+def check_lengths(matrix: FloatMatrix, *, where: str) -> None:
+    """Refuse rows whose cosine distance is undefined. pgvector sums the squares in float32: a row whose
+    sum is 0 (all zeros, or values so small that their squares underflow) or overflows to infinity gets
+    a NaN distance to every query, which no ranking can place."""
+    with np.errstate(over="ignore", under="ignore"):
+        squares = np.einsum("ij,ij->i", matrix, matrix, dtype=np.float32)
+    bad = ~np.isfinite(squares) | (squares <= 0)
+    if bad.any():
+        row = int(np.argmax(bad))
+        what = "zero length" if squares[row] == 0 else "a length too large for float32"
+        raise InvalidInputError(
+            f"{where}: row {row} has {what}; a cosine collection cannot compare it with anything "
+            "(its distance is undefined): send a vector with a direction, or use metric l2 or inner_product"
+        )
+
+
+def as_matrix(
+    rows: Sequence[Any] | np.ndarray, *, dimensions: int, where: str = "vector", metric: str | None = None
+) -> FloatMatrix:
+    """Stack ``rows`` into an (n, dimensions) float32 matrix, refusing ragged, non-numeric or non-finite input
+    (and, with ``metric`` "cosine", rows of zero length)."""
     if isinstance(rows, np.ndarray):
         matrix = rows
     else:
@@ -54,4 +76,6 @@ def as_matrix(rows: Sequence[Any] | np.ndarray, *, dimensions: int, where: str =
         original = matrix[row, col]
         reason = "NaN" if np.isnan(original) else "infinite" if np.isinf(original) else "out of float32 range"
         raise InvalidInputError(f"{where}: value {col} of row {row} is {reason}; vectors must be finite")
+    if metric == "cosine":
+        check_lengths(out, where=where)
     return np.ascontiguousarray(out)

@@ -21,13 +21,12 @@ import pytest
 import sqlalchemy as sa
 from psycopg import sql
 
+from bench.data import load_bge_m3
 from memstore import migrate
 from memstore.db import create_engine, libpq_url, normalise_url
 from memstore.embedded import start_embedded_server
 from memstore.settings import Settings
 from memstore.store import VectorStore
-
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
 def _docker_answers() -> bool:
@@ -103,8 +102,7 @@ def collection_name() -> str:
 @pytest.fixture(scope="session")
 def bge_m3() -> np.ndarray:
     """1,000 real bge-m3 embeddings (1024 dimensions, unit length)."""
-    folder = SHARED_DATA / "bge-m3-1024"
-    files = sorted(folder.glob("*.f32"))
-    if not files:
-        pytest.fail(f"real embeddings missing: expected *.f32 files in {folder}")
-    return np.concatenate([np.fromfile(f, dtype="<f4").reshape(-1, 1024) for f in files])
+    try:
+        return load_bge_m3()
+    except FileNotFoundError as e:
+        pytest.fail(f"real embeddings missing: {e}")

@@ -38,22 +38,31 @@ def _run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 @needs_compose
 def test_compose_accepts_the_file() -> None:
-    result = _run("config", "-q", POSTGRES_PASSWORD="example")
+    result = _run("config", "-q", POSTGRES_PASSWORD="example", MEMSTORE_ENCODER_API_KEY="example")
     assert result.returncode == 0, result.stderr
 
 
 @needs_compose
 def test_every_role_is_a_service() -> None:
-    result = _run("config", "--services", POSTGRES_PASSWORD="example", COMPOSE_PROFILES="gpu,cpu")
+    result = _run(
+        "config", "--services", POSTGRES_PASSWORD="example", MEMSTORE_ENCODER_API_KEY="example", COMPOSE_PROFILES="gpu,cpu"
+    )
     assert result.returncode == 0, result.stderr
     assert set(result.stdout.split()) == ROLES
 
 
 @needs_compose
 def test_compose_refuses_to_start_without_the_database_password() -> None:
-    result = _run("config", "-q")
+    result = _run("config", "-q", MEMSTORE_ENCODER_API_KEY="example")
     assert result.returncode != 0
     assert "POSTGRES_PASSWORD" in result.stderr
+
+
+@needs_compose
+def test_compose_refuses_to_start_without_the_encoder_key() -> None:
+    result = _run("config", "-q", POSTGRES_PASSWORD="example")
+    assert result.returncode != 0
+    assert "MEMSTORE_ENCODER_API_KEY" in result.stderr
 
 
 def test_no_secret_is_written_in_the_files() -> None:
@@ -61,3 +70,5 @@ def test_no_secret_is_written_in_the_files() -> None:
     assert "${POSTGRES_PASSWORD:?" in text
     example = (ROOT / ".env.example").read_text()
     assert "POSTGRES_PASSWORD=\n" in example, ".env.example must leave the password empty"
+    assert "${MEMSTORE_ENCODER_API_KEY:?" in text
+    assert "MEMSTORE_ENCODER_API_KEY=\n" in example, ".env.example must leave the encoder key empty"

@@ -17,14 +17,15 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from memstore import queue
 from memstore.api import problems
+from memstore.api.auth import authenticate_runtime, key_from_header
 from memstore.api.fastpath import SearchFastPath
-from memstore.api.middleware import BodyLimit, BodyTooLargeError, Metrics, too_large_detail
+from memstore.api.middleware import AuthGate, BodyLimit, BodyTooLargeError, Metrics, too_large_detail
 from memstore.api.routes import collections, items, search
 from memstore.api.runtime import QuerySampler, Runtime, RuntimeOptions
 from memstore.api.settings import ApiSettings
 from memstore.async_search import AsyncSearcher
 from memstore.db import get_engine, raw_connection
-from memstore.keys import KeyVerifier
+from memstore.keys import ApiKey, KeyVerifier
 from memstore.migrate import VERSION_TABLE
 from memstore.queue import IngestSettings
 from memstore.settings import Settings, get_settings
@@ -83,21 +84,38 @@ def create_app(
 
     async def on_too_large(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, BodyTooLargeError)
-        return problems.problem_response(request, problems.Problem("payload-too-large", too_large_detail(exc.limit)))
+        detail = too_large_detail(exc.limit, exc.kind)
+        return problems.problem_response(request, problems.Problem("payload-too-large", detail))
 
     app.add_exception_handler(BodyTooLargeError, on_too_large)
     registry = CollectorRegistry()
     registry.register(_QueueCollector(app))
-    app.front = BodyLimit(Metrics(SearchFastPath(app.dispatch, fastapi_app=app), registry=registry), api.max_body_bytes)
+
+    async def authenticate(secret: str | None) -> ApiKey:
+        return await authenticate_runtime(app.state.runtime, secret)
+
+    gated = AuthGate(SearchFastPath(app.dispatch, fastapi_app=app), authenticate)
+    app.front = BodyLimit(Metrics(gated, registry=registry), api)
     # Routes are matched in order: the hot path (search) first.
     app.include_router(search.router)
     app.include_router(collections.router)
     app.include_router(items.router)
 
-    @app.get("/health", tags=["operations"], summary="Database, encoder and workers")
-    async def health() -> JSONResponse:
-        body = await run_in_threadpool(_health, app.state.runtime)
-        return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
+    @app.get("/health", tags=["operations"], summary="Liveness; with a key: database, encoder and workers")
+    async def health(request: Request) -> JSONResponse:
+        """``status`` is ``ok``, ``degraded`` (serving, but a part failed: ``reasons`` says which; 200)
+        or ``unavailable`` (the database is unreachable; 503). Versions, the model, the queue and
+        the workers are shown to a valid key of any scope only (or to everyone with
+        MEMSTORE_API_HEALTH_DETAIL=public): they map the deployment for an attacker."""
+        rt: Runtime = app.state.runtime
+        body = await run_in_threadpool(_health, rt)
+        public = {"status": body["status"], "reasons": body["reasons"]}
+        if rt.api.health_detail != "public":
+            try:
+                await key_from_header(request)
+            except problems.Problem:
+                body = public
+        return JSONResponse(body, status_code=503 if body["status"] == "unavailable" else 200)
 
     @app.get("/metrics", tags=["operations"], summary="Prometheus metrics", response_class=Response)
     async def metrics() -> Response:
@@ -149,7 +167,8 @@ class _QueueCollector(Collector):
 
 
 def _health(rt: Runtime) -> dict[str, Any]:
-    body: dict[str, Any] = {"status": "ok", "auth": rt.api.auth}
+    reasons: list[str] = []  # short and fixed: shown to everyone, so no error text, path or version
+    body: dict[str, Any] = {"status": "ok", "reasons": reasons, "auth": rt.api.auth}
     try:
         with raw_connection(rt.engine) as conn:
             row = conn.execute(
@@ -163,7 +182,12 @@ def _health(rt: Runtime) -> dict[str, Any]:
     except Exception as exc:
         body["status"] = "unavailable"
         body["database"] = {"error": str(exc)}
+        reasons.append("the database is unreachable")
     body["encoder"] = {"state": rt.encoder_state}
+    if rt.encoder_state == "failed":
+        reasons.append("the encoder failed to start: text and image items and searches are refused")
+        if body["status"] == "ok":
+            body["status"] = "degraded"
     if rt.backend is not None:
         body["encoder"].update(rt.backend.info.as_dict())
     elif rt.encoder_error:

@@ -28,11 +28,18 @@ def runtime(request: Request) -> Runtime:
 async def current_key(
     request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 ) -> ApiKey:
+    """The key the front's AuthGate verified before the body was read (every /v1 route), else checked here."""
+    verified = getattr(request.state, "api_key", None)
+    if isinstance(verified, ApiKey):
+        return verified
     return await authenticate(request, None if credentials is None else credentials.credentials)
 
 
 async def key_from_header(request: Request) -> ApiKey:
     """The same check without FastAPI's dependency machinery (for the search route, the hot path)."""
+    verified = getattr(request.state, "api_key", None)
+    if isinstance(verified, ApiKey):
+        return verified
     return await authenticate(request, bearer_secret(request.headers.get("authorization", "")))
 
 

@@ -63,7 +63,7 @@ def split_json_items(rt: Runtime, c: Collection, items: Sequence[ItemIn]) -> tup
             raise Problem("invalid-input", f"items[{i}]: give exactly one of text or vector")
         check_metadata(it.metadata)
         if it.vector is not None:
-            as_vector(it.vector, dimensions=c.dimensions, where=f"items[{i}].vector")
+            as_vector(it.vector, dimensions=c.dimensions, where=f"items[{i}].vector", metric=c.metric)
             vectors.append(i)
         else:
             assert it.text is not None

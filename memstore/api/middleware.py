@@ -1,49 +1,91 @@
-"""Plain ASGI middleware (no BaseHTTPMiddleware: it costs every request a task and a copy)."""
+"""Plain ASGI middleware (no BaseHTTPMiddleware: it costs every request a task and a copy).
+
+The API's front, outermost first: ``BodyLimit`` (a per-route size cap, before a byte is read),
+``Metrics``, ``AuthGate`` (the key, before a byte is read), then the search fast path and FastAPI.
+A request without a valid key is refused on its headers alone, so no unauthenticated client can make
+the server read, buffer or parse a body.
+"""
 
 from __future__ import annotations
 
-import json
+import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from memstore.api.problems import MEDIA_TYPE
+from memstore.api.auth import bearer_secret
+from memstore.api.problems import MEDIA_TYPE, Problem, from_exception, problem_body
+from memstore.api.rendering import render
+from memstore.api.settings import ApiSettings
+
+# Routes that take uploads; every other route takes small JSON bodies only.
+_ITEMS_UPLOAD = re.compile(r"^/v1/collections/[^/]+/items/?$")
+_SEARCH = re.compile(r"^/v1/collections/[^/]+/search/?$")
 
 
-class BodyTooLargeError(Exception):
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"the request body is over {limit} bytes")
+class BodyTooLargeError(HTTPException):
+    """Raised while a body over the limit is read. An HTTPException, so that FastAPI's body reader
+    passes it on (a 413) instead of calling it a parse error (400)."""
+
+    def __init__(self, limit: int, kind: str = "upload") -> None:
+        super().__init__(413, f"the request body is over {limit} bytes")
         self.limit = limit
+        self.kind = kind
 
 
-def too_large_detail(limit: int) -> str:
-    return (
-        f"the request body is over the limit of {limit} bytes (MEMSTORE_API_MAX_BODY_BYTES); "
-        "send fewer or smaller files per request"
+_LIMIT_SETTINGS = {
+    "upload": "MEMSTORE_API_MAX_BODY_BYTES",
+    "search": "MEMSTORE_API_MAX_SEARCH_BODY_BYTES",
+    "json": "MEMSTORE_API_MAX_JSON_BODY_BYTES",
+}
+
+
+def too_large_detail(limit: int, kind: str = "upload") -> str:
+    return f"the request body is over the limit of {limit} bytes for this route ({_LIMIT_SETTINGS[kind]}); " + (
+        "send fewer or smaller items per request" if kind == "upload" else "send a smaller body"
     )
 
 
-class BodyLimit:
-    """413 before reading when Content-Length is over the limit; stop reading once a chunked body is."""
+def body_kind(scope: Scope) -> str:
+    """Which body limit a request falls under: ``upload``, ``search`` or ``json``."""
+    path = scope.get("path", "")
+    if scope.get("method") == "POST" and _ITEMS_UPLOAD.match(path):
+        return "upload"
+    if _SEARCH.match(path):
+        return "search"
+    return "json"
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+
+class BodyLimit:
+    """413 before reading when Content-Length is over the route's limit; stop reading once a chunked
+    body is (the same 413, whether the body declared its length or not)."""
+
+    def __init__(self, app: ASGIApp, api: ApiSettings) -> None:
         self.app = app
-        self.limit = limit
+        self.limits = {
+            "upload": api.max_body_bytes,
+            "search": api.max_search_body_bytes,
+            "json": api.max_json_body_bytes,
+        }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        kind = body_kind(scope)
+        limit = self.limits[kind]
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 try:
                     declared = int(value)
                 except ValueError:
                     declared = 0
-                if declared > self.limit:
-                    await _send_problem(send, scope, 413, "payload-too-large", too_large_detail(self.limit))
+                if declared > limit:
+                    await send_problem(send, scope, Problem("payload-too-large", too_large_detail(limit, kind)))
                     return
         seen = 0
 
@@ -52,35 +94,57 @@ class BodyLimit:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise BodyTooLargeError(self.limit)
+                if seen > limit:
+                    raise BodyTooLargeError(limit, kind)
             return message
 
         await self.app(scope, limited, send)
 
 
-async def _send_problem(send: Send, scope: Scope, status: int, slug: str, detail: str) -> None:
-    body = json.dumps(
-        {
-            "type": f"/problems/{slug}",
-            "title": "Payload too large",
-            "status": status,
-            "detail": detail,
-            "instance": scope.get("path", ""),
-        }
-    ).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", MEDIA_TYPE.encode()),
-                (b"content-length", str(len(body)).encode()),
-                (b"connection", b"close"),
-            ],
-        }
-    )
+async def send_problem(send: Send, scope: Scope, problem: Problem, *, close: bool = True) -> None:
+    """Answer with a problem document from a plain ASGI layer. ``close``: the body was not read, so
+    the connection must not be reused (the server would have to drain it first)."""
+    body = render(problem_body(problem, scope.get("path", "")))
+    headers = [(b"content-type", MEDIA_TYPE.encode()), (b"content-length", str(len(body)).encode())]
+    headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in problem.headers.items()]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": problem.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+class AuthGate:
+    """The key of every ``/v1`` request, checked on its headers before the body is read.
+
+    The verified key travels in ``scope["state"]["api_key"]`` (``request.state.api_key``), where the
+    routes' ``Key`` dependency and the search fast path take it from. Two ``Authorization`` headers
+    are refused (400): proxies and frameworks disagree on which one counts.
+    """
+
+    def __init__(self, app: ASGIApp, authenticate: Callable[[str | None], Any]) -> None:
+        self.app = app
+        self.authenticate = authenticate
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        values = [v for k, v in scope.get("headers", ()) if k == b"authorization"]
+        if len(values) > 1:
+            await send_problem(
+                send, scope, Problem("malformed-request", "more than one Authorization header; send exactly one")
+            )
+            return
+        if not scope.get("path", "").startswith("/v1/") and scope.get("path") != "/v1":
+            await self.app(scope, receive, send)
+            return
+        try:
+            key = await self.authenticate(bearer_secret(values[0].decode("latin-1")) if values else None)
+        except Exception as exc:
+            await send_problem(send, scope, from_exception(exc))
+            return
+        scope.setdefault("state", {})["api_key"] = key
+        await self.app(scope, receive, send)
 
 
 class Metrics:

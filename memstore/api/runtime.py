@@ -20,7 +20,9 @@ from typing import Any, Literal
 import numpy as np
 import sqlalchemy as sa
 
+from encoder.errors import WeightsNotFoundError
 from encoder.images import ImageOptions
+from encoder.settings import OFFLINE_HINT
 from encoder.types import EmbeddingBackend
 from memstore.api.problems import Problem
 from memstore.api.settings import ApiSettings
@@ -65,7 +67,7 @@ def open_backend(options: RuntimeOptions) -> tuple[EmbeddingBackend | None, Call
             raise ValueError("a remote encoder needs a URL: --encoder-url or MEMSTORE_ENCODER_URL")
         from encoder.client import RemoteEncoder
 
-        remote = RemoteEncoder(url)
+        remote = RemoteEncoder(url, api_key=es.api_key)
         return remote, getattr(remote, "close", lambda: None)
     from encoder.engine import EmbeddingEngine
     from encoder.models import create_encoder_from_settings
@@ -180,6 +182,7 @@ class Runtime:
     searcher: AsyncSearcher | None = None  # vector searches on the event loop (set by the app's lifespan)
     encoder_state: str = "off"  # off, loading, ready or failed
     encoder_error: str | None = None
+    encoder_model: str | None = None  # the model a local encoder is loading (known before it is ready)
     _claimer: Claimer | None = None
     _processor: Processor | None = None
     _claimer_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -201,6 +204,11 @@ class Runtime:
         if options.encoder == "none":
             return
         self.encoder_state = "loading"
+        from encoder.settings import EncoderSettings
+
+        settings = EncoderSettings()
+        if not (options.encoder_url or settings.url) and options.encoder != "remote":
+            self.encoder_model = settings.model
 
         def load() -> None:
             try:
@@ -210,6 +218,8 @@ class Runtime:
             except Exception as exc:
                 self.encoder_state, self.encoder_error = "failed", f"{type(exc).__name__}: {exc}"
                 log.error("the encoder did not start: %s", exc)
+                if isinstance(exc, WeightsNotFoundError):
+                    log.error("no weights and no network? try memstore offline with: %s", OFFLINE_HINT)
                 return
             if self.stop_event.is_set():
                 close()
@@ -230,6 +240,17 @@ class Runtime:
         self.backend = backend
         self.encoder_state = "ready"
         self.start_workers(workers)
+
+    def model_dimensions(self) -> tuple[str, int] | None:
+        """The running (or loading) model and its vector size, without waiting for it to load."""
+        if self.backend is not None:
+            return self.backend.info.model, self.backend.info.dimensions
+        if self.encoder_state == "loading" and self.encoder_model is not None:
+            from encoder.models import model_dimensions
+
+            dims = model_dimensions(self.encoder_model)
+            return None if dims is None else (self.encoder_model, dims)
+        return None
 
     def require_backend(self, purpose: str) -> EmbeddingBackend:
         """The encoder, or a 503 that says why there is none."""

@@ -17,12 +17,27 @@ class ApiSettings(BaseSettings):
         default="keys",
         description="keys: every /v1 request needs 'Authorization: Bearer KEY'. off: no checks, for local use only.",
     )
-    max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, description="Largest request body.")
+    max_body_bytes: int = Field(
+        default=64 * 1024 * 1024, ge=1024, description="Largest upload body (POST .../items: files, texts, vectors)."
+    )
+    max_search_body_bytes: int = Field(
+        default=16 * 1024 * 1024, ge=1024, description="Largest search body (a query image, base64 or multipart)."
+    )
+    max_json_body_bytes: int = Field(
+        default=1024 * 1024,
+        ge=1024,
+        description="Largest body of every other route (lookups, deletes, edits, collections): small JSON only.",
+    )
     max_files_per_request: int = Field(default=64, ge=1, le=10_000, description="Image files per upload.")
     max_items_per_request: int = Field(default=1000, ge=1, le=100_000, description="JSON items (texts or vectors).")
     max_text_chars: int = Field(default=8192, ge=1, description="Longest text item or text query.")
     max_k: int = Field(default=MAX_K, ge=1, le=MAX_K, description="Most results one search returns.")
     query_sample_rate: float = Field(
         default=0.01, ge=0.0, le=1.0, description="Share of query vectors kept for maintenance's recall probes."
+    )
+    health_detail: Literal["key", "public"] = Field(
+        default="key",
+        description="key: /health shows versions, model, queue and workers to a valid key only (everyone gets "
+        "status and reasons). public: to everyone.",
     )
     key_cache_s: float = Field(default=5.0, ge=0.0, description="How long a verified key is trusted.")

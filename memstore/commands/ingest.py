@@ -1,9 +1,15 @@
 """``memstore ingest PATH --collection NAME``: bulk upload through the API's durable queue.
 
-A folder is walked for images; a ``.jsonl`` file is read as texts (``{"text", "external_id"?,
-"metadata"?}`` per line). Each item's external id is its path relative to the folder (or its line's
-``external_id``, else ``line-N``), so an interrupted run started again skips what the server already
-holds and re-sending never duplicates.
+What PATH is decides what is sent:
+- a folder: every image (by suffix) and every plain-text file (``.txt``, ``.md``) under it, at any
+  depth; other files are counted as ignored;
+- a ``.jsonl`` file: one text item per line (``{"text", "external_id"?, "metadata"?}``);
+- any other file: that one file, an image if its suffix or first bytes say so, else a text if it
+  is UTF-8.
+
+Each item's external id is its path relative to the folder (a single file: its name; a JSONL line:
+its ``external_id``, else ``line-N``), so an interrupted run started again skips what the server
+already holds and re-sending never duplicates.
 """
 
 from __future__ import annotations
@@ -22,14 +28,26 @@ from typing import Any
 import httpx
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
+TEXT_SUFFIXES = {".txt", ".md"}
+# The first bytes of the image formats the API decodes: a single file is an image if it starts so.
+IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a", b"BM", b"II*\x00", b"MM\x00*")
+PATH_HELP = (
+    "a folder (its images and .txt/.md files, at any depth), a .jsonl file (one text item per line: "
+    '{"text": ..., "external_id"?: ..., "metadata"?: {...}}), or one image or text file'
+)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from memstore.settings import get_settings
 
     s = get_settings()
-    p = sub.add_parser("ingest", help="upload a folder of images or a JSONL of texts (resumable)")
-    p.add_argument("path", type=Path, help="a folder of images, or a .jsonl file of texts")
+    p = sub.add_parser(
+        "ingest",
+        help="upload a folder, a JSONL of texts or one file (resumable)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("path", type=Path, help=PATH_HELP)
     p.add_argument("--collection", required=True, help="target collection (created if missing)")
     p.add_argument(
         "--url",
@@ -53,26 +71,76 @@ class Source:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
-def walk(path: Path) -> Iterator[Source]:
+def is_image(path: Path) -> bool:
+    if path.suffix.lower() in IMAGE_SUFFIXES:
+        return True
+    with path.open("rb") as fh:
+        head = fh.read(12)
+    return head.startswith(IMAGE_MAGIC) or (head[:4] == b"RIFF" and head[8:12] == b"WEBP")
+
+
+def read_text(path: Path, where: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise SystemExit(
+            f"memstore ingest: {where} is neither an image nor UTF-8 text; give a folder, a .jsonl file, "
+            "an image or a text file"
+        ) from None
+
+
+def walk(path: Path, ignored: list[Path] | None = None) -> Iterator[Source]:
+    """The items PATH holds (see the module's docstring); files a folder holds that are neither
+    images nor text files are appended to ``ignored``."""
     if path.is_dir():
         for f in sorted(path.rglob("*")):
-            if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES:
-                rel = f.relative_to(path).as_posix()
-                yield Source(rel, path=f, metadata={"path": rel})
-        return
-    with path.open(encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
+            if not f.is_file():
                 continue
-            try:
-                row = json.loads(line)
-            except ValueError as exc:
-                raise SystemExit(f"memstore ingest: {path}:{n}: not JSON ({exc})") from None
-            if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-                raise SystemExit(f'memstore ingest: {path}:{n}: expected {{"text": ...}}')
-            yield Source(
-                str(row.get("external_id") or f"line-{n}"), text=row["text"], metadata=row.get("metadata") or {}
-            )
+            rel = f.relative_to(path).as_posix()
+            if f.suffix.lower() in IMAGE_SUFFIXES:
+                yield Source(rel, path=f, metadata={"path": rel})
+            elif f.suffix.lower() in TEXT_SUFFIXES:
+                yield Source(rel, text=read_text(f, str(f)), metadata={"path": rel})
+            elif ignored is not None:
+                ignored.append(f)
+        return
+    if path.suffix.lower() == ".jsonl":
+        yield from _jsonl(path)
+    elif is_image(path):
+        yield Source(path.name, path=path, metadata={"path": path.name})
+    else:
+        yield Source(path.name, text=read_text(path, str(path)), metadata={"path": path.name})
+
+
+def _jsonl(path: Path) -> Iterator[Source]:
+    with path.open(encoding="utf-8") as fh:
+        try:
+            for n, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except ValueError as exc:
+                    raise SystemExit(f"memstore ingest: {path}:{n}: not JSON ({exc})") from None
+                if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+                    raise SystemExit(f'memstore ingest: {path}:{n}: expected {{"text": ...}}')
+                yield Source(
+                    str(row.get("external_id") or f"line-{n}"), text=row["text"], metadata=row.get("metadata") or {}
+                )
+        except UnicodeDecodeError:
+            raise SystemExit(f"memstore ingest: {path} is not UTF-8 text (a .jsonl file holds JSON lines)") from None
+
+
+def batches_of(sources: list[Source], size: int) -> list[list[Source]]:
+    """Batches of at most ``size``, each all images (multipart) or all texts (JSON), in order."""
+    out: list[list[Source]] = []
+    for s in sources:
+        last = out[-1] if out else None
+        if last is None or len(last) >= size or (last[0].path is None) != (s.path is None):
+            out.append([s])
+        else:
+            last.append(s)
+    return out
 
 
 class Client:
@@ -137,7 +205,8 @@ def _ingest(args: argparse.Namespace) -> int:
     if not args.path.exists():
         print(f"memstore ingest: {args.path} does not exist", file=sys.stderr)
         return 2
-    sources = list(walk(args.path))
+    ignored: list[Path] = []
+    sources = list(walk(args.path, ignored))
     client = Client(args.url, args.key, args.collection)
     created = client.ensure_collection()
     started = time.monotonic()
@@ -148,7 +217,7 @@ def _ingest(args: argparse.Namespace) -> int:
         todo.extend(s for s in chunk if s.external_id not in have)
     counts = {"created": 0, "updated": 0, "metadata": 0, "unchanged": 0, "rejected": 0}
     errors: list[str] = []
-    batches = [todo[i : i + max(1, args.batch)] for i in range(0, len(todo), max(1, args.batch))]
+    batches = batches_of(todo, max(1, args.batch))
     bar = tqdm(total=len(todo), unit="item", disable=args.no_progress, desc="upload", file=sys.stderr)
     with ThreadPoolExecutor(max(1, args.concurrency)) as pool:
         for batch, r in zip(batches, pool.map(client.send, batches), strict=True):
@@ -169,6 +238,7 @@ def _ingest(args: argparse.Namespace) -> int:
         "collection": args.collection,
         "collection_created": created,
         "found": len(sources),
+        "ignored": len(ignored),
         "skipped": len(sources) - len(todo),
         "sent": len(todo),
         **counts,
@@ -185,6 +255,7 @@ def _ingest(args: argparse.Namespace) -> int:
             f"{args.collection}: {len(todo)} sent ({counts['created']} new, {counts['updated']} changed, "
             f"{counts['unchanged']} unchanged, {counts['rejected']} rejected), {summary['skipped']} already there; "
             f"{summary['pending']} pending, {summary['failed']} failed in the collection; {seconds:.1f} s"
+            + (f"; {len(ignored)} files neither images nor .txt/.md ignored" if ignored else "")
         )
         for e in errors[:20]:
             print(f"  {e}", file=sys.stderr)

@@ -77,6 +77,8 @@ def fake_server(settings: Settings, fake_url: str, fake_backend: FakeBackend) ->
     """A server whose encoder is a controllable fake, with small limits to hit."""
     limits = {
         "max_body_bytes": 256 * 1024,
+        "max_search_body_bytes": 256 * 1024,
+        "max_json_body_bytes": 64 * 1024,
         "max_files_per_request": 3,
         "max_items_per_request": 4,
         "max_text_chars": 100,

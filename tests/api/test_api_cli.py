@@ -51,7 +51,8 @@ def test_ingest_a_folder_then_resume_without_duplicates(tmp_path, server, admin_
     (folder / "sub").mkdir(parents=True)
     for i in range(3):
         (folder / f"p{i}.jpg").write_bytes(make_image(100 + i))
-    (folder / "notes.txt").write_text("not an image")
+    (folder / "notes.txt").write_text("a text file is a text item")
+    (folder / "data.bin").write_bytes(b"\x00\x01 neither")
     common = [
         "ingest",
         str(folder),
@@ -69,15 +70,18 @@ def test_ingest_a_folder_then_resume_without_duplicates(tmp_path, server, admin_
     ]
     assert main(common) == 0
     first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert (first["collection_created"], first["found"], first["created"], first["pending"]) == (True, 3, 3, 0)
+    assert (first["collection_created"], first["found"], first["created"], first["pending"]) == (True, 4, 4, 0)
+    assert first["ignored"] == 1
     (folder / "sub" / "p3.png").write_bytes(make_image(103, fmt="PNG"))
     (folder / "p4.jpg").write_bytes(make_image(104))
     assert main(common) == 0
     second = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert (second["found"], second["skipped"], second["sent"], second["created"]) == (5, 3, 2, 2)
+    assert (second["found"], second["skipped"], second["sent"], second["created"]) == (6, 4, 2, 2)
     with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {admin_key}"}) as c:
         stats = c.get(f"/v1/collections/{collection_name}").json()
-        assert (stats["items"], stats["ready"]) == (5, 5)
+        assert (stats["items"], stats["ready"]) == (6, 6)
+        notes = c.get(f"/v1/collections/{collection_name}/items", params={"external_id": "notes.txt"}).json()
+        assert notes["items"][0]["text"] == "a text file is a text item"
         item = c.get(f"/v1/collections/{collection_name}/items", params={"external_id": "sub/p3.png"}).json()
         assert item["items"][0]["metadata"]["path"] == "sub/p3.png"
 
@@ -102,6 +106,36 @@ def test_ingest_a_jsonl_of_texts(tmp_path, server, admin_key, collection_name, c
     assert main(args) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert (out["created"], out["pending"], out["failed"]) == (5, 0, 0)
+
+
+def test_ingest_one_image_file_and_one_text_file(tmp_path, server, admin_key, collection_name, capsys) -> None:
+    """A single file is ingested as what it is: an image by its suffix or its first bytes (a PNG named
+    without a suffix), else UTF-8 text; a binary file that is neither is refused with the choices."""
+    png = tmp_path / "scan"  # no suffix: recognised by its signature
+    png.write_bytes(make_image(7, fmt="PNG"))
+    note = tmp_path / "note.md"
+    note.write_text("# a note\nremember the milk")
+    common = ["--collection", collection_name, "--url", server.url, "--key", admin_key, "--json", "--no-progress"]
+    for path in (png, note):
+        assert main(["ingest", str(path), *common, "--wait"]) == 0
+        out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert (out["found"], out["created"], out["failed"]) == (1, 1, 0)
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {admin_key}"}) as c:
+        listed = c.get(f"/v1/collections/{collection_name}/items").json()["items"]
+        kinds = {i["external_id"]: (i["text"] is None) for i in listed}
+        assert kinds == {"scan": True, "note.md": False}
+    blob = tmp_path / "blob.dat"
+    blob.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(SystemExit) as exc:
+        main(["ingest", str(blob), *common])
+    assert "neither an image nor UTF-8 text" in str(exc.value)
+
+
+def test_ingest_help_explains_what_a_path_may_be(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["ingest", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "a folder" in text and ".jsonl" in text and "one image or text file" in text
 
 
 def test_ingest_without_a_key_fails_clearly(tmp_path, server, collection_name) -> None:

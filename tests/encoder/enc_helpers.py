@@ -31,7 +31,7 @@ def settings_for(**overrides) -> EncoderSettings:
     """Explicit settings, whatever MEMSTORE_* variables the environment holds."""
     base = dict(model="memstore-tiny", pretrained=None, batch_size=8, preprocess_workers=0, max_tiles=64)
     base.update(overrides)
-    return EncoderSettings(**base)
+    return EncoderSettings(_env_file=None, **base)
 
 
 class FakeEncoder:

@@ -201,3 +201,34 @@ def test_settings_come_from_the_environment(monkeypatch):
     assert s.service_torch_threads("cpu") == max(1, (os.cpu_count() or 2) - 1)
     assert s.service_torch_threads("cuda") is None
     assert EncoderSettings(torch_threads=3).service_torch_threads("cpu") == 3
+
+
+def test_a_model_without_pretrained_tags_defaults_to_untrained_weights(monkeypatch, caplog):
+    """MEMSTORE_MODEL=memstore-tiny alone must start (untrained, with a warning), not ask for the
+    default model's tag; an explicit MEMSTORE_PRETRAINED is kept as given."""
+    monkeypatch.delenv("MEMSTORE_PRETRAINED", raising=False)
+    monkeypatch.setenv("MEMSTORE_MODEL", "memstore-tiny")
+    s = EncoderSettings(_env_file=None)
+    assert s.pretrained is None
+    assert EncoderSettings(_env_file=None, model="RN50").pretrained == "default"
+    assert EncoderSettings(_env_file=None, pretrained="laion400m_e32").pretrained == "laion400m_e32"
+    with caplog.at_level("WARNING", logger="encoder.models"):
+        enc = create_encoder("memstore-tiny", pretrained="default", device="cpu")
+    assert enc.info.pretrained_weights is False
+    assert "untrained" in caplog.text
+
+
+def test_settings_read_the_dotenv_file(tmp_path, monkeypatch):
+    for key in ("MEMSTORE_MODEL", "MEMSTORE_PRETRAINED"):
+        monkeypatch.delenv(key, raising=False)
+    (tmp_path / ".env").write_text("MEMSTORE_MODEL=memstore-tiny\nMEMSTORE_ENCODER_BATCH_SIZE=8\nOTHER=1\n")
+    monkeypatch.chdir(tmp_path)
+    s = EncoderSettings()
+    assert (s.model, s.pretrained, s.batch_size) == ("memstore-tiny", None, 8)
+
+
+def test_missing_weights_name_the_offline_command():
+    from encoder.weights import _missing_message
+
+    message = _missing_message("ViT-B-32", "laion2b_s34b_b79k", {"hf_hub": "org/repo/"}, None, "offline")
+    assert "MEMSTORE_MODEL=memstore-tiny MEMSTORE_PRETRAINED=none" in message

@@ -213,3 +213,52 @@ def test_python_m_encoder_serves_over_real_http():
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_a_keyed_service_refuses_requests_without_its_key_before_reading_them(engine):
+    """With MEMSTORE_ENCODER_API_KEY set, /v1 answers 401 to no key, a wrong key or two keys;
+    the remote client with the key is served. /health stays open (liveness)."""
+    with TestClient(create_app(engine, api_key="s3cret-key")) as c:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret-key"}):
+            assert_problem(c.post("/v1/embeddings", json={"input": "x"}, headers=headers), 401, "unauthorized")
+        two = [("authorization", "Bearer s3cret-key"), ("authorization", "Bearer s3cret-key")]
+        assert_problem(c.post("/v1/embeddings", json={"input": "x"}, headers=two), 401, "unauthorized")
+        assert c.get("/health").status_code == 200
+        good = c.post("/v1/embeddings", json={"input": "x"}, headers={"Authorization": "Bearer s3cret-key"})
+        assert good.status_code == 200
+        keyed = RemoteEncoder("http://testserver", client=c)
+        with pytest.raises(Exception, match="401|nauthori"):
+            keyed.embed_texts(["no key sent"])
+    with TestClient(create_app(engine, api_key="s3cret-key"), headers={"Authorization": "Bearer s3cret-key"}) as c:
+        assert RemoteEncoder("http://testserver", client=c).embed_texts(["with the key"]).shape == (1, 64)
+
+
+def test_body_limit_text_length_and_unit_count_are_checked_before_work(tiny):
+    settings = settings_for(preprocess_workers=0, queue_units_query=50, max_text_chars=100)
+    with EmbeddingEngine(tiny, settings) as eng, TestClient(create_app(eng, max_body_bytes=4096)) as c:
+        assert_problem(post(c, input="x" * 5000), 413, "request-too-large")  # Content-Length over the limit
+
+        def chunks():  # no Content-Length: counted while reading
+            yield b'{"input": "'
+            for _ in range(10):
+                yield b"y" * 1000
+            yield b'"}'
+
+        r = c.post("/v1/embeddings", content=chunks(), headers={"content-type": "application/json"})
+        assert_problem(r, 413, "request-too-large")
+        assert "detail" in assert_problem(post(c, input="z" * 101), 413, "request-too-large")
+        calls = []
+        original = eng.encoder.tokenize
+        eng.encoder.tokenize = lambda texts: calls.append(len(texts)) or original(texts)  # type: ignore[method-assign]
+        try:
+            assert_problem(post(c, input=["t"] * 51), 413, "request-too-large")
+            assert calls == [], "too many texts must be refused before tokenising"
+            assert post(c, input=["t"] * 3).status_code == 200 and calls == [3]
+        finally:
+            eng.encoder.tokenize = original  # type: ignore[method-assign]
+
+
+def test_cli_refuses_an_open_address_without_a_key(capsys, monkeypatch):
+    monkeypatch.delenv("MEMSTORE_ENCODER_API_KEY", raising=False)
+    assert main(["--model", "memstore-tiny", "--pretrained", "none", "--host", "0.0.0.0"]) == 2
+    assert "MEMSTORE_ENCODER_API_KEY" in capsys.readouterr().err

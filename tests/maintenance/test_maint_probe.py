@@ -113,7 +113,10 @@ def test_probe_counts_dead_entries_and_size(
 ) -> None:
     c = make_collection(2000, 16)
     churn(conn, c, update=0.1, delete=0.05)
-    config = MaintenanceConfig(_env_file=None, recall_sample=8)  # type: ignore[call-arg]
+    # A budget no loaded machine can exhaust: the probe's size must not depend on how busy the cores are.
+    config = MaintenanceConfig(  # type: ignore[call-arg]
+        _env_file=None, recall_sample=8, recall_budget_s=3600, recall_cost_fraction=1e6
+    )
     [target] = targets_for(conn, c)
     p = probe(conn, target, config, max_scan_tuples=20_000)
     assert p.live_rows == 1900

@@ -34,8 +34,10 @@ def collection_out(c: Collection, stats: CollectionStats | None = None) -> Colle
 
 
 def _dimensions_and_model(request: Request, body: CollectionCreate) -> tuple[int, str | None]:
+    """The model's vector size comes from its configuration: a collection can be created while the
+    model is still loading."""
     rt = runtime(request)
-    running = rt.backend.info if rt.backend is not None else None
+    running = rt.model_dimensions()
     if body.dimensions is None:
         if running is None:
             if rt.encoder_state == "off":
@@ -45,18 +47,19 @@ def _dimensions_and_model(request: Request, body: CollectionCreate) -> tuple[int
                 )
             rt.require_backend("or give dimensions explicitly")
         assert running is not None
-        model = body.model or running.model
-        if model != running.model:
+        running_model, running_dims = running
+        model = body.model or running_model
+        if model != running_model:
             raise Problem(
                 "invalid-input",
-                f"model {model!r} is not the one this server runs ({running.model}); use {running.model!r}, "
+                f"model {model!r} is not the one this server runs ({running_model}); use {running_model!r}, "
                 "or give dimensions to store vectors you make yourself",
             )
-        return running.dimensions, model
-    if body.model and running is not None and body.model == running.model and body.dimensions != running.dimensions:
+        return running_dims, model
+    if body.model and running is not None and body.model == running[0] and body.dimensions != running[1]:
         raise Problem(
             "invalid-input",
-            f"model {body.model} makes {running.dimensions}-dimensional vectors, not {body.dimensions}; "
+            f"model {body.model} makes {running[1]}-dimensional vectors, not {body.dimensions}; "
             "omit dimensions to take the model's",
         )
     return body.dimensions, body.model

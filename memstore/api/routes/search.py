@@ -15,13 +15,14 @@ from pydantic import ValidationError
 
 from encoder.types import Priority
 from memstore.api import bodies
-from memstore.api.auth import SECURITY_DOC, authenticate_runtime, bearer_secret, require, runtime
+from memstore.api.auth import SECURITY_DOC, key_from_header, require, runtime
 from memstore.api.ingest import check_encodable, check_text
 from memstore.api.problems import ERROR_RESPONSES, Problem, validation_problem
 from memstore.api.routes.items import content_url
 from memstore.api.runtime import Runtime
 from memstore.api.schemas import SearchOut, SearchRequest
 from memstore.collections import validate_name
+from memstore.keys import ApiKey
 from memstore.models import SearchResult
 
 router = APIRouter(prefix="/v1/collections/{name}", tags=["search"], responses=ERROR_RESPONSES)
@@ -158,13 +159,12 @@ async def search(request: Request, name: str) -> JSONResponse:
     ``filter`` keeps items whose metadata contains it; ``exact`` brute-forces the true nearest items.
     Each result links to its stored original (``content_url``; 404 for items stored as vectors only)."""
     rt = runtime(request)
-    await authorize(rt, name, bearer_secret(request.headers.get("authorization", "")))
+    authorize(await key_from_header(request), name)
     body, image = await _parse(request, rt)
     return JSONResponse(await execute(rt, name, body, image), media_type="application/json")
 
 
-async def authorize(rt: Runtime, name: str, secret: str | None) -> None:
-    key = await authenticate_runtime(rt, secret)
+def authorize(key: ApiKey, name: str) -> None:
     validate_name(name)
     require(key, "read", name)
 
