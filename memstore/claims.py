@@ -123,6 +123,10 @@ def complete(engine: sa.Engine, collection: Collection, claims: Sequence[Claim],
         return []
     by_queue = {c.queue_id: c for c in claims}
     with raw_connection(engine) as conn:
+        # Locks in the one order every writer takes them: the item rows (by id), then their queue rows.
+        # The API's enqueue locks an item and then upserts its queue row; taking the queue rows first
+        # here deadlocked with it (seen with 20 concurrent posts of one external_id).
+        lock_items(conn, collection, [c.item_id for c in claims])
         held = conn.execute(
             "DELETE FROM memstore_ingest_queue WHERE id = ANY(%s) AND claimed_by = %s RETURNING id",
             (list(by_queue), claims[0].claimer),
@@ -137,6 +141,15 @@ def complete(engine: sa.Engine, collection: Collection, claims: Sequence[Claim],
                     [(vectors[i], i) for i in items],
                 )
     return items
+
+
+def lock_items(conn: psycopg.Connection[Any], collection: Collection, item_ids: Sequence[int]) -> None:
+    """Lock item rows in id order (the first lock of every transaction that writes items and queue rows)."""
+    if item_ids:
+        conn.execute(
+            sql.SQL("SELECT id FROM {} WHERE id = ANY(%s) ORDER BY id FOR UPDATE").format(collection.table),
+            (sorted(set(item_ids)),),
+        )
 
 
 def backoff_seconds(attempts: int, settings: IngestSettings) -> float:
@@ -159,6 +172,9 @@ def fail(
     error = error[:2000]
     with raw_connection(engine) as conn:
         for c in claims:
+            collection = (collections or {}).get(c.collection_id)
+            if collection is not None:
+                lock_items(conn, collection, [c.item_id])  # item row first, as everywhere
             row = conn.execute(
                 """
                 UPDATE memstore_ingest_queue
@@ -172,7 +188,6 @@ def fail(
             ).fetchone()
             if row is None or row[0] != "failed":
                 continue
-            collection = (collections or {}).get(c.collection_id)
             if collection is not None:
                 conn.execute(
                     sql.SQL("UPDATE {} SET status = 'failed', error = %s, updated_at = now() WHERE id = %s").format(

@@ -90,6 +90,9 @@ def _check(item: PendingItem) -> None:
     check_metadata(item.metadata)
 
 
+DEADLOCK_RETRIES = 3
+
+
 def enqueue(
     engine: sa.Engine, collection: Collection, items: Sequence[PendingItem], *, priority: int = PRIORITY_DEFAULT
 ) -> list[Enqueued]:
@@ -97,11 +100,20 @@ def enqueue(
     for item in items:
         _check(item)
     latest = {item.key(): item for item in items}
-    try:
-        with raw_connection(engine) as conn:
-            done = _enqueue(conn, collection, latest, priority)
-    except psycopg.errors.UndefinedTable:
-        raise CollectionNotFoundError(collection.name) from None
+    for attempt in range(DEADLOCK_RETRIES + 1):
+        try:
+            with raw_connection(engine) as conn:
+                done = _enqueue(conn, collection, latest, priority)
+            break
+        except psycopg.errors.UndefinedTable:
+            raise CollectionNotFoundError(collection.name) from None
+        except psycopg.errors.DeadlockDetected:
+            # Every writer locks item rows (in id order) before queue rows, so this is rare: two
+            # batches naming the same new external ids in different orders. The transaction was
+            # rolled back whole; running it again is safe.
+            if attempt == DEADLOCK_RETRIES:
+                raise
+            time.sleep(0.01 * (attempt + 1))
     return [done[item.key()] for item in items]
 
 
@@ -116,7 +128,7 @@ def _enqueue(
         existing = conn.execute(
             sql.SQL(
                 "SELECT external_id, id, status, metadata, text, sha256(content) FROM {} "
-                "WHERE external_id = ANY(%s) FOR UPDATE"
+                "WHERE external_id = ANY(%s) ORDER BY id FOR UPDATE"  # item rows first, in id order
             ).format(c.table),
             (list(todo),),
         ).fetchall()

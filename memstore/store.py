@@ -300,6 +300,21 @@ class VectorStore:
         status: str | None = None,
     ) -> list[Item]:
         """Items in id order, ``limit`` at a time after ``after_id`` (keyset paging)."""
+        return self.page_items(
+            collection=collection, after_id=after_id, limit=limit, external_id=external_id, status=status
+        )[0]
+
+    def page_items(
+        self,
+        *,
+        collection: str,
+        after_id: int = 0,
+        limit: int = 100,
+        external_id: str | None = None,
+        status: str | None = None,
+    ) -> tuple[list[Item], bool]:
+        """``list_items`` and whether more items follow (one row more is read to know, so a last page
+        that is exactly full links to no empty page)."""
         c = self.get_collection(name=collection)
         if not 1 <= limit <= MAX_K:
             raise InvalidInputError(f"limit must be between 1 and {MAX_K}, not {limit}")
@@ -315,8 +330,8 @@ class VectorStore:
             "SELECT " + item_sql.ITEM_COLUMNS + " FROM {} WHERE " + " AND ".join(clauses) + " ORDER BY id LIMIT %s"
         ).format(c.table)
         with raw_connection(self.engine) as conn:
-            rows = conn.cursor(row_factory=dict_row).execute(query, [*params, limit]).fetchall()
-        return [item_sql.item_from_row(r) for r in rows]
+            rows = conn.cursor(row_factory=dict_row).execute(query, [*params, limit + 1]).fetchall()
+        return [item_sql.item_from_row(r) for r in rows[:limit]], len(rows) > limit
 
     def update_item(
         self,

@@ -93,9 +93,17 @@ def test_serve_on_the_embedded_database_answers_health(tmp_path: Path) -> None:
             proc.kill()
             output = proc.stdout.read() if proc.stdout else ""
             pytest.fail(f"memstore serve never answered /health; it printed:\n{output[-4000:]}")
-        assert body["status"] == "ok"
-        assert body["database"]["server_version"].startswith("18")
-        assert body["database"]["revision"]
+        # Without a key /health is liveness only: no versions, model or queue for strangers.
+        assert body == {"status": "ok", "reasons": []}
+        keyed = subprocess.run(
+            [*MEMSTORE, "keys", "create", "health-check", "--scope", "read", "--json"],
+            env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert keyed.returncode == 0, keyed.stderr
+        secret = json.loads(keyed.stdout)["key"]
+        detail = httpx.get(f"http://127.0.0.1:{port}/health", headers={"Authorization": f"Bearer {secret}"}).json()
+        assert detail["database"]["server_version"].startswith("18")
+        assert detail["database"]["revision"]
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)

@@ -45,7 +45,11 @@ def test_compose_accepts_the_file() -> None:
 @needs_compose
 def test_every_role_is_a_service() -> None:
     result = _run(
-        "config", "--services", POSTGRES_PASSWORD="example", MEMSTORE_ENCODER_API_KEY="example", COMPOSE_PROFILES="gpu,cpu"
+        "config",
+        "--services",
+        POSTGRES_PASSWORD="example",
+        MEMSTORE_ENCODER_API_KEY="example",
+        COMPOSE_PROFILES="gpu,cpu",
     )
     assert result.returncode == 0, result.stderr
     assert set(result.stdout.split()) == ROLES

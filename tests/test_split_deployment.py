@@ -73,7 +73,11 @@ class Role:
 
 
 def _wait_http(
-    url: str, role: Role, ready: Callable[[dict[str, Any]], bool] = lambda body: True, timeout: float = 120.0
+    url: str,
+    role: Role,
+    ready: Callable[[dict[str, Any]], bool] = lambda body: True,
+    timeout: float = 120.0,
+    headers: dict[str, str] | None = None,
 ) -> None:
     """Until ``url`` answers 200 with a body that ``ready`` accepts (the API answers before its encoder is up)."""
     deadline = time.monotonic() + timeout
@@ -81,7 +85,7 @@ def _wait_http(
     while time.monotonic() < deadline:
         assert role.alive(), f"{role.name} exited early:\n{role.output()}"
         try:
-            response = httpx.get(url, timeout=2)
+            response = httpx.get(url, timeout=2, headers=headers)
             body = response.json()
             if response.status_code == 200 and ready(body):
                 return
@@ -156,8 +160,8 @@ def test_split_deployment(split_env: dict[str, str], tmp_path: Path) -> None:
         roles.append(Role("maintenance", ["maintenance.cli", "daemon", "--interval", "2"], env, tmp_path))
         base = f"http://127.0.0.1:{api_port}"
         # The API's encoder client asks the encoder for its facts in a thread after startup.
-        _wait_http(f"{base}/health", api, ready=lambda body: body["encoder"]["state"] == "ready")
-        headers = {"Authorization": f"Bearer {key}"}
+        headers = {"Authorization": f"Bearer {key}"}  # /health shows the encoder's state to a key only
+        _wait_http(f"{base}/health", api, ready=lambda body: body["encoder"]["state"] == "ready", headers=headers)
         with httpx.Client(base_url=base, headers=headers, timeout=30) as client:
             info = client.get(f"{encoder_url}/health").json()
             r = client.post("/v1/collections", json={"name": "notes", "model": info["model"]})

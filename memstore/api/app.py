@@ -94,8 +94,9 @@ def create_app(
     async def authenticate(secret: str | None) -> ApiKey:
         return await authenticate_runtime(app.state.runtime, secret)
 
-    gated = AuthGate(SearchFastPath(app.dispatch, fastapi_app=app), authenticate)
-    app.front = BodyLimit(Metrics(gated, registry=registry), api)
+    # The key first (a stranger learns nothing, not even the limits), then the route's body limit.
+    limited = BodyLimit(SearchFastPath(app.dispatch, fastapi_app=app), api)
+    app.front = Metrics(AuthGate(limited, authenticate), registry=registry)
     # Routes are matched in order: the hot path (search) first.
     app.include_router(search.router)
     app.include_router(collections.router)

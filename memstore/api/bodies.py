@@ -69,10 +69,31 @@ def json_field(form: FormData, name: str) -> list[Any]:
         if not isinstance(raw, str):
             raise Problem("invalid-input", f"form field {name}[{i}] must be text (JSON), not a file")
         try:
-            out.append(json.loads(raw))
+            value = json.loads(raw)
         except ValueError as exc:
             raise Problem("invalid-input", f"form field {name}[{i}] is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise Problem("invalid-input", f"form field {name}[{i}] is nested too deeply") from None
+        if _nested_deeper_than(value, MAX_FIELD_DEPTH):
+            raise Problem("invalid-input", f"form field {name}[{i}] is nested deeper than {MAX_FIELD_DEPTH} levels")
+        out.append(value)
     return out
+
+
+# Deeper than any filter or metadata may be (their own checks are stricter); refused before they see it.
+MAX_FIELD_DEPTH = 64
+
+
+def _nested_deeper_than(value: Any, limit: int) -> bool:
+    """Iterative, so that no depth can exhaust the interpreter's stack."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth >= limit:
+                return True
+            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return False
 
 
 def text_fields(form: FormData, name: str) -> list[str]:

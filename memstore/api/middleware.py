@@ -1,7 +1,7 @@
 """Plain ASGI middleware (no BaseHTTPMiddleware: it costs every request a task and a copy).
 
-The API's front, outermost first: ``BodyLimit`` (a per-route size cap, before a byte is read),
-``Metrics``, ``AuthGate`` (the key, before a byte is read), then the search fast path and FastAPI.
+The API's front, outermost first: ``Metrics``, ``AuthGate`` (the key, before a byte is read),
+``BodyLimit`` (a per-route size cap, before a byte is read), then the search fast path and FastAPI.
 A request without a valid key is refused on its headers alone, so no unauthenticated client can make
 the server read, buffer or parse a body.
 """

@@ -132,6 +132,14 @@ def from_exception(exc: BaseException) -> Problem:
         return Problem("image-rejected", str(exc))
     if isinstance(exc, enc.RequestCancelledError):
         return Problem("service-unavailable", f"the encoder did not answer: {exc}")
+    if isinstance(
+        exc, psycopg.errors.DeadlockDetected | psycopg.errors.SerializationFailure
+    ):  # a deadlock or serialization failure
+        return Problem(
+            "conflict",
+            "a concurrent change to the same items collided with this one, which was not applied; retry it",
+            headers={"Retry-After": "1"},
+        )
     if isinstance(exc, psycopg.OperationalError | sqlalchemy.exc.OperationalError | sqlalchemy.exc.TimeoutError):
         return Problem("service-unavailable", "the database is unreachable or overloaded; retry shortly")
     if isinstance(exc, psycopg.errors.QueryCanceled | psycopg.errors.LockNotAvailable):

@@ -14,7 +14,10 @@ Metric = Literal["cosine", "l2", "inner_product"]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Request bodies: unknown fields refused, and no coercion ("5" is not a number, true is not 1).
+    Multipart forms, whose fields are all text, are validated with strict=False where they are read."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class CollectionCreate(Strict):

@@ -35,6 +35,12 @@ class ApiSettings(BaseSettings):
     query_sample_rate: float = Field(
         default=0.01, ge=0.0, le=1.0, description="Share of query vectors kept for maintenance's recall probes."
     )
+    max_query_image_pixels: int = Field(
+        default=16_000_000,
+        ge=1,
+        description="Most pixels of a search's query image (decoding costs by pixels, not bytes: a tiny 1-bit "
+        "PNG can hold 64 million); lower than the ingest limit, MEMSTORE_ENCODER_MAX_IMAGE_PIXELS.",
+    )
     health_detail: Literal["key", "public"] = Field(
         default="key",
         description="key: /health shows versions, model, queue and workers to a valid key only (everyone gets "

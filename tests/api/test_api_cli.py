@@ -217,7 +217,8 @@ def test_maintenance_flag_runs_the_worker_or_says_why_not(settings, admin_key) -
     from memstore.api.runtime import RuntimeOptions
 
     app = create_app(settings, options=RuntimeOptions(encoder="none", maintenance=True))
-    with LiveServer(app) as live, httpx.Client(base_url=live.url) as c:
+    headers = {"Authorization": f"Bearer {admin_key}"}
+    with LiveServer(app) as live, httpx.Client(base_url=live.url, headers=headers) as c:
         state = c.get("/health").json()["workers"]["maintenance"]
     assert state == "running" or state.startswith("unavailable: ")
 

@@ -227,7 +227,7 @@ def test_a_keyed_service_refuses_requests_without_its_key_before_reading_them(en
         good = c.post("/v1/embeddings", json={"input": "x"}, headers={"Authorization": "Bearer s3cret-key"})
         assert good.status_code == 200
         keyed = RemoteEncoder("http://testserver", client=c)
-        with pytest.raises(Exception, match="401|nauthori"):
+        with pytest.raises(Exception, match=r"401|nauthori"):
             keyed.embed_texts(["no key sent"])
     with TestClient(create_app(engine, api_key="s3cret-key"), headers={"Authorization": "Bearer s3cret-key"}) as c:
         assert RemoteEncoder("http://testserver", client=c).embed_texts(["with the key"]).shape == (1, 64)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Annotated, Any
+from urllib.parse import quote
 
 from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
@@ -173,16 +174,18 @@ async def list_items(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> ItemPage:
     rt, c = await _collection(request, name, key, "read")
-    items = await run_in_threadpool(
-        lambda: rt.store.list_items(
+    items, more = await run_in_threadpool(
+        lambda: rt.store.page_items(
             collection=name, after_id=after, limit=limit, external_id=external_id, status=status
         )
     )
     unsettled = [i.id for i in items if i.status != "ready"]
     attempts = await run_in_threadpool(queue.attempts_of, rt.engine, c, unsettled) if unsettled else {}
     nxt = None
-    if len(items) == limit:
-        nxt = str(request.url.include_query_params(after=items[-1].id))
+    if more:
+        # Relative: the Host header is the client's to choose, so it never goes into a link.
+        url = request.url.include_query_params(after=items[-1].id)
+        nxt = f"{url.path}?{url.query}"
     return ItemPage(items=[item_out(name, i, attempts) for i in items], next=nxt)
 
 
@@ -286,15 +289,39 @@ async def get_content(request: Request, name: str, item_id: ItemId, key: Key) ->
     def fetch() -> tuple[Any, ...] | None:
         with raw_connection(rt.engine) as conn:
             return conn.execute(
-                sql.SQL("SELECT content, content_type, text FROM {} WHERE id = %s").format(c.table), (item_id,)
+                sql.SQL("SELECT content, content_type, text, external_id FROM {} WHERE id = %s").format(c.table),
+                (item_id,),
             ).fetchone()
 
     row = await run_in_threadpool(fetch)
     if row is None:
         raise ItemNotFoundError(name, item_id)
-    content, ctype, text = row
+    content, ctype, text, external_id = row
     if content is not None:
-        return Response(bytes(content), media_type=ctype or "application/octet-stream")
+        media = ctype or "application/octet-stream"
+        return Response(bytes(content), media_type=media, headers=download_headers(external_id, media))
     if text is not None:
-        return Response(text.encode(), media_type=queue.TEXT_CONTENT_TYPE)
+        return Response(
+            text.encode(),
+            media_type=queue.TEXT_CONTENT_TYPE,
+            headers=download_headers(external_id, queue.TEXT_CONTENT_TYPE),
+        )
     raise Problem("not-found", f"item {item_id} was stored as a vector only: there is no original to download")
+
+
+# Shown in the browser; anything else is a download. Stored bytes are the client's: a PNG with HTML
+# appended or a text that is a page must never run as this origin's page.
+INLINE_TYPES = {"image/jpeg", "image/png", "image/webp", "image/gif"}
+
+
+def download_headers(external_id: str, media_type: str) -> dict[str, str]:
+    """nosniff, a sandbox CSP and an RFC 6266 Content-Disposition whose filename is the external id's
+    last path part (an ASCII fallback plus the UTF-8 ``filename*``)."""
+    name = external_id.rsplit("/", 1)[-1] or "original"
+    ascii_name = "".join(ch if ch.isascii() and ch.isprintable() and ch not in '"\\;' else "_" for ch in name)
+    disposition = "inline" if media_type in INLINE_TYPES else "attachment"
+    return {
+        "X-Content-Type-Options": "nosniff",
+        "Content-Security-Policy": "sandbox; default-src 'none'; img-src 'self'; style-src 'unsafe-inline'",
+        "Content-Disposition": f"{disposition}; filename=\"{ascii_name}\"; filename*=UTF-8''{quote(name, safe='')}",
+    }

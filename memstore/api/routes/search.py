@@ -6,6 +6,7 @@ import asyncio
 import base64
 import binascii
 import time
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -13,6 +14,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
+from encoder.images import ImageOptions
 from encoder.types import Priority
 from memstore.api import bodies
 from memstore.api.auth import SECURITY_DOC, key_from_header, require, runtime
@@ -115,8 +117,13 @@ def _query_vector(rt: Runtime, name: str, body: SearchRequest, image: bytes | No
         check_text(rt, body.text, "text")
         return np.asarray(backend.embed_texts([body.text], priority=Priority.QUERY))[0], kind
     assert image is not None
-    data, _ = bodies.check_image(image, "image", rt.image_options)
+    data, _ = bodies.check_image(image, "image", query_image_options(rt))
     return np.asarray(backend.embed_images([data], priority=Priority.QUERY))[0], kind
+
+
+def query_image_options(rt: Runtime) -> ImageOptions:
+    """The ingest limits, with the lower pixel budget of a search (checked on the header, before decoding)."""
+    return replace(rt.image_options, max_pixels=min(rt.image_options.max_pixels, rt.api.max_query_image_pixels))
 
 
 def _search(rt: Runtime, name: str, body: SearchRequest, image: bytes | None) -> dict[str, Any]:
