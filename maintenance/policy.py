@@ -10,6 +10,9 @@ Why these rules (measurements in docs/maintenance.md):
   entries have waited long (their repair touches little of the graph).
 - A verdict that rests on recall alone is taken on two independent samples (the worker confirms a low
   first reading before it pays for a rebuild).
+- No action is chosen that cannot change the figure it answers: VACUUM never shrinks an HNSW index
+  nor rebuilds its graph, so on a small index (never rebuilt) a size or recall verdict with no dead
+  entries to remove is "nothing", not the same VACUUM on every pass.
 """
 
 from __future__ import annotations
@@ -39,6 +42,18 @@ class Decision:
 
 
 def decide(p: Probe, config: MaintenanceConfig) -> Decision:
+    decision = _decide(p, config)
+    if decision.action == "nothing" and decision.reason not in ("healthy", "empty", "no valid HNSW index"):
+        return Decision(
+            "nothing",
+            f"{decision.reason}, but VACUUM cannot change that and indexes under "
+            f"{config.small_index_bytes // 1024} kB are not rebuilt",
+            decision.cleanup,
+        )
+    return decision
+
+
+def _decide(p: Probe, config: MaintenanceConfig) -> Decision:
     cleanup = bool(p.leftovers)
     if p.index is None:
         return Decision("nothing", "no valid HNSW index", cleanup)
@@ -46,6 +61,8 @@ def decide(p: Probe, config: MaintenanceConfig) -> Decision:
         return Decision("nothing", "empty", cleanup)
     small = p.index_bytes < config.small_index_bytes
     heavy: Action = "vacuum" if small else "compact"
+    if small and p.dead_entries <= 0:
+        heavy = "nothing"  # what VACUUM could do here, it has done: see the module's docstring
     recall = p.recall_value
     if recall is not None:
         if p.fresh_recall is None:

@@ -129,8 +129,10 @@ def probe(
         # Trust the counters only when nothing outside the worker cleaned the index since.
         trusted = owned or not vacuumed or max(vacuumed) <= finished
         if base and all(counters[k] >= int(base.get(k, 0)) for k in COUNTERS) and trusted:
+            # Counted from the clean's own figure, not n_dead_tup: after a rebuild n_dead_tup still
+            # counts heap tuples the new index never held (a stale 0.34 caused a needless VACUUM).
             since = index_entries_killed(counters) - index_entries_killed(base)
-            dead_entries = max(dead_entries, int(after.get("dead_entries", 0)) + since)
+            dead_entries = int(after.get("dead_entries", 0)) + since
         dead_age = (datetime.now(UTC) - finished).total_seconds()
     churn = None
     correction = None

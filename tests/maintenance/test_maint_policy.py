@@ -65,6 +65,19 @@ def test_small_tables_are_vacuumed_not_rebuilt() -> None:
     assert d.action == "vacuum"
 
 
+def test_a_small_bloated_index_without_dead_entries_is_not_vacuumed_again() -> None:
+    """40 kB against a fresh 32 kB: VACUUM cannot shrink it and it is too small to rebuild, so a
+    VACUUM would be repeated on every pass for ever; once its dead entries are gone, nothing is done."""
+    p = state(live_rows=40, dead_entries=3)
+    p.index_bytes, p.fresh_bytes = 40 * 1024, 32 * 1024
+    assert decide(p, CONFIG).action == "vacuum"  # dead entries to remove: VACUUM does change that
+    p.dead_entries = 0
+    d = decide(p, CONFIG)
+    assert d.action == "nothing" and "1.25x" in d.reason and "VACUUM cannot change" in d.reason
+    p.recall = RecallResult(recall=0.5, k=10, queries=32, ef_search=80, source="stored", seconds=0.1)
+    assert decide(p, CONFIG).action == "nothing"
+
+
 def test_bloated_index_compacts() -> None:
     p = state()
     p.index_bytes = int(p.fresh_bytes * (CONFIG.max_size_ratio + 0.01))
@@ -130,6 +143,8 @@ def test_decisions_follow_the_thresholds(dead: float, ratio: float, recall: floa
         or (p.size_ratio >= CONFIG.max_size_ratio and p.index_bytes > 4 * 8192)
         or (recall is not None and recall < CONFIG.recall_floor)
     )
-    assert (d.action != "nothing") == unhealthy
-    if unhealthy:
-        assert d.action == ("vacuum" if p.index_bytes < CONFIG.small_index_bytes else "compact")
+    small = p.index_bytes < CONFIG.small_index_bytes
+    actionable = unhealthy and (not small or p.dead_entries > 0)  # VACUUM of nothing changes nothing
+    assert (d.action != "nothing") == actionable
+    if actionable:
+        assert d.action == ("vacuum" if small else "compact")

@@ -172,3 +172,26 @@ def test_recall_probe_runs_inside_a_callers_transaction(dsn: str, make_collectio
         r = measure_recall(tx, target, k=5, sample=6, budget_s=5, ef_search=40, max_scan_tuples=20_000)
         assert r.recall is not None and r.queries == 6
         assert tx.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS  # still the caller's
+
+
+def test_dead_entries_after_a_clean_are_counted_from_its_own_figure_not_stale_statistics(
+    conn: psycopg.Connection[Any], make_collection: Callable[..., Collection]
+) -> None:
+    """Right after a compaction n_dead_tup may still hold the old count (the heap's dead tuples, which
+    the new graph never held). The next probe must count from the action's recorded figure (0) plus
+    what was killed since, or it calls for a needless VACUUM."""
+    from maintenance import history
+
+    c = make_collection(1000, 8)
+    churn(conn, c, update=0.3)
+    config = MaintenanceConfig(_env_file=None)  # type: ignore[call-arg]
+    [target] = targets_for(conn, c)
+    stale = probe(conn, target, config, max_scan_tuples=20_000, with_recall=False)
+    assert stale.dead_entries == 300  # no clean recorded yet: the statistics' own figure
+    action = history.start_action(conn, target, "compact", "test", stale.summary())
+    history.finish_action(
+        conn, action, outcome="ok", duration_s=0.1, after=stale.summary() | {"dead_entries": 0}, error=None
+    )
+    assert probe(conn, target, config, max_scan_tuples=20_000, with_recall=False).dead_entries == 0
+    churn(conn, c, delete=0.05)
+    assert probe(conn, target, config, max_scan_tuples=20_000, with_recall=False).dead_entries == 50
