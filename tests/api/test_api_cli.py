@@ -163,6 +163,11 @@ def test_worker_once_with_the_tiny_model(worker_url, settings, collection_name) 
         with engine.connect() as conn:
             states = conn.exec_driver_sql(f'SELECT status, count(*) FROM "{c.table_name}" GROUP BY 1').fetchall()
         assert dict(states) == {"ready": 7}
+        # The queue is now empty: --once answers at once without loading a model. An unknown model
+        # proves it: loading it would fail with exit code 2.
+        idle = memstore("worker", "--once", "--json", env={**env, "MEMSTORE_MODEL": "no-such-model"})
+        assert idle.returncode == 0, idle.stderr
+        assert json.loads(idle.stdout.strip().splitlines()[-1])["claimed"] == 0
     finally:
         engine.dispose()
 

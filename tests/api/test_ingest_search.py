@@ -196,3 +196,15 @@ def test_query_samples_and_metrics(client: httpx.Client, collection: str, server
     text = client.get("/metrics").text
     assert 'memstore_http_requests_total{method="POST",route="/v1/collections/{name}/search",status="200"}' in text
     assert "memstore_ingest_queue_items" in text and "encoder_units_total" in text
+
+
+def test_multipart_metadata_as_one_json_array_with_an_object_per_file(client: httpx.Client, collection: str) -> None:
+    files = [("files", (f"p{i}.jpg", make_image(200 + i), "image/jpeg")) for i in range(2)]
+    url = f"/v1/collections/{collection}/items"
+    r = client.post(url, files=files, data={"metadata": '[{"name": "Tom"}, {"name": "Rex"}]'})
+    assert r.status_code == 202, r.text
+    ids = [i["id"] for i in r.json()["items"]]
+    names = [client.get(f"{url}/{i}").json()["metadata"] for i in ids]
+    assert names == [{"name": "Tom", "filename": "p0.jpg"}, {"name": "Rex", "filename": "p1.jpg"}]
+    r = client.post(url, files=files, data={"metadata": '[{"name": "only one"}]'})
+    assert r.status_code == 422 and "one object per file" in r.json()["detail"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -64,6 +65,11 @@ def test_status_probe_run_history_report(
     assert [a["action"] for a in actions][:2] == ["compact", "own_index_cleanup"]
     assert main(["history", "--probes", "--json", "--collection", c.name]) == 0
     assert len(_json_out(capsys)) >= 2
+    assert main(["history", "--collection", c.name]) == 0
+    text = capsys.readouterr().out
+    durations = [line.split()[6:8] for line in text.splitlines()[1:]]  # "0.21 s", "3.4 ms", "1 min 05 s"...
+    assert durations and all(unit in ("s", "ms", "min", "h") for _, unit in durations), text
+    assert not re.search(r"\d\.\d{6,}", text), "raw floats in the table: " + text
 
     png = tmp_path / "report.png"
     assert main(["report", "--plot", str(png), "--collection", c.name]) == 0
@@ -107,3 +113,19 @@ def test_daemon_stops_cleanly_on_sigterm(
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (0.0030741650000436493, "3.1 ms"),
+        (0.84, "0.84 s"),
+        (12.34, "12.3 s"),
+        (65.2, "1 min 05 s"),
+        (7380, "2 h 03 min"),
+    ],
+)
+def test_durations_are_formatted_for_people(seconds: float, text: str) -> None:
+    from maintenance.cli import format_duration
+
+    assert format_duration(seconds) == text

@@ -140,6 +140,14 @@ async def _uploaded_items(rt: Runtime, request: Request, c: Collection) -> list[
         raise Problem("invalid-input", "no files: upload images in the form field 'files' (curl -F files=@cat.jpg)")
     ids = bodies.text_fields(form, "external_id")
     metas = bodies.json_field(form, "metadata")
+    if len(metas) == 1 and isinstance(metas[0], list):
+        # One field holding a JSON array: one object per file, in order (-F 'metadata=[{...}, {...}]').
+        metas = metas[0]
+        if len(metas) != len(files):
+            raise Problem(
+                "invalid-input",
+                f"the metadata array has {len(metas)} objects for {len(files)} files: give one object per file",
+            )
     if ids and len(ids) != len(files):
         raise Problem(
             "invalid-input", f"{len(ids)} external_id fields for {len(files)} files: give one per file or none"
@@ -154,7 +162,10 @@ async def _uploaded_items(rt: Runtime, request: Request, c: Collection) -> list[
         data, ctype = await bodies.read_image(upload, f"files[{i}] ({upload.filename})", rt.image_options)
         meta = metas[0] if len(metas) == 1 else (metas[i] if metas else {})
         if not isinstance(meta, dict):
-            raise Problem("invalid-input", f"metadata for files[{i}] must be a JSON object")
+            raise Problem(
+                "invalid-input",
+                f"metadata for files[{i}] must be a JSON object (or send one JSON array with an object per file)",
+            )
         if upload.filename and "filename" not in meta:
             meta = {**meta, "filename": upload.filename}
         pending.append(
