@@ -182,7 +182,8 @@ def create_app(
         if own_engine:
             engine.stop()
 
-    app = FastAPI(title="memstore encoder", version="0.1.0", lifespan=lifespan)
+    # No /docs: Swagger UI would come from a CDN; the API is documented in docs/encoder.md.
+    app = FastAPI(title="memstore encoder", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.engine = engine
     info = engine.info
 

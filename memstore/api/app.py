@@ -9,7 +9,9 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse, Response
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -79,8 +81,11 @@ def create_app(
             await rt.searcher.close()
             await run_in_threadpool(rt.close)
 
-    app = MemstoreAPI(title="memstore", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
+    app = MemstoreAPI(
+        title="memstore", version="0.1.0", description=DESCRIPTION, lifespan=lifespan, docs_url=None, redoc_url=None
+    )
     problems.install(app)
+    serve_docs_locally(app)
 
     async def on_too_large(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, BodyTooLargeError)
@@ -128,6 +133,27 @@ def create_app(
         return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+DOCS_ASSETS = "/docs/assets"
+
+
+def serve_docs_locally(app: FastAPI) -> None:
+    """/docs with Swagger UI from the swagger-ui-bundle package, not a CDN: it works on an offline
+    machine, and an admin page runs no third-party script. (ReDoc has no such package: not served.)"""
+    from swagger_ui_bundle import swagger_ui_path
+
+    app.mount(DOCS_ASSETS, StaticFiles(directory=str(swagger_ui_path)), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=app.openapi_url or "/openapi.json",
+            title=f"{app.title} API",
+            swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{DOCS_ASSETS}/favicon-32x32.png",
+        )
 
 
 class MemstoreAPI(FastAPI):

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+from contextlib import aclosing
 from typing import Any, TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 from starlette.datastructures import FormData, UploadFile
-from starlette.exceptions import HTTPException
+from starlette.formparsers import MultiPartException, MultiPartParser
 
 from encoder.errors import DecompressionBombError, ImageRejectedError
 from encoder.images import ImageOptions, probe_image
@@ -48,18 +49,40 @@ async def read_json(request: Request, model: type[M]) -> M:
         raise validation_problem(list(exc.errors())) from None
 
 
+class _StrictTextParts(MultiPartParser):
+    """Starlette's parser reads a text part that is not valid in its charset as Latin-1, silently; a
+    field that is not valid UTF-8 (or its declared charset) is refused here instead. (It uses the
+    parser's part state; tests/api/test_hostile_client.py fails if a Starlette upgrade moves it.)"""
+
+    def on_part_end(self) -> None:
+        part = self._current_part
+        if part.file is None:
+            try:
+                bytes(part.data).decode(self._charset)
+            except (UnicodeDecodeError, LookupError):
+                raise MultiPartException(f"form field {part.field_name!r} is not valid {self._charset} text") from None
+        super().on_part_end()
+
+
 async def read_form(request: Request, *, max_files: int) -> FormData:
-    try:
-        return await request.form(max_files=max_files, max_fields=max_files * 2 + 16)
-    except HTTPException as exc:
-        detail = str(exc.detail)
-        if "Too many files" in detail:
-            raise Problem(
-                "payload-too-large",
-                f"at most {max_files} files per request (MEMSTORE_API_MAX_FILES_PER_REQUEST); split the upload",
-                limit=max_files,
-            ) from None
-        raise Problem("malformed-request", f"the multipart body could not be parsed: {detail}") from None
+    """The multipart form (what ``request.form()`` does, with the strict text parser), or a problem."""
+    if request._form is None:
+        try:
+            async with aclosing(request.stream()) as stream:
+                parser = _StrictTextParts(request.headers, stream, max_files=max_files, max_fields=max_files * 2 + 16)
+                request._form = await parser.parse()
+        except MultiPartException as exc:
+            detail = exc.message
+            if "Too many files" in detail:
+                raise Problem(
+                    "payload-too-large",
+                    f"at most {max_files} files per request (MEMSTORE_API_MAX_FILES_PER_REQUEST); split the upload",
+                    limit=max_files,
+                ) from None
+            if "is not valid" in detail:
+                raise Problem("invalid-input", detail) from None
+            raise Problem("malformed-request", f"the multipart body could not be parsed: {detail}") from None
+    return request._form
 
 
 def json_field(form: FormData, name: str) -> list[Any]:

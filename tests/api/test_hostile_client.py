@@ -293,3 +293,28 @@ def test_concurrent_posts_of_one_external_id_never_deadlock_into_unreachable(
             assert "retry" in r.json()["detail"]
     assert all("unreachable" not in r.text for r in answers)
     assert sum(r.status_code in (201, 202) for r in answers) >= 1
+
+
+def test_docs_load_no_third_party_script(server: LiveServer) -> None:
+    page = httpx.get(f"{server.url}/docs")
+    assert page.status_code == 200 and "swagger-ui-bundle.js" in page.text
+    assert "https://" not in page.text and "http://" not in page.text, "the docs page must not load from a CDN"
+    for asset in ("swagger-ui-bundle.js", "swagger-ui.css"):
+        r = httpx.get(f"{server.url}/docs/assets/{asset}")
+        assert r.status_code == 200 and len(r.content) > 10_000
+    assert httpx.get(f"{server.url}/redoc").status_code == 404
+
+
+def test_invalid_utf8_in_a_multipart_text_field_is_refused_not_read_as_latin1(
+    client: httpx.Client, collection: str
+) -> None:
+    url = f"/v1/collections/{collection}/items"
+    image = ("files", ("a.jpg", make_image(4), "image/jpeg"))
+    r = client.post(url, files=[image, ("external_id", (None, b"caf\xe9-latin1"))])
+    assert r.status_code == 422, r.text
+    assert "external_id" in r.json()["detail"] and "utf-8" in r.json()["detail"]
+    r = client.post(url, files=[image, ("metadata", (None, b'{"place": "caf\xe9"}'))])
+    assert r.status_code == 422, r.text
+    ok = client.post(url, files=[image, ("external_id", (None, "café-utf8".encode()))])
+    assert ok.status_code == 202, ok.text
+    assert ok.json()["items"][0]["external_id"] == "café-utf8"
