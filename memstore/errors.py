@@ -47,3 +47,11 @@ class CollectionExistsError(ConflictError):
 
 class DatabaseUnavailableError(MemstoreError):
     """The database could not be reached or started."""
+
+
+class EncoderUnavailableError(MemstoreError):
+    """A request needs the encoder, and this process has none ready (loading, failed or not run)."""
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after

@@ -23,13 +23,14 @@ from memstore.api.auth import authenticate_runtime, key_from_header
 from memstore.api.fastpath import SearchFastPath
 from memstore.api.middleware import AuthGate, BodyLimit, BodyTooLargeError, Metrics, too_large_detail
 from memstore.api.routes import collections, items, search
-from memstore.api.runtime import QuerySampler, Runtime, RuntimeOptions
+from memstore.api.runtime import Runtime, RuntimeOptions
 from memstore.api.settings import ApiSettings
 from memstore.async_search import AsyncSearcher
 from memstore.db import get_engine, raw_connection
 from memstore.keys import ApiKey, KeyVerifier
 from memstore.migrate import VERSION_TABLE
 from memstore.queue import IngestSettings
+from memstore.services.query_sampler import QuerySampler
 from memstore.settings import Settings, get_settings
 from memstore.store import VectorStore
 
@@ -61,7 +62,6 @@ def create_app(
             ingest=ingest,
             engine=engine,
             store=VectorStore(engine, settings=settings),
-            backend=None,
             verifier=KeyVerifier(engine, ttl=api.key_cache_s),
             sampler=QuerySampler(engine, api.query_sample_rate),
         )
@@ -73,9 +73,7 @@ def create_app(
         )
         app.state.runtime = rt
         try:
-            rt.start_encoder(opts)
-            if opts.maintenance:
-                rt.start_maintenance()
+            rt.start(opts)
             yield
         finally:
             await rt.searcher.close()
@@ -127,7 +125,7 @@ def create_app(
     async def metrics() -> Response:
         rt: Runtime = app.state.runtime
         text = generate_latest(registry)
-        engine_metrics = getattr(rt.backend, "metrics", None)
+        engine_metrics = getattr(rt.encoder.backend, "metrics", None)
         if engine_metrics is not None and hasattr(engine_metrics, "registry"):
             text += generate_latest(engine_metrics.registry)
         return Response(text, media_type=CONTENT_TYPE_LATEST)
@@ -210,18 +208,18 @@ def _health(rt: Runtime) -> dict[str, Any]:
         body["status"] = "unavailable"
         body["database"] = {"error": str(exc)}
         reasons.append("the database is unreachable")
-    body["encoder"] = {"state": rt.encoder_state}
-    if rt.encoder_state == "failed":
+    body["encoder"] = {"state": rt.encoder.state}
+    if rt.encoder.state == "failed":
         reasons.append("the encoder failed to start: text and image items and searches are refused")
         if body["status"] == "ok":
             body["status"] = "degraded"
-    if rt.backend is not None:
-        body["encoder"].update(rt.backend.info.as_dict())
-    elif rt.encoder_error:
-        body["encoder"]["error"] = rt.encoder_error
+    if rt.encoder.backend is not None:
+        body["encoder"].update(rt.encoder.backend.info.as_dict())
+    elif rt.encoder.error:
+        body["encoder"]["error"] = rt.encoder.error
     body["workers"] = {
-        "ingest": rt.notes.get("ingest_workers", 0),
-        "alive": sum(t.is_alive() for t in rt.threads if t.name != "encoder-loader"),
+        "ingest": rt.workers.count,
+        "alive": sum(t.is_alive() for t in rt.threads()),
         "maintenance": rt.notes.get("maintenance", "off"),
     }
     return body

@@ -31,9 +31,9 @@ class Outcome:
 
 def check_encodable(rt: Runtime, c: Collection) -> None:
     """Refuse texts/images for a collection this server's encoder cannot fill (when it runs one)."""
-    if rt.backend is None:
+    if rt.encoder.backend is None:
         return
-    info = rt.backend.info
+    info = rt.encoder.backend.info
     if c.model and c.model != info.model:
         raise Problem(
             "invalid-input",
@@ -122,7 +122,7 @@ async def enqueue(rt: Runtime, c: Collection, pending: list[PendingItem], *, wai
 def settle(rt: Runtime, c: Collection, item_ids: list[int]) -> dict[int, tuple[str, Any]]:
     """Embed our own items now at the synchronous-ingest priority; wait for those a worker holds."""
     ours: set[int] = set()
-    if rt.backend is not None:
+    if rt.encoder.backend is not None:
         claimer = rt.claimer()
         held = claims.claim(rt.engine, claimer, limit=len(item_ids), collection_id=c.id, item_ids=item_ids)
         ours = {cl.item_id for cl in held}

@@ -121,6 +121,9 @@ def from_exception(exc: BaseException) -> Problem:
         return Problem("conflict", str(exc))
     if isinstance(exc, errors.InvalidInputError):
         return Problem("invalid-input", str(exc))
+    if isinstance(exc, errors.EncoderUnavailableError):
+        headers = {} if exc.retry_after is None else {"Retry-After": str(round(exc.retry_after))}
+        return Problem("service-unavailable", str(exc), headers=headers)
     if isinstance(exc, errors.DatabaseUnavailableError):
         return Problem("service-unavailable", str(exc))
     if isinstance(exc, enc.QueueFullError):

@@ -6,8 +6,13 @@ import argparse
 import ipaddress
 import logging
 import sys
+import threading
+from typing import TYPE_CHECKING
 
 from memstore.settings import get_settings
+
+if TYPE_CHECKING:
+    from memstore.services.workers import ServiceContext
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +37,24 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve.add_argument("--workers", type=int, default=1, metavar="N", help="in-process ingest workers (default 1)")
     serve.add_argument("--maintenance", action="store_true", help="also run the index maintenance worker")
     serve.set_defaults(func=_serve)
+
+
+class MaintenanceService:
+    """The index maintenance worker as a thread of the API process (``serve --maintenance``). Composed
+    here, in the command, so that ``memstore.api`` never imports ``maintenance``."""
+
+    name = "maintenance"
+
+    def start(self, context: ServiceContext) -> tuple[threading.Thread | None, str]:
+        try:
+            from maintenance.worker import MaintenanceWorker
+        except ImportError as exc:
+            log.warning("--maintenance: maintenance.worker is not installed here (%s); running without it", exc)
+            return None, f"unavailable: {exc}"
+        worker = MaintenanceWorker(context.engine, settings=context.settings, latency_source=context.latency_p99_ms)
+        t = threading.Thread(target=worker.run_forever, args=(context.stop_event,), name="maintenance", daemon=True)
+        t.start()
+        return t, "running"
 
 
 def _is_loopback(host: str) -> bool:
@@ -71,7 +94,7 @@ def _serve(args: argparse.Namespace) -> int:
         encoder="none" if args.no_encoder else ("remote" if args.encoder_url else None),
         encoder_url=args.encoder_url,
         ingest_workers=workers,
-        maintenance=args.maintenance,
+        services=(MaintenanceService(),) if args.maintenance else (),
     )
     exit_cleanly_on_sigterm()
     url = resolve_database_url()

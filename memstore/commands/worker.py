@@ -35,11 +35,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _worker(args: argparse.Namespace) -> int:
     from memstore import claims, migrate
-    from memstore.api.runtime import RuntimeOptions, open_backend
     from memstore.db import get_engine, resolve_database_url
     from memstore.embedded import exit_cleanly_on_sigterm
     from memstore.ingest_worker import IngestWorker, Report
     from memstore.queue import IngestSettings
+    from memstore.services.encoder_host import EncoderChoice, open_backend
 
     exit_cleanly_on_sigterm()
     if not args.no_migrate:
@@ -55,9 +55,7 @@ def _worker(args: argparse.Namespace) -> int:
             print("memstore worker: nothing is due in the queue; the model was not loaded", file=sys.stderr)
         return _report(args, Report(), started, 0)
     try:
-        backend, close = open_backend(
-            RuntimeOptions(encoder="remote" if args.encoder_url else None, encoder_url=args.encoder_url)
-        )
+        backend, close = open_backend(EncoderChoice(mode="remote" if args.encoder_url else None, url=args.encoder_url))
         assert backend is not None
         _ = backend.info
     except Exception as exc:  # missing weights, unknown model, unreachable encoder service

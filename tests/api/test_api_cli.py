@@ -220,8 +220,9 @@ def test_remote_encoder_mode(settings, tiny_engine, admin_key, collection_name) 
 def test_maintenance_flag_runs_the_worker_or_says_why_not(settings, admin_key) -> None:
     from memstore.api.app import create_app
     from memstore.api.runtime import RuntimeOptions
+    from memstore.commands.serve import MaintenanceService
 
-    app = create_app(settings, options=RuntimeOptions(encoder="none", maintenance=True))
+    app = create_app(settings, options=RuntimeOptions(encoder="none", services=(MaintenanceService(),)))
     headers = {"Authorization": f"Bearer {admin_key}"}
     with LiveServer(app) as live, httpx.Client(base_url=live.url, headers=headers) as c:
         state = c.get("/health").json()["workers"]["maintenance"]

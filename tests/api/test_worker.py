@@ -238,7 +238,7 @@ def test_deleting_items_drops_their_queue_rows(worker_engine, worker_store, tiny
 
 
 def test_query_samples_keep_only_the_most_recent(worker_engine, tiny_collection) -> None:
-    from memstore.api.runtime import QuerySampler
+    from memstore.services.query_sampler import QuerySampler
 
     sampler = QuerySampler(worker_engine, rate=1.0, keep=5)
     vectors = [np.full(64, i, dtype=np.float32) for i in range(1, 13)]

@@ -37,15 +37,15 @@ def _dimensions_and_model(request: Request, body: CollectionCreate) -> tuple[int
     """The model's vector size comes from its configuration: a collection can be created while the
     model is still loading."""
     rt = runtime(request)
-    running = rt.model_dimensions()
+    running = rt.encoder.model_dimensions()
     if body.dimensions is None:
         if running is None:
-            if rt.encoder_state == "off":
+            if rt.encoder.state == "off":
                 raise Problem(
                     "invalid-input",
                     "give dimensions: this server runs no encoder to take them from (or start it with one)",
                 )
-            rt.require_backend("or give dimensions explicitly")
+            rt.encoder.require("or give dimensions explicitly")
         assert running is not None
         running_model, running_dims = running
         model = body.model or running_model

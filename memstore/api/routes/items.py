@@ -159,7 +159,7 @@ async def _uploaded_items(rt: Runtime, request: Request, c: Collection) -> list[
     check_encodable(rt, c)
     pending = []
     for i, upload in enumerate(files):
-        data, ctype = await bodies.read_image(upload, f"files[{i}] ({upload.filename})", rt.image_options)
+        data, ctype = await bodies.read_image(upload, f"files[{i}] ({upload.filename})", rt.encoder.image_options)
         meta = metas[0] if len(metas) == 1 else (metas[i] if metas else {})
         if not isinstance(meta, dict):
             raise Problem(
@@ -270,7 +270,7 @@ async def replace_content(request: Request, name: str, item_id: ItemId, key: Key
         files = bodies.uploads(form, "file")
         if len(files) != 1:
             raise Problem("invalid-input", "upload exactly one image in the form field 'file'")
-        data, ctype = await bodies.read_image(files[0], "file", rt.image_options)
+        data, ctype = await bodies.read_image(files[0], "file", rt.encoder.image_options)
         new = PendingItem(content=data, content_type=ctype, external_id=item.external_id, metadata=item.metadata)
     return _json_response(outcome(await enqueue(rt, c, [new], wait=wait)))
 

@@ -83,7 +83,7 @@ async def _parse(request: Request, rt: Runtime) -> tuple[SearchRequest, bytes | 
         raise validation_problem(list(exc.errors())) from None
     image = None
     if uploads:
-        image = await uploads[0].read(rt.image_options.max_bytes + 1)
+        image = await uploads[0].read(rt.encoder.image_options.max_bytes + 1)
     return body, image
 
 
@@ -110,7 +110,7 @@ def _query_vector(rt: Runtime, name: str, body: SearchRequest, image: bytes | No
                 f"item {body.item_id} has no vector yet (status {item.status}); search again once it is ready",
             )
         return item.vector, kind
-    backend = rt.require_backend("search by vector or item_id instead")
+    backend = rt.encoder.require("search by vector or item_id instead")
     check_encodable(rt, rt.store.get_collection(name=name))
     if kind == "text":
         assert body.text is not None
@@ -123,7 +123,9 @@ def _query_vector(rt: Runtime, name: str, body: SearchRequest, image: bytes | No
 
 def query_image_options(rt: Runtime) -> ImageOptions:
     """The ingest limits, with the lower pixel budget of a search (checked on the header, before decoding)."""
-    return replace(rt.image_options, max_pixels=min(rt.image_options.max_pixels, rt.api.max_query_image_pixels))
+    return replace(
+        rt.encoder.image_options, max_pixels=min(rt.encoder.image_options.max_pixels, rt.api.max_query_image_pixels)
+    )
 
 
 def _search(rt: Runtime, name: str, body: SearchRequest, image: bytes | None) -> dict[str, Any]:

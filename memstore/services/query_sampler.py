@@ -1,0 +1,74 @@
+"""A random share of query vectors, kept in ``memstore_query_samples`` for the recall probes."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue as stdqueue
+import random
+import threading
+
+import numpy as np
+import sqlalchemy as sa
+
+from memstore.db import raw_connection
+
+log = logging.getLogger(__name__)
+
+
+class QuerySampler:
+    """Keeps a random share of query vectors in ``memstore_query_samples``, written off the request path."""
+
+    def __init__(self, engine: sa.Engine, rate: float, *, capacity: int = 1000, keep: int = 1000) -> None:
+        self.engine = engine
+        self.rate = rate
+        self.keep = keep  # samples kept per collection (the probes draw from them at random)
+        self._queue: stdqueue.Queue[tuple[int, np.ndarray] | None] = stdqueue.Queue(capacity)
+        self._thread: threading.Thread | None = None
+
+    def offer(self, collection_id: int, vector: np.ndarray) -> None:
+        if self.rate <= 0 or random.random() >= self.rate:
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._drain, name="query-sampler", daemon=True)
+            self._thread.start()
+        # Samples are best effort: never slow a search down for one.
+        with contextlib.suppress(stdqueue.Full):
+            self._queue.put_nowait((collection_id, vector))
+
+    def _drain(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            batch = [first]
+            while len(batch) < 100:
+                try:
+                    nxt = self._queue.get_nowait()
+                except stdqueue.Empty:
+                    break
+                if nxt is None:
+                    self._queue.put(None)
+                    break
+                batch.append(nxt)
+            try:
+                with raw_connection(self.engine) as conn, conn.cursor() as cur:
+                    cur.executemany(
+                        "INSERT INTO memstore_query_samples (collection_id, embedding) "
+                        "SELECT %s, %s WHERE EXISTS (SELECT 1 FROM memstore_collections WHERE id = %s)",
+                        [(cid, vec, cid) for cid, vec in batch],
+                    )
+                    # Keep the most recent `keep` per collection: the table must not grow forever.
+                    cur.executemany(
+                        "DELETE FROM memstore_query_samples WHERE collection_id = %(c)s AND id <= ("
+                        "SELECT id FROM memstore_query_samples WHERE collection_id = %(c)s "
+                        "ORDER BY id DESC OFFSET %(keep)s LIMIT 1)",
+                        [{"c": cid, "keep": self.keep} for cid in {cid for cid, _ in batch}],
+                    )
+            except Exception as exc:
+                log.warning("query sampler: %s", exc)
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(5)

@@ -1,0 +1,60 @@
+"""Ingest workers as threads of this process (``memstore serve``'s default), and other background
+services a command asks the process to run (the maintenance worker)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import sqlalchemy as sa
+
+from encoder.types import EmbeddingBackend
+from memstore.ingest_worker import IngestWorker
+from memstore.queue import IngestSettings
+from memstore.settings import Settings
+
+
+@dataclass(frozen=True)
+class ServiceContext:
+    """What a background service may use: the database, the settings, the foreground latency (to
+    back off while searches are slow) and the process's stop signal."""
+
+    engine: sa.Engine
+    settings: Settings
+    latency_p99_ms: Callable[[], float | None]
+    stop_event: threading.Event
+
+
+class BackgroundService(Protocol):
+    """Started once with the process; answers a short line for /health (``running``, ``unavailable: ...``)."""
+
+    name: str
+
+    def start(self, context: ServiceContext) -> tuple[threading.Thread | None, str]: ...
+
+
+@dataclass
+class InProcessWorkers:
+    """``count`` ingest worker threads sharing the process's encoder."""
+
+    engine: sa.Engine
+    settings: IngestSettings
+    stop_event: threading.Event
+    threads: list[threading.Thread] = field(default_factory=list)
+    count: int = 0
+
+    def start(self, backend: EmbeddingBackend | None, count: int) -> None:
+        if count <= 0:
+            return
+        if backend is None:
+            raise ValueError("in-process ingest workers need an encoder; drop --no-encoder or use --no-worker")
+        for i in range(count):
+            worker = IngestWorker(
+                self.engine, backend, settings=self.settings, stop_event=self.stop_event, name=f"ingest-{i}"
+            )
+            t = threading.Thread(target=worker.run, name=f"ingest-{i}", daemon=True)
+            t.start()
+            self.threads.append(t)
+        self.count += count

@@ -1,0 +1,86 @@
+"""The project's shape, checked: dependencies point one way, and nothing reads outside the repository.
+
+- ``memstore.api`` never imports ``maintenance`` (commands compose the two);
+- the core and the services import neither FastAPI nor torch (nor open_clip);
+- nothing in the project reads ``../shared`` (a user's clone has nothing beside it).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CORE = [
+    "memstore.settings",
+    "memstore.db",
+    "memstore.collections",
+    "memstore.store",
+    "memstore.items",
+    "memstore.queue",
+    "memstore.claims",
+    "memstore.filters",
+    "memstore.vectors",
+    "memstore.keys",
+    "memstore.models",
+    "memstore.errors",
+    "memstore.migrate",
+    "memstore.embedded",
+    "memstore.async_search",
+    "memstore.ingest_worker",
+    "memstore.services.encoder_host",
+    "memstore.services.query_sampler",
+    "memstore.services.latency",
+    "memstore.services.workers",
+]
+HEAVY = ("fastapi", "starlette", "torch", "open_clip", "maintenance")
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def test_the_api_never_imports_maintenance() -> None:
+    offenders = {
+        str(p.relative_to(ROOT)): sorted(n for n in _imports(p) if n.split(".")[0] == "maintenance")
+        for p in (ROOT / "memstore" / "api").rglob("*.py")
+    }
+    assert not {k: v for k, v in offenders.items() if v}, offenders
+
+
+def test_the_core_imports_no_web_framework_and_no_model_runtime() -> None:
+    """In a fresh interpreter, importing every core module loads none of the heavy packages."""
+    code = (
+        "import json, sys\n"
+        f"for name in {CORE!r}: __import__(name)\n"
+        f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_nothing_reads_outside_the_repository() -> None:
+    tracked = subprocess.run(["git", "ls-files"], capture_output=True, text=True, cwd=ROOT, check=True).stdout.split()
+    readers = [
+        f for f in tracked if f.endswith((".py", ".toml", ".cfg", ".ini", ".sh", ".yaml", ".yml")) or "/" not in f
+    ]
+    offenders = []
+    for name in readers:
+        path = ROOT / name
+        if not path.is_file() or path == Path(__file__).resolve():
+            continue
+        text = path.read_text(errors="replace")
+        if "../shared" in text or '/ "shared"' in text:
+            offenders.append(name)
+    assert offenders == [], f"these files reach outside the repository: {offenders}"
