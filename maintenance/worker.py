@@ -29,8 +29,8 @@ from memstore.collections import Collection
 from memstore.compact.maintain import maintain_compact_index
 from memstore.compact.spec import index_spec
 from memstore.db import libpq_url
+from memstore.registry import read_collections
 from memstore.settings import Settings, get_settings
-from memstore.store import read_collections
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 import sqlalchemy as sa
 from psycopg import sql
-from psycopg.rows import dict_row
 
 from encoder.errors import ImageRejectedError, QueueFullError, RequestTooLargeError
 from encoder.types import EmbeddingBackend, Priority
@@ -27,8 +26,8 @@ from memstore import claims as queue_claims
 from memstore.claims import Claim, Claimer
 from memstore.collections import Collection
 from memstore.db import raw_connection
-from memstore.items import COLLECTION_COLUMNS
 from memstore.queue import IngestSettings
+from memstore.registry import Registry
 
 log = logging.getLogger(__name__)
 
@@ -102,21 +101,10 @@ class Processor:
         self.engine = engine
         self.backend = backend
         self.settings = settings
-        self._collections: dict[int, Collection] = {}
+        self.registry = Registry(engine)
 
     def collection(self, cid: int) -> Collection | None:
-        c = self._collections.get(cid)
-        if c is None:
-            with raw_connection(self.engine) as conn:
-                row = (
-                    conn.cursor(row_factory=dict_row)
-                    .execute(f"SELECT {COLLECTION_COLUMNS} FROM memstore_collections WHERE id = %s", (cid,))
-                    .fetchone()
-                )
-            if row is None:
-                return None
-            c = self._collections[cid] = Collection(**row)
-        return c
+        return self.registry.by_id(cid)
 
     def process(self, claims: Sequence[Claim], *, priority: Priority) -> Report:
         report = Report(claimed=len(claims))

@@ -14,10 +14,6 @@ from psycopg.types.json import Jsonb
 from memstore.collections import Collection
 from memstore.models import Item
 
-COLLECTION_COLUMNS = (
-    "id, name, table_name, dimensions, metric, hnsw_m, hnsw_ef_construction, default_ef_search, "
-    "partitions, model, options, created_at"
-)
 ITEM_COLUMNS = (
     "id, external_id, status, metadata, text, content_type, content IS NOT NULL AS has_content, error, "
     "created_at, updated_at"

@@ -7,8 +7,6 @@ is refused before anything is written. The REST API, the ingest workers and main
 from __future__ import annotations
 
 import math
-import threading
-import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -31,13 +29,13 @@ from memstore.compact import search as compact_search
 from memstore.compact import spec as compact_spec
 from memstore.db import raw_connection
 from memstore.errors import (
-    CollectionExistsError,
     CollectionNotFoundError,
     InvalidInputError,
     ItemNotFoundError,
 )
 from memstore.filters import check_filter, check_metadata
 from memstore.models import CollectionStats, Item, ItemIn, SearchResult, UpsertResult
+from memstore.registry import Registry, deregister, register
 from memstore.settings import Settings, get_settings
 from memstore.vectors import as_matrix, as_vector
 
@@ -45,8 +43,6 @@ MAX_K = 1000
 # Above this many items an upsert goes through COPY ... FORMAT BINARY into a staging table.
 COPY_THRESHOLD = 32
 MAX_EXTERNAL_ID_LENGTH = 512
-# How long a process trusts its cached copy of a collection's registry row.
-COLLECTION_CACHE_SECONDS = 5.0
 
 
 def _check_k(k: int) -> int:
@@ -77,8 +73,7 @@ class VectorStore:
     def __init__(self, engine: sa.Engine, *, settings: Settings | None = None) -> None:
         self.engine = engine
         self.settings = settings or get_settings()
-        self._cache: dict[str, tuple[float, Collection]] = {}
-        self._cache_lock = threading.Lock()
+        self.registry = Registry(engine)
 
     # ------------------------------------------------------------------ collections
 
@@ -124,19 +119,11 @@ class VectorStore:
             index = compact_spec.IndexSpec(representation=representation, pool_factor=pool_factor)
         options = {compact_spec.OPTIONS_KEY: index.to_json()}
         with raw_connection(self.engine) as conn:
-            # Serialise creations of one name so the loser gets a clean CollectionExistsError.
-            conn.execute("SELECT pg_advisory_xact_lock(hashtext('memstore.collection.' || %s))", (name,))
-            if conn.execute("SELECT 1 FROM memstore_collections WHERE name = %s", (name,)).fetchone():
-                raise CollectionExistsError(name)
-            row = conn.execute("SELECT nextval(pg_get_serial_sequence('memstore_collections', 'id'))").fetchone()
-            assert row is not None
-            cid = int(row[0])
-            collection = Collection(
-                id=cid,
+            collection = register(
+                conn,
                 name=name,
-                table_name=f"c{cid}_{name}",
                 dimensions=dimensions,
-                metric=metric,  # type: ignore[arg-type]
+                metric=metric,
                 hnsw_m=m,
                 hnsw_ef_construction=efc,
                 default_ef_search=efs,
@@ -144,50 +131,21 @@ class VectorStore:
                 model=model,
                 options=options,
             )
-            conn.execute(
-                """
-                INSERT INTO memstore_collections (id, name, table_name, dimensions, metric, hnsw_m,
-                    hnsw_ef_construction, default_ef_search, partitions, model, options)
-                OVERRIDING SYSTEM VALUE VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
-                """,
-                (cid, name, collection.table_name, dimensions, metric, m, efc, efs, partitions, model, Jsonb(options)),
-            )
             for statement in create_table_statements(collection):
                 conn.execute(statement)
         return self.get_collection(name=name, fresh=True)
 
     def list_collections(self) -> list[Collection]:
-        with raw_connection(self.engine) as conn:
-            return read_collections(conn)
+        return self.registry.all()
 
     def get_collection(self, *, name: str, fresh: bool = False) -> Collection:
-        validate_name(name)
-        now = time.monotonic()
-        if not fresh and (hit := self.cached_collection(name)) is not None:
-            return hit
-        with raw_connection(self.engine) as conn:
-            row = (
-                conn.cursor(row_factory=dict_row)
-                .execute(f"SELECT {item_sql.COLLECTION_COLUMNS} FROM memstore_collections WHERE name = %s", (name,))
-                .fetchone()
-            )
-        if row is None:
-            self.forget_collection(name)
-            raise CollectionNotFoundError(name)
-        collection = Collection(**row)
-        with self._cache_lock:
-            self._cache[name] = (now, collection)
-        return collection
+        return self.registry.get(name, fresh=fresh)
 
     def drop_collection(self, *, name: str) -> None:
         collection = self.get_collection(name=name, fresh=True)
         with raw_connection(self.engine) as conn:
             conn.execute("SET LOCAL lock_timeout = '10s'")
-            deleted = conn.execute(
-                "DELETE FROM memstore_collections WHERE id = %s RETURNING id", (collection.id,)
-            ).fetchone()
-            if deleted is None:
-                raise CollectionNotFoundError(name)
+            deregister(conn, collection)
             conn.execute(sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(collection.table))
             # Low-rank side tables (their triggers went with the table; registry rows cascade).
             for (side,) in conn.execute(
@@ -494,14 +452,11 @@ class VectorStore:
 
     def cached_collection(self, name: str) -> Collection | None:
         """The collection's registry row if this store read it recently, without touching the database."""
-        with self._cache_lock:
-            hit = self._cache.get(name)
-        return hit[1] if hit and time.monotonic() - hit[0] < COLLECTION_CACHE_SECONDS else None
+        return self.registry.cached(name)
 
     def forget_collection(self, name: str) -> None:
         """Drop a cached registry row (dropped, switched, or its table turned out to be gone)."""
-        with self._cache_lock:
-            self._cache.pop(name, None)
+        self.registry.forget(name)
 
     def set_index_representation(
         self,
@@ -551,16 +506,6 @@ def _count_items(conn: psycopg.Connection[Any], c: Collection, exact_limit: int)
         assert counted is not None
         return int(counted[0]), True
     return estimate, False
-
-
-def read_collections(conn: psycopg.Connection[Any]) -> list[Collection]:
-    """Every registered collection, by name, on the connection given."""
-    rows = (
-        conn.cursor(row_factory=dict_row)
-        .execute(f"SELECT {item_sql.COLLECTION_COLUMNS} FROM memstore_collections ORDER BY name")
-        .fetchall()
-    )
-    return [Collection(**r) for r in rows]
 
 
 def check_search_args(k: int, pool: int | None, filter: dict[str, Any] | None) -> dict[str, Any] | None:

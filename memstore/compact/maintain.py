@@ -34,8 +34,9 @@ from memstore.compact import ddl
 from memstore.compact import projection as proj
 from memstore.compact import search as compact_search
 from memstore.compact import spec as specs
-from memstore.compact.switch import DEFAULT_GRACE_S, read_collection, reconcile, set_representation
+from memstore.compact.switch import DEFAULT_GRACE_S, reconcile, set_representation
 from memstore.recall import recall_hits
+from memstore.registry import read_collection
 from memstore.settings import Settings
 from memstore.store import VectorStore
 
@@ -212,13 +213,13 @@ def maintain_compact_index(
     """
     store = VectorStore(engine, settings=settings or Settings())
     with ddl.connect(engine) as conn:
-        c = read_collection(conn, collection)
+        c = read_collection(conn, name=collection)
         try:
             with ddl.collection_lock(conn, c):
-                fixed = reconcile(conn, read_collection(conn, collection))
+                fixed = reconcile(conn, read_collection(conn, name=collection))
         except ddl.CompactBusyError as exc:
             return {"collection": collection, "action": None, "outcome": "skipped", "reason": str(exc)}
-        c = read_collection(conn, collection)
+        c = read_collection(conn, name=collection)
         spec = specs.index_spec(c)
         out: dict[str, Any] = {"collection": collection, "representation": spec.representation, "action": None}
         if fixed:

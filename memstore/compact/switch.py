@@ -20,40 +20,23 @@ from typing import Any
 
 import psycopg
 import sqlalchemy as sa
-from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
 
 from memstore.collections import Collection
 from memstore.compact import ddl
 from memstore.compact import projection as proj
 from memstore.compact import spec as specs
-from memstore.errors import CollectionNotFoundError, InvalidInputError
-from memstore.items import COLLECTION_COLUMNS
+from memstore.errors import InvalidInputError
+from memstore.registry import CACHE_SECONDS, read_collection, set_option
 
 log = logging.getLogger(__name__)
 
-# How long a flip takes to reach every process: the store's collection cache time plus a margin.
-DEFAULT_GRACE_S = 6.0
-
-
-def read_collection(conn: psycopg.Connection[Any], name: str) -> Collection:
-    row = (
-        conn.cursor(row_factory=dict_row)
-        .execute(f"SELECT {COLLECTION_COLUMNS} FROM memstore_collections WHERE name = %s", (name,))
-        .fetchone()
-    )
-    if row is None:
-        raise CollectionNotFoundError(name)
-    return Collection(**row)
+# How long a flip takes to reach every process: the registry's cache time plus a margin.
+DEFAULT_GRACE_S = CACHE_SECONDS + 1.0
 
 
 def write_spec(conn: psycopg.Connection[Any], c: Collection, spec: specs.IndexSpec) -> Collection:
     """Flip: the collection's searches use ``spec`` from now on (within the cache time)."""
-    conn.execute(
-        "UPDATE memstore_collections SET options = jsonb_set(options, %s, %s) WHERE id = %s",
-        ([specs.OPTIONS_KEY], Jsonb(spec.to_json()), c.id),
-    )
-    return replace(c, options={**c.options, specs.OPTIONS_KEY: spec.to_json()})
+    return set_option(conn, c, specs.OPTIONS_KEY, spec.to_json())
 
 
 def _set_projection_status(conn: psycopg.Connection[Any], projection_id: int, status: str) -> None:
@@ -156,12 +139,12 @@ def set_representation(
     recorded as pending (the full index keeps serving) and made by ``maintain_compact_index`` later.
     """
     with ddl.connect(engine) as conn:
-        c = read_collection(conn, collection)
+        c = read_collection(conn, name=collection)
         specs.validate_choice(
             representation=representation, dimensions=c.dimensions, rank=rank, pool_factor=pool_factor
         )
         with ddl.collection_lock(conn, c, wait_s=wait_s):
-            c = read_collection(conn, collection)
+            c = read_collection(conn, name=collection)
             reconcile(conn, c)
             old = specs.index_spec(c)
             factor = pool_factor if pool_factor is not None else old.pool_factor

@@ -1,0 +1,40 @@
+"""The collection registry: one reader, one cache, one rule for when a change is seen."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+
+from memstore.errors import CollectionExistsError, CollectionNotFoundError
+from memstore.registry import Registry
+from memstore.store import VectorStore
+
+
+def test_a_change_made_elsewhere_is_seen_once_the_cache_expires(
+    store: VectorStore, engine: sa.Engine, collection_name: str
+) -> None:
+    """Another process (here: another Registry) keeps its copy for ttl seconds, then reads again;
+    the process that made the change forgets its copy at once."""
+    c = store.create_collection(name=collection_name, dimensions=3)
+    other = Registry(engine, ttl=3600)
+    assert other.get(collection_name).id == c.id
+    store.set_index_representation(collection=collection_name, representation="halfvec", grace_s=0)
+    assert store.get_collection(name=collection_name).options != c.options  # the writer sees it at once
+    assert other.get(collection_name).options == c.options  # the other still trusts its copy
+    other.ttl = 0.0
+    assert other.get(collection_name).options != c.options  # and reads again once it expires
+
+
+def test_ids_names_drops_and_duplicates(store: VectorStore, engine: sa.Engine, collection_name: str) -> None:
+    c = store.create_collection(name=collection_name, dimensions=3)
+    registry = Registry(engine)
+    assert registry.by_id(c.id) == registry.get(collection_name) == c
+    assert registry.cached(collection_name) == c
+    with pytest.raises(CollectionExistsError):
+        store.create_collection(name=collection_name, dimensions=3)
+    store.drop_collection(name=collection_name)
+    assert store.registry.cached(collection_name) is None
+    assert registry.by_id(c.id, fresh=True) is None
+    with pytest.raises(CollectionNotFoundError):
+        registry.get(collection_name, fresh=True)
+    assert registry.cached(collection_name) is None
