@@ -16,7 +16,6 @@ from typing import Any
 
 import psycopg
 import sqlalchemy as sa
-from pgvector.psycopg import register_vector
 
 from maintenance import history
 from maintenance.actions import Busy, Executor, Interrupted, wait_for_slo
@@ -28,7 +27,7 @@ from maintenance.targets import Target, every_target
 from memstore.collections import Collection
 from memstore.compact.maintain import maintain_compact_index
 from memstore.compact.spec import index_spec
-from memstore.db import libpq_url
+from memstore.db import dedicated_connection
 from memstore.registry import read_collections
 from memstore.settings import Settings, get_settings
 
@@ -77,15 +76,13 @@ class MaintenanceWorker:
         self.on_progress = on_progress
         self.stop = threading.Event()
         self.last_outcomes: list[Outcome] = []
-        self._dsn = libpq_url(engine.url.render_as_string(hide_password=False))
         self._local = threading.local()
 
     # ------------------------------------------------------------------ plumbing
 
     def connect(self) -> psycopg.Connection[Any]:
         """A dedicated autocommit connection (REINDEX CONCURRENTLY and VACUUM cannot run in a transaction)."""
-        conn = psycopg.connect(self._dsn, autocommit=True, application_name="memstore-maint")
-        register_vector(conn)
+        conn = dedicated_connection(self.engine, application_name="memstore-maint")
         s, c = self.settings, self.config
         conn.execute(
             "SELECT set_config('lock_timeout', %s, false), set_config('statement_timeout', '0', false), "

@@ -24,7 +24,7 @@ from psycopg_pool import AsyncConnectionPool
 from memstore import items as item_sql
 from memstore.collections import Collection
 from memstore.compact import spec as compact_spec
-from memstore.db import libpq_url, server_went_away
+from memstore.db import async_pool, server_went_away
 from memstore.errors import CollectionNotFoundError
 from memstore.models import SearchResult
 from memstore.store import SearchPlan, VectorStore, check_search_args, search_results
@@ -57,18 +57,14 @@ class AsyncSearcher:
             self._opening = self._opening or asyncio.Lock()
             async with self._opening:
                 if self._pool is None:
-                    url = self.store.engine.url.render_as_string(hide_password=False)
-                    pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
-                        libpq_url(url),
-                        min_size=1,
+                    # Autocommit, and the settings at session level: these connections run
+                    # searches only, each under the settings it needs (see _run).
+                    pool = async_pool(
+                        self.store.engine,
                         max_size=self.max_connections,
-                        open=False,
+                        name="memstore-search",
                         configure=_configure,
                         check=_check,
-                        # Autocommit, and the settings at session level: these connections run
-                        # searches only, each under the settings it needs (see _run).
-                        kwargs={"autocommit": True},
-                        name="memstore-search",
                     )
                     await pool.open()
                     self._pool = pool

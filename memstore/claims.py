@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from psycopg import sql
 
 from memstore.collections import Collection
-from memstore.db import libpq_url, raw_connection
+from memstore.db import dedicated_connection, raw_connection
 from memstore.queue import CHANNEL, IngestSettings
 
 # First key of the two-int advisory locks claimers hold (the second is the claimer number).
@@ -39,14 +39,14 @@ class Claimer:
     """A worker identity: a connection holding the advisory lock on its number, also used to LISTEN."""
 
     def __init__(self, engine: sa.Engine) -> None:
-        self.url = libpq_url(engine.url.render_as_string(hide_password=False))
+        self.engine = engine
         self.conn: psycopg.Connection[Any] | None = None
         self.number = 0
         self.connect()
 
     def connect(self) -> None:
         self.close()
-        conn = psycopg.connect(self.url, autocommit=True, application_name="memstore-ingest")
+        conn = dedicated_connection(self.engine, application_name="memstore-ingest", vector_types=False)
         while True:
             number = secrets.randbelow(2**31 - 2) + 1
             row = conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (LOCK_NAMESPACE, number)).fetchone()

@@ -1,4 +1,12 @@
-"""One SQLAlchemy engine per process; pgvector's types registered on every new connection."""
+"""The database layer: the only module that renders the URL or opens connections.
+
+- ``get_engine``: the process's pooled engine (SQLAlchemy's pool; pgvector's types registered on every
+  new connection, dead connections dropped at checkout without a round trip);
+- ``raw_connection``: a pooled psycopg connection for one transaction;
+- ``dedicated_connection``: a connection of its own, outside the pool, for what must not share one
+  (LISTEN, a session advisory lock, VACUUM and concurrent index builds, long DDL);
+- ``async_pool``: the asyncio pool of the search fast path, on the same URL.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +19,7 @@ from typing import Any
 import psycopg
 import sqlalchemy as sa
 from pgvector.psycopg import register_vector
+from psycopg_pool import AsyncConnectionPool
 from sqlalchemy import event
 
 from memstore.embedded import start_embedded_server
@@ -107,6 +116,46 @@ def get_engine(settings: Settings | None = None) -> sa.Engine:
             engine = create_engine(url, pool_size=settings.pool_size, max_overflow=settings.pool_max_overflow)
             _engines[url] = engine
         return engine
+
+
+def _dsn(engine: sa.Engine) -> str:
+    """The engine's URL as libpq takes it, password included: never logged, never leaves this module."""
+    return libpq_url(engine.url.render_as_string(hide_password=False))
+
+
+def dedicated_connection(
+    engine: sa.Engine, *, application_name: str, autocommit: bool = True, vector_types: bool = True
+) -> psycopg.Connection[Any]:
+    """A new connection to the engine's database, outside its pool; the caller closes it."""
+    conn = psycopg.connect(_dsn(engine), autocommit=autocommit, application_name=application_name)
+    if vector_types:
+        try:
+            register_vector(conn)
+        except psycopg.ProgrammingError:  # no extension yet (before the first migration)
+            if not autocommit:
+                conn.rollback()
+    return conn
+
+
+def async_pool(
+    engine: sa.Engine,
+    *,
+    max_size: int,
+    name: str,
+    configure: Any,
+    check: Any,
+) -> AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
+    """An asyncio pool (not yet open) of autocommit connections to the engine's database."""
+    return AsyncConnectionPool(
+        _dsn(engine),
+        min_size=1,
+        max_size=max_size,
+        open=False,
+        configure=configure,
+        check=check,
+        kwargs={"autocommit": True},
+        name=name,
+    )
 
 
 @contextmanager

@@ -84,3 +84,17 @@ def test_nothing_reads_outside_the_repository() -> None:
         if "../shared" in text or '/ "shared"' in text:
             offenders.append(name)
     assert offenders == [], f"these files reach outside the repository: {offenders}"
+
+
+def test_only_the_database_layer_opens_connections() -> None:
+    """URLs (with their passwords) are rendered and connections opened in memstore.db alone (and the
+    embedded server's start-up, which makes the URL in the first place)."""
+    allowed = {ROOT / "memstore" / "db.py", ROOT / "memstore" / "embedded.py"}
+    offenders = [
+        str(p.relative_to(ROOT))
+        for folder in ("memstore", "maintenance")
+        for p in (ROOT / folder).rglob("*.py")
+        if p not in allowed
+        and any(s in p.read_text() for s in ("psycopg.connect(", "render_as_string(", "AsyncConnectionPool("))
+    ]
+    assert offenders == []

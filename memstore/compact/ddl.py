@@ -18,13 +18,12 @@ from typing import Any
 import psycopg
 import sqlalchemy as sa
 from pgvector import Vector
-from pgvector.psycopg import register_vector
 from psycopg import sql
 
 from memstore.collections import Collection
 from memstore.compact import spec as specs
 from memstore.compact.projection import Projection
-from memstore.db import libpq_url
+from memstore.db import dedicated_connection
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +38,7 @@ class CompactBusyError(RuntimeError):
 
 @contextlib.contextmanager
 def connect(engine: sa.Engine) -> Iterator[psycopg.Connection[Any]]:
-    url = libpq_url(engine.url.render_as_string(hide_password=False))
-    with psycopg.connect(url, autocommit=True) as conn:
-        register_vector(conn)
+    with dedicated_connection(engine, application_name="memstore-compact") as conn:
         conn.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT)))
         yield conn
 
