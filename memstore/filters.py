@@ -1,4 +1,5 @@
-"""Metadata filters: JSON containment (``metadata @> filter``), checked before it reaches SQL."""
+"""What callers send besides vectors, checked before it reaches SQL: metadata, filters (JSON
+containment, ``metadata @> filter``) and external ids."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 from memstore.errors import InvalidInputError
 
+MAX_EXTERNAL_ID_LENGTH = 512
 MAX_FILTER_DEPTH = 8
 MAX_FILTER_BYTES = 16_384
 MAX_METADATA_BYTES = 65_536
@@ -21,6 +23,16 @@ def _depth(value: Any, level: int = 0, limit: int = MAX_FILTER_DEPTH) -> int:
     if isinstance(value, list):
         return max((_depth(v, level + 1, limit) for v in value), default=level + 1)
     return level
+
+
+def check_external_id(value: Any) -> str:
+    """A non-empty string of at most MAX_EXTERNAL_ID_LENGTH characters without NUL."""
+    if not isinstance(value, str) or not value or len(value) > MAX_EXTERNAL_ID_LENGTH or "\x00" in value:
+        raise InvalidInputError(
+            f"external_id must be a non-empty string of at most {MAX_EXTERNAL_ID_LENGTH} characters "
+            f"without NUL, not {value!r:.80}"
+        )
+    return value
 
 
 def check_filter(value: Any) -> dict[str, Any] | None:

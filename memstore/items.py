@@ -11,6 +11,7 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from memstore import queue
 from memstore.collections import Collection
 from memstore.models import Item
 
@@ -42,7 +43,6 @@ _UPSERT_FROM_STAGE = (
     "INSERT INTO {} AS t (external_id, embedding, metadata, status) "
     "SELECT external_id, embedding, metadata, 'ready' FROM memstore_stage"
 )
-_DROP_QUEUED = "DELETE FROM memstore_ingest_queue WHERE collection_id = %s AND item_id = ANY(%s)"
 
 Returned = dict[str, tuple[int, Any]]
 
@@ -60,8 +60,7 @@ def _collect(rows: Sequence[tuple[Any, ...]]) -> Returned:
 def _forget_queued(conn: psycopg.Connection[Any], c: Collection, returned: Returned) -> None:
     """A vector written by the caller supersedes any embedding still queued for that item."""
     updated = [rid for rid, status in returned.values() if status == "updated"]
-    if updated:
-        conn.execute(_DROP_QUEUED, (c.id, updated))
+    queue.unqueue(conn, c, updated)
 
 
 def upsert(

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
+
+from memstore.db import raw_connection
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 VERSION_TABLE = "memstore_alembic_version"
@@ -37,3 +41,15 @@ def current_revision(url: str) -> str | None:
             return ctx.get_current_revision()
     finally:
         engine.dispose()
+
+
+def database_facts(engine: sa.Engine) -> dict[str, Any]:
+    """The server's version, pgvector's and the schema revision (what /health shows to a key)."""
+    with raw_connection(engine) as conn:
+        row = conn.execute(
+            "SELECT current_setting('server_version'), "
+            "(SELECT extversion FROM pg_extension WHERE extname = 'vector'), "
+            f"(SELECT version_num FROM {VERSION_TABLE})"
+        ).fetchone()
+    assert row is not None
+    return {"server_version": row[0], "pgvector": row[1], "revision": row[2]}

@@ -13,6 +13,17 @@ UpsertStatus = Literal["created", "updated", "unchanged"]
 
 
 @dataclass(frozen=True)
+class Original:
+    """What an item was made from: image bytes (``content``, ``content_type``) or a ``text``; neither
+    for an item stored as a vector only."""
+
+    external_id: str
+    content: bytes | None
+    content_type: str | None
+    text: str | None
+
+
+@dataclass(frozen=True)
 class ItemIn:
     """One item to upsert: a vector with optional external id and metadata."""
 

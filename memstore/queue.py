@@ -25,8 +25,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from memstore.collections import Collection
 from memstore.db import raw_connection
 from memstore.errors import CollectionNotFoundError, InvalidInputError
-from memstore.filters import check_metadata
-from memstore.store import MAX_EXTERNAL_ID_LENGTH
+from memstore.filters import check_external_id, check_metadata
 
 log = logging.getLogger(__name__)
 
@@ -82,11 +81,7 @@ def _check(item: PendingItem) -> None:
         raise InvalidInputError("text must be non-empty and may not contain NUL characters")
     if item.content is not None and not item.content:
         raise InvalidInputError("content is empty")
-    eid = item.key()
-    if not eid or len(eid) > MAX_EXTERNAL_ID_LENGTH or "\x00" in eid:
-        raise InvalidInputError(
-            f"external_id must be a non-empty string of at most {MAX_EXTERNAL_ID_LENGTH} characters without NUL"
-        )
+    check_external_id(item.key())
     check_metadata(item.metadata)
 
 
@@ -211,6 +206,26 @@ def _enqueue(
 
 def _content_type(item: PendingItem) -> str | None:
     return TEXT_CONTENT_TYPE if item.text is not None else item.content_type
+
+
+def counts(conn: psycopg.Connection[Any], collection: Collection) -> dict[str, int]:
+    """Queued items of one collection by status. Pending and failed items are exactly those with a
+    queue row (enqueue keeps that invariant), counted through the (collection_id, item_id) index."""
+    rows = conn.execute(
+        "SELECT status, count(*) FROM memstore_ingest_queue WHERE collection_id = %s GROUP BY status",
+        (collection.id,),
+    ).fetchall()
+    return {"pending": 0, "failed": 0} | {str(s): int(n) for s, n in rows}
+
+
+def unqueue(conn: psycopg.Connection[Any], collection: Collection, item_ids: Sequence[int]) -> None:
+    """Drop the queue rows of items that were deleted, or whose vector the caller wrote (a queued
+    embedding would otherwise overwrite it, or a worker claim an item that is gone)."""
+    if item_ids:
+        conn.execute(
+            "DELETE FROM memstore_ingest_queue WHERE collection_id = %s AND item_id = ANY(%s)",
+            (collection.id, list(item_ids)),
+        )
 
 
 def queue_depth(engine: sa.Engine) -> dict[str, int]:

@@ -19,6 +19,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from memstore import items as item_sql
+from memstore import queue
 from memstore.collections import (
     Collection,
     create_table_statements,
@@ -33,8 +34,8 @@ from memstore.errors import (
     InvalidInputError,
     ItemNotFoundError,
 )
-from memstore.filters import check_filter, check_metadata
-from memstore.models import CollectionStats, Item, ItemIn, SearchResult, UpsertResult
+from memstore.filters import check_external_id, check_filter, check_metadata
+from memstore.models import CollectionStats, Item, ItemIn, Original, SearchResult, UpsertResult
 from memstore.registry import Registry, deregister, register
 from memstore.settings import Settings, get_settings
 from memstore.vectors import as_matrix, as_vector
@@ -42,7 +43,6 @@ from memstore.vectors import as_matrix, as_vector
 MAX_K = 1000
 # Above this many items an upsert goes through COPY ... FORMAT BINARY into a staging table.
 COPY_THRESHOLD = 32
-MAX_EXTERNAL_ID_LENGTH = 512
 
 
 def _check_k(k: int) -> int:
@@ -52,14 +52,7 @@ def _check_k(k: int) -> int:
 
 
 def _check_external_id(value: Any) -> str:
-    if value is None:
-        return uuid.uuid4().hex
-    if not isinstance(value, str) or not value or len(value) > MAX_EXTERNAL_ID_LENGTH or "\x00" in value:
-        raise InvalidInputError(
-            f"external_id must be a non-empty string of at most {MAX_EXTERNAL_ID_LENGTH} characters "
-            f"without NUL, not {value!r:.80}"
-        )
-    return value
+    return uuid.uuid4().hex if value is None else check_external_id(value)
 
 
 # Past this many rows an exact count(*) costs tens of ms a call and more, and collections are polled
@@ -164,15 +157,10 @@ class VectorStore:
         if spec.representation == "lowrank" and spec.version is not None:
             tables = [*tables, compact_spec.side_table(c.id, spec.version)]
         with raw_connection(self.engine) as conn:
-            # Pending and failed items are exactly those with a queue row (the queue keeps that
-            # invariant), counted through its (collection_id, item_id) index: no scan of the items.
-            queued = conn.execute(
-                "SELECT status, count(*) FROM memstore_ingest_queue WHERE collection_id = %s GROUP BY status", (c.id,)
-            ).fetchall()
+            by_status = queue.counts(conn, c)  # no scan of the items
             items, exact = _count_items(conn, c, exact_limit)
             sizes = conn.execute(item_sql.SIZES_SQL, (tables,)).fetchone()
-        by_status = {status: int(n) for status, n in queued}
-        pending, failed = by_status.get("pending", 0), by_status.get("failed", 0)
+        pending, failed = by_status["pending"], by_status["failed"]
         assert sizes is not None
         return CollectionStats(
             collection=c,
@@ -346,16 +334,36 @@ class VectorStore:
             clause, param = "id = ANY(%s)", [int(i) for i in ids]
         else:
             clause, param = "external_id = ANY(%s)", [str(e) for e in external_ids or ()]
-        # Their queue rows go too: a worker would otherwise claim them only to find the item gone.
-        statement = sql.SQL(
-            "WITH gone AS (DELETE FROM {t} WHERE " + clause + " RETURNING id), "
-            "unqueued AS (DELETE FROM memstore_ingest_queue WHERE collection_id = %s "
-            "AND item_id IN (SELECT id FROM gone)) "
-            "SELECT count(*) FROM gone"
-        ).format(t=c.table)
+        statement = sql.SQL("DELETE FROM {t} WHERE " + clause + " RETURNING id").format(t=c.table)
         with raw_connection(self.engine) as conn:
-            row = conn.execute(statement, (param, c.id)).fetchone()
-            return int(row[0]) if row else 0
+            gone = [int(r[0]) for r in conn.execute(statement, (param,)).fetchall()]
+            queue.unqueue(conn, c, gone)  # in the same transaction: the item rows first, as everywhere
+        return len(gone)
+
+    def find_external_ids(self, *, collection: str, external_ids: Sequence[str]) -> dict[str, int]:
+        """Which of ``external_ids`` the collection holds, with their ids (resumable uploads ask this)."""
+        c = self.get_collection(name=collection)
+        with raw_connection(self.engine) as conn:
+            rows = conn.execute(
+                sql.SQL("SELECT external_id, id FROM {} WHERE external_id = ANY(%s)").format(c.table),
+                ([str(e) for e in external_ids],),
+            ).fetchall()
+        return {str(e): int(i) for e, i in rows}
+
+    def get_original(self, *, collection: str, id: int) -> Original:
+        """The stored original of an item: its bytes or its text (ItemNotFoundError if there is no item)."""
+        c = self.get_collection(name=collection)
+        with raw_connection(self.engine) as conn:
+            row = conn.execute(
+                sql.SQL("SELECT content, content_type, text, external_id FROM {} WHERE id = %s").format(c.table),
+                (int(id),),
+            ).fetchone()
+        if row is None:
+            raise ItemNotFoundError(collection, id)
+        content, ctype, text, external_id = row
+        return Original(
+            external_id=external_id, content=None if content is None else bytes(content), content_type=ctype, text=text
+        )
 
     def delete_item(self, *, collection: str, id: int | None = None, external_id: str | None = None) -> None:
         where, value = self._item_key(id, external_id)

@@ -98,3 +98,13 @@ def test_only_the_database_layer_opens_connections() -> None:
         and any(s in p.read_text() for s in ("psycopg.connect(", "render_as_string(", "AsyncConnectionPool("))
     ]
     assert offenders == []
+
+
+def test_the_api_runs_no_sql_of_its_own() -> None:
+    """Routes call the store, the queue and the registry; they hold no SQL and open no connection."""
+    words = ("raw_connection", "SELECT ", "DELETE FROM", "INSERT INTO", "UPDATE ", "sql.SQL(")
+    offenders = {
+        str(p.relative_to(ROOT)): [w for w in words if w in p.read_text()]
+        for p in (ROOT / "memstore" / "api").rglob("*.py")
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}

@@ -17,7 +17,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from memstore import queue
+from memstore import migrate, queue
 from memstore.api import problems
 from memstore.api.auth import authenticate_runtime, key_from_header
 from memstore.api.fastpath import SearchFastPath
@@ -26,9 +26,8 @@ from memstore.api.routes import collections, items, search
 from memstore.api.runtime import Runtime, RuntimeOptions
 from memstore.api.settings import ApiSettings
 from memstore.async_search import AsyncSearcher
-from memstore.db import get_engine, raw_connection
+from memstore.db import get_engine
 from memstore.keys import ApiKey, KeyVerifier
-from memstore.migrate import VERSION_TABLE
 from memstore.queue import IngestSettings
 from memstore.services.query_sampler import QuerySampler
 from memstore.settings import Settings, get_settings
@@ -195,14 +194,7 @@ def _health(rt: Runtime) -> dict[str, Any]:
     reasons: list[str] = []  # short and fixed: shown to everyone, so no error text, path or version
     body: dict[str, Any] = {"status": "ok", "reasons": reasons, "auth": rt.api.auth}
     try:
-        with raw_connection(rt.engine) as conn:
-            row = conn.execute(
-                "SELECT current_setting('server_version'), "
-                "(SELECT extversion FROM pg_extension WHERE extname = 'vector'), "
-                f"(SELECT version_num FROM {VERSION_TABLE})"
-            ).fetchone()
-        assert row is not None
-        body["database"] = {"server_version": row[0], "pgvector": row[1], "revision": row[2]}
+        body["database"] = migrate.database_facts(rt.engine)
         body["queue"] = queue.queue_depth(rt.engine)
     except Exception as exc:
         body["status"] = "unavailable"

@@ -8,7 +8,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from memstore.collections import HNSW_MAX_DIMENSIONS, MAX_PARTITIONS
-from memstore.store import MAX_EXTERNAL_ID_LENGTH, MAX_K
+from memstore.filters import MAX_EXTERNAL_ID_LENGTH
+from memstore.store import MAX_K
 
 Metric = Literal["cosine", "l2", "inner_product"]
 

@@ -8,7 +8,6 @@ from urllib.parse import quote
 from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
-from psycopg import sql
 
 from memstore import queue
 from memstore.api import bodies
@@ -29,8 +28,6 @@ from memstore.api.schemas import (
     LookupRequest,
 )
 from memstore.collections import Collection, validate_name
-from memstore.db import raw_connection
-from memstore.errors import ItemNotFoundError
 from memstore.keys import ApiKey
 from memstore.models import Item
 from memstore.queue import PendingItem
@@ -202,17 +199,9 @@ async def list_items(
 
 @router.post("/lookup", summary="Which of these external ids exist", response_model=LookupOut)
 async def lookup(request: Request, name: str, body: LookupRequest, key: Key) -> LookupOut:
-    rt, c = await _collection(request, name, key, "read")
-
-    def find() -> dict[str, int]:
-        with raw_connection(rt.engine) as conn:
-            rows = conn.execute(
-                sql.SQL("SELECT external_id, id FROM {} WHERE external_id = ANY(%s)").format(c.table),
-                (body.external_ids,),
-            ).fetchall()
-        return {str(e): int(i) for e, i in rows}
-
-    return LookupOut(found=await run_in_threadpool(find))
+    rt, _ = await _collection(request, name, key, "read")
+    found = await run_in_threadpool(lambda: rt.store.find_external_ids(collection=name, external_ids=body.external_ids))
+    return LookupOut(found=found)
 
 
 @router.post("/delete", summary="Delete items by ids, external ids or metadata filter", response_model=Deleted)
@@ -277,14 +266,8 @@ async def replace_content(request: Request, name: str, item_id: ItemId, key: Key
 
 @router.delete("/{item_id}", status_code=204, summary="Delete one item")
 async def delete_item(request: Request, name: str, item_id: ItemId, key: Key) -> Response:
-    rt, c = await _collection(request, name, key, "write")
-
-    def delete() -> None:
-        rt.store.delete_item(collection=name, id=item_id)
-        with raw_connection(rt.engine) as conn:
-            conn.execute("DELETE FROM memstore_ingest_queue WHERE collection_id = %s AND item_id = %s", (c.id, item_id))
-
-    await run_in_threadpool(delete)
+    rt, _ = await _collection(request, name, key, "write")
+    await run_in_threadpool(lambda: rt.store.delete_item(collection=name, id=item_id))  # its queue row too
     return Response(status_code=204)
 
 
@@ -295,27 +278,16 @@ async def delete_item(request: Request, name: str, item_id: ItemId, key: Key) ->
     responses={200: {"content": {"image/*": {}, "text/plain": {}}}},
 )
 async def get_content(request: Request, name: str, item_id: ItemId, key: Key) -> Response:
-    rt, c = await _collection(request, name, key, "read")
-
-    def fetch() -> tuple[Any, ...] | None:
-        with raw_connection(rt.engine) as conn:
-            return conn.execute(
-                sql.SQL("SELECT content, content_type, text, external_id FROM {} WHERE id = %s").format(c.table),
-                (item_id,),
-            ).fetchone()
-
-    row = await run_in_threadpool(fetch)
-    if row is None:
-        raise ItemNotFoundError(name, item_id)
-    content, ctype, text, external_id = row
-    if content is not None:
-        media = ctype or "application/octet-stream"
-        return Response(bytes(content), media_type=media, headers=download_headers(external_id, media))
-    if text is not None:
+    rt, _ = await _collection(request, name, key, "read")
+    original = await run_in_threadpool(lambda: rt.store.get_original(collection=name, id=item_id))
+    if original.content is not None:
+        media = original.content_type or "application/octet-stream"
+        return Response(original.content, media_type=media, headers=download_headers(original.external_id, media))
+    if original.text is not None:
         return Response(
-            text.encode(),
+            original.text.encode(),
             media_type=queue.TEXT_CONTENT_TYPE,
-            headers=download_headers(external_id, queue.TEXT_CONTENT_TYPE),
+            headers=download_headers(original.external_id, queue.TEXT_CONTENT_TYPE),
         )
     raise Problem("not-found", f"item {item_id} was stored as a vector only: there is no original to download")
 
