@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -22,6 +23,7 @@ from psycopg import sql
 from maintenance.config import MaintenanceConfig
 from maintenance.progress import Kind, ProgressCallback, Watch
 from maintenance.targets import Target, targets_for
+from memstore import locks
 
 log = logging.getLogger(__name__)
 
@@ -53,14 +55,9 @@ class Executor:
     @contextlib.contextmanager
     def index_lock(self, conn: psycopg.Connection[Any], target: Target) -> Iterator[None]:
         """Hold the index's advisory lock (session level) or raise Busy; released on exit."""
-        row = conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (target.lock_key,)).fetchone()
-        if not row or not row[0]:
-            raise Busy(f"another worker is maintaining {target.index or target.table}")
-        try:
+        busy = partial(Busy, f"another worker is maintaining {target.index or target.table}")
+        with locks.session_lock(conn, target.lock_key, busy=busy):
             yield
-        finally:
-            if not conn.closed and not conn.broken:
-                conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (target.lock_key,))
 
     # ------------------------------------------------------------------ statements
 

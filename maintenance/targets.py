@@ -11,6 +11,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from maintenance import sqlfiles
+from memstore import locks
 from memstore.collections import Collection
 
 
@@ -38,7 +39,7 @@ class Target:
     @property
     def lock_key(self) -> str:
         """The advisory lock name: one worker per index, stable across rebuilds (the name is kept)."""
-        return f"memstore.maint.{self.index or self.table}"
+        return locks.index_key(self.index or self.table)
 
 
 def representation(c: Collection) -> str:

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -20,6 +21,7 @@ import sqlalchemy as sa
 from pgvector import Vector
 from psycopg import sql
 
+from memstore import locks
 from memstore.collections import Collection
 from memstore.compact import spec as specs
 from memstore.compact.projection import Projection
@@ -46,20 +48,9 @@ def connect(engine: sa.Engine) -> Iterator[psycopg.Connection[Any]]:
 @contextlib.contextmanager
 def collection_lock(conn: psycopg.Connection[Any], c: Collection, *, wait_s: float = 0.0) -> Iterator[None]:
     """One switch/refit per collection at a time (session-level advisory lock)."""
-    key = f"memstore.compact.{c.id}"
-    deadline = time.monotonic() + wait_s
-    while True:
-        row = conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (key,)).fetchone()
-        if row and row[0]:
-            break
-        if time.monotonic() >= deadline:
-            raise CompactBusyError(f"another process is changing the index of collection {c.name!r}")
-        time.sleep(0.2)
-    try:
+    busy = partial(CompactBusyError, f"another process is changing the index of collection {c.name!r}")
+    with locks.session_lock(conn, locks.collection_key(c.id), busy=busy, wait_s=wait_s):
         yield
-    finally:
-        if not conn.closed:
-            conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (key,))
 
 
 def execute(conn: psycopg.Connection[Any], statement: sql.Composable | str, params: Any = None) -> None:

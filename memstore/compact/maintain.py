@@ -22,14 +22,15 @@ import json
 import logging
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 import psycopg
 import sqlalchemy as sa
 from psycopg import sql
-from psycopg.types.json import Jsonb
 
+from memstore import history, locks
 from memstore.compact import ddl
 from memstore.compact import projection as proj
 from memstore.compact import search as compact_search
@@ -130,23 +131,16 @@ def probe_compact_recall(
 def _start(
     conn: psycopg.Connection[Any], c_name: str, table: str, index: str, action: str, reason: str, before: Any
 ) -> int:
-    row = conn.execute(
-        "INSERT INTO memstore_maintenance_actions (collection, partition_table, index_name, action, reason, before) "
-        "VALUES (%s, %s, %s, %s, %s, %s) RETURNING id",
-        (c_name, table, index, action, reason, Jsonb(before)),
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
+    return history.start_action(
+        conn, collection=c_name, partition_table=table, index_name=index, action=action, reason=reason, before=before
+    )
 
 
 def _finish(
     conn: psycopg.Connection[Any], action_id: int, started: float, outcome: str, after: Any, error: str | None
 ) -> None:
-    conn.execute(
-        "UPDATE memstore_maintenance_actions SET finished_at = now(), duration_s = %s, outcome = %s, after = %s, "
-        "error = %s WHERE id = %s",
-        (round(time.monotonic() - started, 3), outcome, Jsonb(after), error, action_id),
-    )
+    duration = round(time.monotonic() - started, 3)
+    history.finish_action(conn, action_id, outcome=outcome, duration_s=duration, after=after, error=error)
 
 
 def _futile_action(
@@ -184,14 +178,9 @@ def _reindex(conn: psycopg.Connection[Any], c: Any, spec: specs.IndexSpec) -> No
         names = [c.index_name] if c.partitions == 1 else [f"{part}_hnsw" for part in c.partition_tables()]
     for name in names:
         # The maintenance worker's own lock on this index: never two rebuilds of one index at once.
-        key = f"memstore.maint.{name}"
-        row = conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (key,)).fetchone()
-        if not row or not row[0]:
-            raise ddl.CompactBusyError(f"the maintenance worker holds {name}")
-        try:
+        busy = partial(ddl.CompactBusyError, f"the maintenance worker holds {name}")
+        with locks.session_lock(conn, locks.index_key(name), busy=busy):
             ddl.execute(conn, sql.SQL("REINDEX INDEX CONCURRENTLY {}").format(sql.Identifier(name)))
-        finally:
-            conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (key,))
 
 
 def maintain_compact_index(
