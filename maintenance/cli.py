@@ -2,7 +2,8 @@
 
 memstore-maint status [--json] [--collection NAME]     a table per collection and partition
 memstore-maint probe [--json]                           probe (with sampled recall) and record
-memstore-maint vacuum|compact [--partition N]           one action now, on every selected index
+memstore-maint vacuum|rebuild [--partition N]           one action now, on every selected index
+                                                        (``compact``: the old name of rebuild, kept for a release)
 memstore-maint run --once [--json]                      one policy pass (exit 1 when anything failed)
 memstore-maint daemon [--interval S]                    passes until SIGTERM/SIGINT
 memstore-maint history [--json] [--probes] [--limit N]  the recorded actions (or probes)
@@ -26,7 +27,7 @@ from typing import Any
 
 from maintenance.config import MaintenanceConfig
 from maintenance.progress import Progress
-from maintenance.worker import EXIT_FAILED, EXIT_OK, MaintenanceWorker, Outcome
+from maintenance.worker import EXIT_FAILED, EXIT_OK, ActionOutcome, MaintenanceWorker
 from memstore.db import get_engine
 from memstore.settings import Settings, get_settings
 
@@ -43,8 +44,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("status", parents=[common], help="state of every index, without a recall probe")
     sub.add_parser("probe", parents=[common], help="probe every index (with sampled recall) and record it")
-    for name in ("vacuum", "compact"):
-        p = sub.add_parser(name, parents=[common], help=f"{name} every selected index now")
+    for name, aliases in (("vacuum", []), ("rebuild", ["compact"])):
+        what = "VACUUM" if name == "vacuum" else "rebuild concurrently (REINDEX CONCURRENTLY)"
+        p = sub.add_parser(name, aliases=aliases, parents=[common], help=f"{what} every selected index now")
         p.add_argument("--partition", type=int, help="only this partition of a partitioned collection")
     run = sub.add_parser("run", parents=[common], help="one pass of the policy")
     run.add_argument("--once", action="store_true", help="one pass, then exit (the default; for cron)")
@@ -211,7 +213,7 @@ def _last_sql() -> str:
     return sqlfiles.text("last_clean")
 
 
-def _outcomes(args: argparse.Namespace, outcomes: list[Outcome]) -> int:
+def _outcomes(args: argparse.Namespace, outcomes: list[ActionOutcome]) -> int:
     payload = [o.__dict__ for o in outcomes]
     columns = ["collection", "table", "decision", "outcome", "duration_s", "reason", "error"]
     _emit(args, payload, lambda: _table(payload, columns))
@@ -219,7 +221,7 @@ def _outcomes(args: argparse.Namespace, outcomes: list[Outcome]) -> int:
 
 
 def _act(worker: MaintenanceWorker, args: argparse.Namespace, action: str) -> int:
-    outcomes: list[Outcome] = []
+    outcomes: list[ActionOutcome] = []
     with worker.connect() as conn:
         targets = worker.targets(conn)
     partition = getattr(args, "partition", None)
@@ -279,6 +281,11 @@ def _report(worker: MaintenanceWorker, args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "compact":
+        print(
+            "memstore-maint: 'compact' is now called 'rebuild'; the old name goes in the next release", file=sys.stderr
+        )
+        args.command = "rebuild"
     logging.basicConfig(
         level=logging.INFO if args.verbose or args.command == "daemon" else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -299,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         with _signals(worker.stop):
             if args.command in ("status", "probe"):
                 return _status(worker, args, with_recall=args.command == "probe")
-            if args.command in ("vacuum", "compact"):
+            if args.command in ("vacuum", "rebuild"):
                 return _act(worker, args, args.command)
             if args.command == "handback":
                 return _act(worker, args, "hand_back")

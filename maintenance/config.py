@@ -18,7 +18,7 @@ class MaintenanceConfig(BaseSettings):
         default=0.10,
         gt=0,
         le=1,
-        description="Dead index entries per live row from which the index is compacted: above about 5% "
+        description="Dead index entries per live row from which the index is rebuilt: above about 5% "
         "pgvector's VACUUM repairs most of the graph and a concurrent rebuild is cheaper.",
     )
     max_size_ratio: float = Field(
@@ -37,7 +37,7 @@ class MaintenanceConfig(BaseSettings):
         default=24 * 3600.0,
         ge=0,
         description="Dead entries older than this are cleaned (by VACUUM while they are few) even below the "
-        "compaction threshold, so a slowly churning index still gets its space back.",
+        "rebuild threshold, so a slowly churning index still gets its space back.",
     )
     own_index_cleanup: bool = Field(
         default=True,

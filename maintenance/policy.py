@@ -1,4 +1,4 @@
-"""The policy: from a probe's figures to nothing, VACUUM or compaction. A pure function.
+"""The policy: from a probe's figures to nothing, VACUUM or a concurrent rebuild. A pure function.
 
 Why these rules (measurements in docs/maintenance.md):
 - pgvector's VACUUM repairs every live element that has a dead neighbour; at m=16 an element has 32
@@ -23,7 +23,7 @@ from typing import Literal
 from maintenance.config import MaintenanceConfig
 from maintenance.probes import Probe
 
-Action = Literal["nothing", "vacuum", "compact"]
+Action = Literal["nothing", "vacuum", "rebuild"]
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ def _decide(p: Probe, config: MaintenanceConfig) -> Decision:
     if p.live_rows == 0 and p.dead_entries == 0:
         return Decision("nothing", "empty", cleanup)
     small = p.index_bytes < config.small_index_bytes
-    heavy: Action = "vacuum" if small else "compact"
+    heavy: Action = "vacuum" if small else "rebuild"
     if small and p.dead_entries <= 0:
         heavy = "nothing"  # what VACUUM could do here, it has done: see the module's docstring
     recall = p.recall_value

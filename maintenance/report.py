@@ -6,7 +6,13 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-ACTION_COLOURS = {"compact": "tab:red", "vacuum": "tab:blue", "cleanup": "tab:orange", "own_index_cleanup": "tab:gray"}
+ACTION_COLOURS = {
+    "rebuild": "tab:red",
+    "compact": "tab:red",
+    "vacuum": "tab:blue",
+    "cleanup": "tab:orange",
+    "own_index_cleanup": "tab:gray",
+}
 
 
 def plot_history(probes: list[dict[str, Any]], actions: list[dict[str, Any]], path: Path, *, title: str = "") -> Path:

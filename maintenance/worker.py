@@ -40,8 +40,8 @@ LatencySource = Callable[[], float | None]
 
 
 @dataclass
-class Outcome:
-    """What one pass did to one target (also the --json output of run/vacuum/compact)."""
+class ActionOutcome:
+    """What one pass did to one target (also the --json output of run/vacuum/rebuild)."""
 
     collection: str
     table: str
@@ -75,7 +75,7 @@ class MaintenanceWorker:
         self.latency_source = latency_source
         self.on_progress = on_progress
         self.stop = threading.Event()
-        self.last_outcomes: list[Outcome] = []
+        self.last_outcomes: list[ActionOutcome] = []
         self._local = threading.local()
 
     # ------------------------------------------------------------------ plumbing
@@ -151,14 +151,14 @@ class MaintenanceWorker:
         reason: str,
         stop: threading.Event | None = None,
         before: Probe | None = None,
-    ) -> Outcome:
-        """Run ``action`` (vacuum, compact, cleanup, own_index_cleanup, hand_back) on one target, recorded.
+    ) -> ActionOutcome:
+        """Run ``action`` (vacuum, rebuild, cleanup, own_index_cleanup, hand_back) on one target, recorded.
         ``before``: the probe the decision was taken on, when there is one (else the target is probed)."""
         ex = self.executor(stop)
         conn = self.session()
         if before is None:
             before = probe(conn, target, self.config, max_scan_tuples=self.settings.max_scan_tuples, with_recall=False)
-        out = Outcome(target.collection.name, target.table, action, reason, "running", before=before.summary())
+        out = ActionOutcome(target.collection.name, target.table, action, reason, "running", before=before.summary())
         action_id = history.start_action(conn, target, action, reason, out.before)
         t0 = time.perf_counter()
         try:
@@ -177,13 +177,13 @@ class MaintenanceWorker:
         conn = self.session()  # a new one if the old backend died
         if out.outcome == "ok":
             out.after = {"dropped": out.dropped}
-        if out.outcome == "ok" and action in ("vacuum", "compact"):
+        if out.outcome == "ok" and action in ("vacuum", "rebuild"):
             after = probe(
                 conn,
                 target,
                 self.config,
                 max_scan_tuples=self.settings.max_scan_tuples,
-                with_recall=action == "compact",
+                with_recall=action == "rebuild",
             )
             out.after = after.summary() | {
                 # What the next probes count dead entries from: none. A rebuilt index never held the
@@ -200,11 +200,11 @@ class MaintenanceWorker:
         return out
 
     def _run(self, ex: Executor, conn: psycopg.Connection[Any], target: Target, action: str) -> None:
-        if action in ("vacuum", "compact"):
+        if action in ("vacuum", "rebuild"):
             self._wait_for_slo(ex.stop)
         if action == "vacuum":
             ex.vacuum(conn, target)
-        elif action == "compact":
+        elif action == "rebuild":
             if target.index is None:
                 raise LookupError(f"{target.table} has no valid HNSW index to rebuild")
             ex.rebuild(conn, target)
@@ -239,7 +239,7 @@ class MaintenanceWorker:
                 outcome = self._maintain(self.session(), target)
             except (psycopg.Error, LookupError) as exc:
                 log.error("%s: probe failed: %s", target.label, exc)
-                outcome = Outcome(target.collection.name, target.table, "probe", "", "failed", error=str(exc))
+                outcome = ActionOutcome(target.collection.name, target.table, "probe", "", "failed", error=str(exc))
             self.last_outcomes.append(outcome)
             failed |= outcome.outcome == "failed"
         for c in {t.collection.name: t.collection for t in targets}.values():
@@ -252,7 +252,7 @@ class MaintenanceWorker:
                 failed |= outcome.outcome == "failed"
         return EXIT_FAILED if failed else EXIT_OK
 
-    def _maintain_compact(self, c: Collection) -> Outcome:
+    def _maintain_compact(self, c: Collection) -> ActionOutcome:
         """Compact indexes (halfvec, binary, low-rank) are checked against exact search on full vectors:
         the projection is refitted when it has drifted, the graph rebuilt when only it is worn."""
         t0 = time.monotonic()
@@ -262,9 +262,9 @@ class MaintenanceWorker:
             )
         except (psycopg.Error, LookupError) as exc:
             log.error("%s: compact index maintenance failed: %s", c.name, exc)
-            return Outcome(c.name, c.table_name, "compact_index", "", "failed", error=str(exc))
+            return ActionOutcome(c.name, c.table_name, "compact_index", "", "failed", error=str(exc))
         action = seen.get("action") or "check_compact_index"
-        return Outcome(
+        return ActionOutcome(
             c.name,
             c.table_name,
             action,
@@ -275,7 +275,7 @@ class MaintenanceWorker:
             after={"recall": seen.get("recall_after")},
         )
 
-    def _maintain(self, conn: psycopg.Connection[Any], target: Target) -> Outcome:
+    def _maintain(self, conn: psycopg.Connection[Any], target: Target) -> ActionOutcome:
         # Cheap signals first; the recall probe (exact searches) only when they see nothing to do
         # and enough has changed since recall was last measured.
         p = probe(conn, target, self.config, max_scan_tuples=self.settings.max_scan_tuples, with_recall=False)
@@ -300,7 +300,9 @@ class MaintenanceWorker:
         if d.action == "nothing":
             if d.cleanup:
                 return self.act(target, "cleanup", reason="INVALID leftovers: " + ", ".join(p.leftovers), before=p)
-            return Outcome(target.collection.name, target.table, "nothing", d.reason, "nothing", before=p.summary())
+            return ActionOutcome(
+                target.collection.name, target.table, "nothing", d.reason, "nothing", before=p.summary()
+            )
         return self.act(target, d.action, reason=d.reason, before=p)
 
     def run_forever(self, stop: threading.Event | None = None) -> int:

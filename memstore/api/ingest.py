@@ -13,10 +13,10 @@ from encoder.types import Priority
 from memstore import claims, queue
 from memstore.api.problems import Problem
 from memstore.api.runtime import Runtime
-from memstore.api.schemas import ItemAck, ItemIn, ItemsAck
+from memstore.api.schemas import ItemAck, ItemBody, ItemsAck
 from memstore.collections import Collection
 from memstore.filters import check_metadata
-from memstore.models import ItemIn as StoreItem
+from memstore.models import ItemIn
 from memstore.queue import PendingItem
 from memstore.vectors import as_vector
 
@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Outcome:
+class IngestAnswer:
     status_code: int
     body: ItemsAck
 
@@ -48,7 +48,7 @@ def check_encodable(rt: Runtime, c: Collection) -> None:
         )
 
 
-def split_json_items(rt: Runtime, c: Collection, items: Sequence[ItemIn]) -> tuple[list[int], list[int]]:
+def split_json_items(rt: Runtime, c: Collection, items: Sequence[ItemBody]) -> tuple[list[int], list[int]]:
     """Check every item before anything is written; returns the indices of vector and of text items."""
     if len(items) > rt.api.max_items_per_request:
         raise Problem(
@@ -85,12 +85,12 @@ def check_text(rt: Runtime, text: str, where: str) -> None:
         raise Problem("invalid-input", f"{where} must contain non-blank text without NUL characters")
 
 
-async def store_json_items(rt: Runtime, c: Collection, items: Sequence[ItemIn], *, wait: bool) -> Outcome:
+async def store_json_items(rt: Runtime, c: Collection, items: Sequence[ItemBody], *, wait: bool) -> IngestAnswer:
     vector_idx, text_idx = split_json_items(rt, c, items)
     acks: dict[int, ItemAck] = {}
     if vector_idx:
         batch = [
-            StoreItem(vector=items[i].vector, external_id=items[i].external_id, metadata=items[i].metadata)
+            ItemIn(vector=items[i].vector, external_id=items[i].external_id, metadata=items[i].metadata)
             for i in vector_idx
         ]
         results = await run_in_threadpool(lambda: rt.store.upsert_items(collection=c.name, items=batch))
@@ -142,7 +142,7 @@ def settle(rt: Runtime, c: Collection, item_ids: list[int]) -> dict[int, tuple[s
     return state
 
 
-def outcome(acks: list[ItemAck]) -> Outcome:
+def outcome(acks: list[ItemAck]) -> IngestAnswer:
     body = ItemsAck(items=acks)
     if any(a.status == "failed" for a in acks):
         raise Problem(
@@ -150,4 +150,4 @@ def outcome(acks: list[ItemAck]) -> Outcome:
             "; ".join(f"{a.external_id}: {a.error}" for a in acks if a.status == "failed")[:2000],
             items=[a.model_dump() for a in acks],
         )
-    return Outcome(202 if any(a.status == "pending" for a in acks) else 201, body)
+    return IngestAnswer(202 if any(a.status == "pending" for a in acks) else 201, body)

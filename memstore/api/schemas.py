@@ -68,7 +68,7 @@ class CollectionList(BaseModel):
     collections: list[CollectionOut]
 
 
-class ItemIn(Strict):
+class ItemBody(Strict):
     external_id: str | None = Field(
         default=None,
         min_length=1,
@@ -88,7 +88,7 @@ class ItemsIn(Strict):
         },
     )
 
-    items: list[ItemIn] = Field(min_length=1)
+    items: list[ItemBody] = Field(min_length=1)
 
 
 class ItemAck(BaseModel):

@@ -46,7 +46,7 @@ def test_status_probe_run_history_report(
     churn(conn, c, update=0.25)
     assert main(["status", "--json", "--collection", c.name]) == 0
     [row] = _json_out(capsys)
-    assert row["table"] == c.table_name and row["recommendation"] == "compact" and row["dead_entries"] == 300
+    assert row["table"] == c.table_name and row["recommendation"] == "rebuild" and row["dead_entries"] == 300
 
     assert main(["probe", "--json", "--collection", c.name]) == 0
     [row] = _json_out(capsys)
@@ -54,15 +54,15 @@ def test_status_probe_run_history_report(
 
     assert main(["run", "--once", "--json", "--collection", c.name]) == 0
     [outcome] = _json_out(capsys)
-    assert outcome["decision"] == "compact" and outcome["outcome"] == "ok"
+    assert outcome["decision"] == "rebuild" and outcome["outcome"] == "ok"
 
     assert main(["status", "--collection", c.name]) == 0
     text = capsys.readouterr().out
-    assert c.table_name in text and "compact ok" in text
+    assert c.table_name in text and "rebuild ok" in text
 
     assert main(["history", "--json", "--collection", c.name]) == 0
     actions = _json_out(capsys)
-    assert [a["action"] for a in actions][:2] == ["compact", "own_index_cleanup"]
+    assert [a["action"] for a in actions][:2] == ["rebuild", "own_index_cleanup"]
     assert main(["history", "--probes", "--json", "--collection", c.name]) == 0
     assert len(_json_out(capsys)) >= 2
     assert main(["history", "--collection", c.name]) == 0
@@ -77,6 +77,11 @@ def test_status_probe_run_history_report(
 
     assert main(["vacuum", "--json", "--collection", c.name]) == 0
     assert _json_out(capsys)[0]["outcome"] == "ok"
+
+    assert main(["compact", "--json", "--collection", c.name]) == 0  # the old name of rebuild, for a release
+    captured = capsys.readouterr()
+    assert "now called 'rebuild'" in captured.err
+    assert json.loads(captured.out.strip().splitlines()[-1])[0]["decision"] == "rebuild"
 
 
 def test_failures_exit_non_zero(cli_env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:

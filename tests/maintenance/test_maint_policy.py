@@ -51,7 +51,7 @@ def test_healthy_index_is_left_alone() -> None:
 
 def test_dead_fraction_over_threshold_compacts() -> None:
     d = decide(state(dead_entries=int(100_000 * CONFIG.compact_dead_fraction) + 1), CONFIG)
-    assert d.action == "compact" and "dead fraction" in d.reason
+    assert d.action == "rebuild" and "dead fraction" in d.reason
 
 
 def test_just_under_the_dead_threshold_waits() -> None:
@@ -82,17 +82,17 @@ def test_bloated_index_compacts() -> None:
     p = state()
     p.index_bytes = int(p.fresh_bytes * (CONFIG.max_size_ratio + 0.01))
     d = decide(p, CONFIG)
-    assert d.action == "compact" and "fresh build" in d.reason
+    assert d.action == "rebuild" and "fresh build" in d.reason
 
 
 def test_recall_below_floor_compacts_when_never_rebuilt() -> None:
     d = decide(state(recall=CONFIG.recall_floor - 0.05), CONFIG)
-    assert d.action == "compact" and "recall" in d.reason
+    assert d.action == "rebuild" and "recall" in d.reason
 
 
 def test_recall_drift_against_fresh_recall_compacts() -> None:
     p = state(recall=0.99 - CONFIG.recall_drop - 0.01, fresh_recall=0.99, churn_since_rebuild=5000)
-    assert decide(p, CONFIG).action == "compact"
+    assert decide(p, CONFIG).action == "rebuild"
 
 
 def test_no_rebuild_loop_when_fresh_build_is_no_better() -> None:
@@ -114,7 +114,7 @@ def test_leftovers_alone_mean_cleanup() -> None:
     d = decide(state(leftovers=["c1_docs_hnsw_ccnew"]), CONFIG)
     assert d.action == "nothing" and d.cleanup and d.label == "cleanup"
     d = decide(state(leftovers=["c1_docs_hnsw_ccnew"], dead_entries=50_000), CONFIG)
-    assert d.action == "compact" and d.label == "compact+cleanup"
+    assert d.action == "rebuild" and d.label == "rebuild+cleanup"
 
 
 def test_no_index_no_action() -> None:
@@ -125,7 +125,7 @@ def test_no_index_no_action() -> None:
 def test_thresholds_come_from_config(fraction: float) -> None:
     strict = MaintenanceConfig(_env_file=None, compact_dead_fraction=0.005)  # type: ignore[call-arg]
     p = state(dead_entries=int(100_000 * fraction))
-    assert decide(p, strict).action == ("compact" if fraction >= 0.005 else "nothing")
+    assert decide(p, strict).action == ("rebuild" if fraction >= 0.005 else "nothing")
 
 
 @given(
@@ -147,4 +147,4 @@ def test_decisions_follow_the_thresholds(dead: float, ratio: float, recall: floa
     actionable = unhealthy and (not small or p.dead_entries > 0)  # VACUUM of nothing changes nothing
     assert (d.action != "nothing") == actionable
     if actionable:
-        assert d.action == ("vacuum" if small else "compact")
+        assert d.action == ("vacuum" if small else "rebuild")

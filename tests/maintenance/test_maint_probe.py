@@ -188,6 +188,7 @@ def test_dead_entries_after_a_clean_are_counted_from_its_own_figure_not_stale_st
     [target] = targets_for(conn, c)
     stale = probe(conn, target, config, max_scan_tuples=20_000, with_recall=False)
     assert stale.dead_entries == 300  # no clean recorded yet: the statistics' own figure
+    # Recorded under the action's old name ('compact'), as history written before the rename is.
     action = history.start_action(conn, target, "compact", "test", stale.summary())
     history.finish_action(
         conn, action, outcome="ok", duration_s=0.1, after=stale.summary() | {"dead_entries": 0}, error=None

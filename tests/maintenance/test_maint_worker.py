@@ -90,7 +90,7 @@ def test_stop_cancels_a_running_rebuild_and_drops_its_leftover(
     [target] = targets_for(conn, c)
     blocker = Blocker(dsn, c.table_name)
     result: list[Any] = []
-    t = threading.Thread(target=lambda: result.append(worker.act(target, "compact", reason="test")))
+    t = threading.Thread(target=lambda: result.append(worker.act(target, "rebuild", reason="test")))
     t.start()
     try:
         _wait_for(lambda: _ccnew_exists(conn, c.table_name))
@@ -146,7 +146,7 @@ def test_inserts_and_searches_during_compaction_all_succeed(
         t.start()
     try:
         time.sleep(0.3)
-        outcome = worker.act(target, "compact", reason="test")
+        outcome = worker.act(target, "rebuild", reason="test")
         time.sleep(0.3)
     finally:
         stop.set()
@@ -171,11 +171,11 @@ def test_two_workers_never_compact_the_same_index_at_once(
     [target] = targets_for(conn, c)
     blocker = Blocker(dsn, c.table_name)  # holds the first rebuild mid-way
     results: list[Any] = []
-    t = threading.Thread(target=lambda: results.append(first.act(target, "compact", reason="first")))
+    t = threading.Thread(target=lambda: results.append(first.act(target, "rebuild", reason="first")))
     t.start()
     try:
         _wait_for(lambda: _ccnew_exists(conn, c.table_name))
-        during = second.act(target, "compact", reason="second")
+        during = second.act(target, "rebuild", reason="second")
     finally:
         blocker.release()
     t.join(60)
@@ -185,7 +185,7 @@ def test_two_workers_never_compact_the_same_index_at_once(
     conn.execute("SELECT pg_advisory_lock(hashtext(%s))", (target.lock_key,))
     try:
         before = index_oid(conn, c.index_name)
-        assert second.act(target, "compact", reason="third").outcome == "skipped"
+        assert second.act(target, "rebuild", reason="third").outcome == "skipped"
         assert index_oid(conn, c.index_name) == before
     finally:
         conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (target.lock_key,))
@@ -198,7 +198,7 @@ def test_recall_after_compaction_matches_a_fresh_build(
     churn(conn, c, update=0.4, delete=0.1, seed=5)
     worker: MaintenanceWorker = make_worker()
     assert worker.run_once() == EXIT_OK
-    assert [o.decision for o in worker.last_outcomes] == ["compact"]
+    assert [o.decision for o in worker.last_outcomes] == ["rebuild"]
     [target] = targets_for(conn, c)
     queries = list(clustered(150, 32, seed=77))
 
@@ -231,7 +231,7 @@ def test_pgvector_scenario_75_percent_deleted(
     conn.execute("SELECT pg_stat_force_next_flush()")
     worker: MaintenanceWorker = make_worker()
     assert worker.run_once() == EXIT_OK
-    assert worker.last_outcomes[0].decision == "compact" and worker.last_outcomes[0].outcome == "ok"
+    assert worker.last_outcomes[0].decision == "rebuild" and worker.last_outcomes[0].outcome == "ok"
     [target] = targets_for(conn, c)
     queries = list(np.random.default_rng(11).normal(size=(100, 3)).astype(np.float32))
     r = measure_recall(
@@ -250,7 +250,7 @@ def test_latency_over_slo_defers_work(
     before = index_oid(conn, c.index_name)
     assert worker.run_once() == EXIT_OK  # deferring is not a failure
     [outcome] = worker.last_outcomes
-    assert outcome.decision == "compact" and outcome.outcome == "skipped" and "SLO" in (outcome.error or "")
+    assert outcome.decision == "rebuild" and outcome.outcome == "skipped" and "SLO" in (outcome.error or "")
     assert index_oid(conn, c.index_name) == before
 
 
@@ -271,10 +271,10 @@ def test_worker_owns_index_cleanup_per_partition_and_hands_it_back(
         ).fetchall()
     )
     assert all("vacuum_index_cleanup=off" in (options[t] or "") for t in c.partition_tables())
-    assert [o.decision for o in worker.last_outcomes] == ["compact", "nothing", "compact"]
+    assert [o.decision for o in worker.last_outcomes] == ["rebuild", "nothing", "rebuild"]
     # One partition at a time: the rebuilds' intervals never overlap.
     compacts = sorted(
-        (a for a in history.list_actions(conn, collection=c.name) if a["action"] == "compact"),
+        (a for a in history.list_actions(conn, collection=c.name) if a["action"] == "rebuild"),
         key=lambda a: a["started_at"],
     )
     assert len(compacts) == 2 and compacts[0]["finished_at"] <= compacts[1]["started_at"]
@@ -287,7 +287,7 @@ def test_worker_owns_index_cleanup_per_partition_and_hands_it_back(
     assert rows is not None and rows[0] == 0
 
 
-@pytest.mark.parametrize("action", ["vacuum", "compact"])
+@pytest.mark.parametrize("action", ["vacuum", "rebuild"])
 def test_actions_are_recorded_with_before_and_after(
     conn: psycopg.Connection[Any], make_collection: Callable[..., Collection], make_worker: Any, action: str
 ) -> None:
@@ -301,12 +301,12 @@ def test_actions_are_recorded_with_before_and_after(
     assert row["reason"] == "requested" and row["duration_s"] > 0 and row["finished_at"] is not None
     assert row["before"]["dead_entries"] == 300
     assert row["after"]["dead_entries"] == 0
-    if action == "compact":
+    if action == "rebuild":
         assert row["after"]["size_ratio"] < row["before"]["size_ratio"]
         assert row["after"]["recall"] is not None
 
 
-@pytest.mark.parametrize(("readings", "decision"), [((0.90, 1.0), "nothing"), ((0.90, 0.92), "compact")])
+@pytest.mark.parametrize(("readings", "decision"), [((0.90, 1.0), "nothing"), ((0.90, 0.92), "rebuild")])
 def test_a_low_recall_reading_is_confirmed_on_a_second_sample_before_a_rebuild(
     conn: psycopg.Connection[Any],
     make_collection: Callable[..., Collection],
