@@ -83,7 +83,9 @@ class Server:
             s.bind(("127.0.0.1", 0))
             self.port = int(s.getsockname()[1])
         cmd = [sys.executable, "-m", "bench.api", "--serve", url, "--port", str(self.port), "--workers", str(workers)]
-        self.proc = subprocess.Popen(cmd, env={**os.environ, **TINY_ENV}, stderr=subprocess.DEVNULL)
+        # /health shows the encoder's state to a key only; this loopback server shows it to all.
+        env = {**os.environ, **TINY_ENV, "MEMSTORE_API_HEALTH_DETAIL": "public"}
+        self.proc = subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             try:

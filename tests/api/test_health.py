@@ -1,0 +1,48 @@
+"""/health for a new user's first hour: a failed encoder makes the service "degraded" (with the reason
+and the offline command in the log), and collections can be made while a model still loads."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import httpx
+import pytest
+from api_helpers import LiveServer
+
+from memstore.api.app import create_app
+from memstore.api.runtime import RuntimeOptions
+from memstore.api.settings import ApiSettings
+from memstore.errors import EncoderUnavailableError
+from memstore.services.encoder_host import EncoderHost
+
+
+def test_an_encoder_without_weights_makes_health_degraded_and_logs_the_offline_command(
+    settings, monkeypatch, tmp_path, caplog
+) -> None:
+    monkeypatch.setenv("MEMSTORE_MODEL", "ViT-B-32")
+    monkeypatch.delenv("MEMSTORE_PRETRAINED", raising=False)
+    monkeypatch.setenv("MEMSTORE_ENCODER_CACHE_DIR", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    app = create_app(settings, api_settings=ApiSettings(auth="off"), options=RuntimeOptions(encoder="local"))
+    with caplog.at_level(logging.ERROR), LiveServer(app) as live:
+        host = live.runtime.encoder
+        for _ in range(600):
+            if host.state != "loading":
+                break
+            threading.Event().wait(0.1)
+        body = httpx.get(f"{live.url}/health").json()
+    assert host.state == "failed"
+    assert body["status"] == "degraded"
+    assert any("encoder failed to start" in r for r in body["reasons"])
+    assert "WeightsNotFoundError" in body["encoder"]["error"]
+    assert "MEMSTORE_MODEL=memstore-tiny MEMSTORE_PRETRAINED=none make run" in caplog.text
+
+
+def test_a_loading_model_already_knows_its_dimensions() -> None:
+    host = EncoderHost(threading.Event())
+    host.state, host.model = "loading", "memstore-tiny"
+    assert host.model_dimensions() == ("memstore-tiny", 64)
+    with pytest.raises(EncoderUnavailableError) as exc:
+        host.require("search by vector instead")
+    assert exc.value.retry_after == 5 and "still loading" in str(exc.value)
