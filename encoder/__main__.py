@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import signal
 import sys
 from collections.abc import Sequence
 
+from .addresses import is_loopback
 from .errors import EncoderError
 from .settings import EncoderSettings
 
@@ -64,15 +64,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     app = create_app(engine, own_engine=True, api_key=settings.api_key)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level)
     return 0
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _exit_cleanly_on_sigterm() -> None:

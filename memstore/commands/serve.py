@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import logging
 import sys
 import threading
 from typing import TYPE_CHECKING
 
+from encoder.addresses import is_loopback
 from memstore.settings import get_settings
 
 if TYPE_CHECKING:
@@ -57,15 +57,6 @@ class MaintenanceService:
         return t, "running"
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -79,7 +70,7 @@ def _serve(args: argparse.Namespace) -> int:
     api = ApiSettings()
     if args.no_auth:
         api = api.model_copy(update={"auth": "off"})
-    if api.auth == "off" and not _is_loopback(args.host):
+    if api.auth == "off" and not is_loopback(args.host):
         print(
             f"memstore: refusing to serve without API keys on {args.host}: auth off is for loopback hosts only; "
             "create a key with `memstore keys create NAME --scope admin`",
