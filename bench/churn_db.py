@@ -10,7 +10,7 @@ import psycopg
 from pgvector.psycopg import register_vector
 
 from memstore.db import libpq_url, resolve_database_url
-from memstore.items import SETTINGS_SQL, search_settings
+from memstore.search_sql import SearchSettings, apply, search_statement
 from memstore.settings import get_settings
 
 
@@ -54,13 +54,10 @@ def fetch_topk(
 ) -> list[list[int]]:
     """The index's answers, with the store's search settings (iterative scan, re-sorted)."""
     out: list[list[int]] = []
-    settings = search_settings(ef_search=ef_search, exact=False, max_scan_tuples=20_000)
-    statement = (
-        f"WITH c AS MATERIALIZED (SELECT id, embedding <=> %(q)s AS d FROM {table} "
-        f"ORDER BY embedding <=> %(q)s LIMIT %(k)s) SELECT id FROM c ORDER BY d"
-    )
+    settings = SearchSettings(ef_search=ef_search, exact=False, max_scan_tuples=20_000)
+    statement = search_statement(table, "<=>", filtered=False, exact=False, ids_only=True)
     with conn.transaction(), conn.cursor() as cur:
-        cur.execute(SETTINGS_SQL, settings)
+        apply(cur, settings)
         for q in queries:
             cur.execute(statement, {"q": q, "k": k})
             out.append([int(r[0]) for r in cur.fetchall()])

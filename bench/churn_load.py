@@ -11,7 +11,7 @@ import numpy as np
 import psycopg
 
 from bench.churn_db import connect
-from memstore.items import SETTINGS_SQL, search_settings
+from memstore.search_sql import SearchSettings, apply, search_statement
 
 
 class Load:
@@ -61,11 +61,8 @@ class Load:
             self.errors.append(f"{type(exc).__name__}: {exc}")
 
     def _search(self, conn: psycopg.Connection[Any]) -> None:
-        settings = search_settings(ef_search=self.ef_search, exact=False, max_scan_tuples=20_000)
-        statement = (
-            f'WITH c AS MATERIALIZED (SELECT id, embedding <=> %(q)s AS d FROM "{self.table}" '
-            f"WHERE embedding IS NOT NULL ORDER BY embedding <=> %(q)s LIMIT 10) SELECT id FROM c ORDER BY d"
-        )
+        settings = SearchSettings(ef_search=self.ef_search, exact=False, max_scan_tuples=20_000)
+        statement = search_statement(self.table, "<=>", filtered=False, exact=False, ids_only=True)
         i = 0
         while not self._stop.is_set():
             q = self.queries[i % len(self.queries)]
@@ -73,8 +70,8 @@ class Load:
             t0 = time.perf_counter()
             try:
                 with conn.transaction(), conn.cursor() as cur:
-                    cur.execute(SETTINGS_SQL, settings)
-                    rows = cur.execute(statement, {"q": q}).fetchall()
+                    apply(cur, settings)
+                    rows = cur.execute(statement, {"q": q, "k": 10}).fetchall()
                 if len(rows) < 10:
                     self.errors.append(f"short result: {len(rows)} rows")
             except psycopg.Error as exc:

@@ -36,8 +36,7 @@ from psycopg import sql
 from tqdm import tqdm
 
 from bench.data import BGE_M3_DIR, exact_neighbours, load_bge_m3, load_npz, low_rank, recall_at_k
-from memstore import items as item_sql
-from memstore import migrate
+from memstore import migrate, search_sql
 from memstore.collections import Collection
 from memstore.compact import ddl
 from memstore.compact import projection as proj
@@ -150,11 +149,12 @@ def _search(conn: psycopg.Connection[Any], run: dict[str, Any], q: np.ndarray, k
         statement = compact_search.statement(c, spec, filtered=False)
         efs = min(1000, max(efs, params["pool"]))
     else:
-        statement = item_sql.search_statement(c, filtered=False, exact=False)
+        statement = search_sql.search_statement(c.table_name, c.spec.operator, filtered=False, exact=False)
     # The full search also runs with the compact planner settings (no sequential scan): on a small
     # table the planner would rather scan the table, and this compares index with index.
-    settings = item_sql.search_settings(ef_search=efs, exact=False, max_scan_tuples=20_000)
-    rows = item_sql.run_search(conn, settings, statement, params, settings_sql=compact_search.SETTINGS_SQL)
+    rows = search_sql.run_search(
+        conn, compact_search.settings(ef_search=efs, max_scan_tuples=20_000), statement, params
+    )
     conn.commit()
     return rows
 

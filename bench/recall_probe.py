@@ -25,12 +25,11 @@ import psycopg
 from bench.churn import setup_collection
 from bench.churn_data import load_npz, synthetic
 from bench.churn_db import connect
-from maintenance import sqlfiles
-from maintenance.recall import EXACT_SETTINGS_SQL, INDEX_SETTINGS_SQL, exact_answers
+from maintenance.recall import exact_answers, exact_search, exact_settings, index_search, index_settings
 from maintenance.targets import Target, targets_for
 from memstore import migrate
 from memstore.db import get_engine, resolve_database_url
-from memstore.items import search_settings
+from memstore.search_sql import apply
 from memstore.settings import get_settings
 from memstore.store import VectorStore
 
@@ -39,7 +38,7 @@ K = 10
 
 
 def _per_query(cur: psycopg.Cursor[Any], target: Target, queries: list[np.ndarray]) -> list[list[float]]:
-    statement = sqlfiles.composed("exact_search", table=target.table, op=target.collection.spec.operator)
+    statement = exact_search(target)
     return [[float(r[1]) for r in cur.execute(statement, {"q": q, "k": K}).fetchall()] for q in queries]
 
 
@@ -51,15 +50,15 @@ def _one_scan(
 
 def measure(conn: psycopg.Connection[Any], target: Target, queries: np.ndarray, repeats: int) -> dict[str, Any]:
     ef = target.collection.default_ef_search
-    index_sql = sqlfiles.composed("index_search", table=target.table, op=target.collection.spec.operator)
+    index_sql = index_search(target)
     out: dict[str, Any] = {}
     conn.prepare_threshold = None  # every execution planned, as a probe's first one is
     for n in (5, 20):
         qs = list(queries[:n])
         with conn.transaction(), conn.cursor() as cur:
-            cur.execute(INDEX_SETTINGS_SQL, search_settings(ef_search=ef, exact=False, max_scan_tuples=20_000))
+            apply(cur, index_settings(ef_search=ef, max_scan_tuples=20_000))
             found = [[(int(i), float(d)) for i, d in cur.execute(index_sql, {"q": q, "k": K}).fetchall()] for q in qs]
-            cur.execute(EXACT_SETTINGS_SQL, search_settings(ef_search=ef, exact=True, max_scan_tuples=20_000))
+            apply(cur, exact_settings(ef_search=ef, max_scan_tuples=20_000))
             times: dict[str, list[float]] = {"per_query": [], "one_scan": []}
             answers: dict[str, list[list[float]]] = {}
             for _ in range(repeats):

@@ -26,8 +26,7 @@ from pgvector.psycopg import register_vector
 from tqdm import tqdm
 
 from bench.data import clustered, exact_neighbours, load_npz, recall_at_k
-from memstore import items as item_sql
-from memstore import migrate
+from memstore import migrate, search_sql
 from memstore.db import create_engine, libpq_url, normalise_url
 from memstore.embedded import start_embedded_server
 from memstore.models import ItemIn
@@ -76,8 +75,8 @@ def bench_search(
     store: VectorStore, raw: psycopg.Connection[Any], queries: np.ndarray, k: int, rounds: int
 ) -> tuple[dict[str, float], list[list[int]]]:
     c = store.get_collection(name="bench_store")
-    statement = item_sql.search_statement(c, filtered=False, exact=False)
-    settings = item_sql.search_settings(
+    statement = search_sql.search_statement(c.table_name, c.spec.operator, filtered=False, exact=False)
+    settings = search_sql.SearchSettings(
         ef_search=c.default_ef_search, exact=False, max_scan_tuples=store.settings.max_scan_tuples
     )
     found: list[list[int]] = []
@@ -94,7 +93,7 @@ def bench_search(
                     if r == 0:
                         found.append([int(x.external_id) for x in results])
                 else:
-                    item_sql.run_search(raw, settings, statement, {"q": q, "k": k})
+                    search_sql.run_search(raw, settings, statement, {"q": q, "k": k})
                     raw.commit()
                     t_raw += time.perf_counter() - t0
     n = rounds * len(queries)

@@ -21,15 +21,31 @@ from psycopg.pq import TransactionStatus
 
 from maintenance import sqlfiles
 from maintenance.targets import Target
-from memstore.items import SETTINGS_SQL, search_settings
 from memstore.recall import TIE_EPSILON, recall_hits
+from memstore.search_sql import SearchSettings, apply, search_statement
 
 MIN_QUERIES = 5
-# The index's answers must come from the index: on a small table the planner rightly prefers a
-# sequential scan (exact, so the probe would read recall 1.0 whatever state the graph is in).
-INDEX_SETTINGS_SQL = SETTINGS_SQL + ", set_config('enable_seqscan', 'off', true)"
-# And back for the brute-force searches, which share the index searches' transaction.
-EXACT_SETTINGS_SQL = SETTINGS_SQL + ", set_config('enable_seqscan', 'on', true)"
+
+
+def index_settings(*, ef_search: int, max_scan_tuples: int) -> SearchSettings:
+    """The index's answers must come from the index: on a small table the planner rightly prefers a
+    sequential scan (exact, so the probe would read recall 1.0 whatever state the graph is in)."""
+    return SearchSettings(ef_search=ef_search, exact=False, max_scan_tuples=max_scan_tuples, index_only=True)
+
+
+def exact_settings(*, ef_search: int, max_scan_tuples: int) -> SearchSettings:
+    """Brute force, in the same transaction as the index searches (so sequential scans come back)."""
+    return SearchSettings(ef_search=ef_search, exact=True, max_scan_tuples=max_scan_tuples)
+
+
+def index_search(target: Target) -> sql.Composed:
+    """The index's answer as the store searches (iterative scan, re-sorted), ids and distances only."""
+    return search_statement(target.table, target.collection.spec.operator, filtered=False, exact=False, ids_only=True)
+
+
+def exact_search(target: Target) -> sql.Composed:
+    """Brute force (under exact_settings): the ground truth for one query."""
+    return search_statement(target.table, target.collection.spec.operator, filtered=False, exact=True, ids_only=True)
 
 
 @dataclass(frozen=True)
@@ -101,9 +117,9 @@ def measure_recall(
         vectors, source = list(queries), "given"
     else:
         vectors, source, sample_ids = sample_queries(conn, target, sample, exclude=exclude)
-    index_sql = sqlfiles.composed("index_search", table=target.table, op=target.collection.spec.operator)
-    approx = search_settings(ef_search=ef_search, exact=False, max_scan_tuples=max_scan_tuples)
-    brute = search_settings(ef_search=ef_search, exact=True, max_scan_tuples=max_scan_tuples)
+    index_sql = index_search(target)
+    approx = index_settings(ef_search=ef_search, max_scan_tuples=max_scan_tuples)
+    brute = exact_settings(ef_search=ef_search, max_scan_tuples=max_scan_tuples)
     found: list[list[tuple[int, float]]] = []
     # One transaction and one snapshot for all the searches, so that rows written meanwhile are seen
     # by both the index and the exact answers or by neither; the settings are transaction-local.
@@ -112,7 +128,7 @@ def measure_recall(
     with conn.pipeline(), conn.transaction(), conn.cursor() as cur:
         if not outer:
             cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        cur.execute(INDEX_SETTINGS_SQL, approx)
+        apply(cur, approx)
         first = min(len(vectors), MIN_QUERIES)
         found += _index_answers(conn, index_sql, vectors[:first], k)
         # Then as many more as half the budget still pays for, at the first ones' cost per query:
@@ -121,7 +137,7 @@ def measure_recall(
         spent = time.perf_counter() - t0
         more = len(vectors) - first if spent <= 0 else int((budget_s / 2 - spent) * first / spent)
         found += _index_answers(conn, index_sql, vectors[first : first + max(more, 0)], k)
-        cur.execute(EXACT_SETTINGS_SQL, brute)
+        apply(cur, brute)
         exact = exact_answers(cur, target, vectors[: len(found)], found, k)
     total_hits = sum(recall_hits(f, e) for f, e in zip(found, exact, strict=True))
     total_expected = sum(len(e) for e in exact)
@@ -194,7 +210,7 @@ def exact_answers(
         for j, (i, bound) in enumerate(zip(bounded, bounds, strict=True)):
             if sum(1 for _, d in rows if d[j] <= bound) >= k:
                 answers[i] = sorted(((rid, d[j]) for rid, d in rows), key=lambda a: (a[1], a[0]))[:k]
-    exact_sql = sqlfiles.composed("exact_search", table=target.table, op=c.spec.operator)
+    exact_sql = exact_search(target)
     for i, q in enumerate(queries):
         if len(answers[i]) < k:
             answers[i] = [(int(r), float(d)) for r, d in cur.execute(exact_sql, {"q": q, "k": k}).fetchall()]

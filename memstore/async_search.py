@@ -21,12 +21,12 @@ import psycopg
 from pgvector.psycopg import register_vector_async
 from psycopg_pool import AsyncConnectionPool
 
-from memstore import items as item_sql
 from memstore.collections import Collection
 from memstore.compact import spec as compact_spec
 from memstore.db import async_pool, server_went_away
 from memstore.errors import CollectionNotFoundError
 from memstore.models import SearchResult
+from memstore.search_sql import SESSION_SETTINGS_SQL, SearchSettings
 from memstore.store import SearchPlan, VectorStore, check_search_args, search_results
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ class AsyncSearcher:
         self._opening: asyncio.Lock | None = None
         # The search settings each pooled connection holds: most searches run at their collection's
         # defaults, so the settings statement is sent only when they change.
-        self._applied: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], tuple[str, ...]] = (
+        self._applied: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], SearchSettings] = (
             weakref.WeakKeyDictionary()
         )
 
@@ -121,7 +121,7 @@ class AsyncSearcher:
             else:
                 self._applied.pop(conn, None)
                 async with conn.pipeline():
-                    await conn.execute(item_sql.SESSION_SETTINGS_SQL, plan.settings)
+                    await conn.execute(SESSION_SETTINGS_SQL, plan.settings.values())
                     cur = await conn.execute(plan.statement, plan.params)
                 self._applied[conn] = plan.settings
             return await cur.fetchall()

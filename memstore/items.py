@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -93,60 +92,3 @@ def upsert(
     returned = _collect(rows)
     _forget_queued(conn, c, returned)
     return returned
-
-
-def search_statement(c: Collection, *, filtered: bool, exact: bool) -> sql.Composed:
-    """Nearest first; the MATERIALIZED CTE restores strict order after a relaxed iterative scan."""
-    return _search_statement(c.table_name, c.spec.operator, filtered, exact)
-
-
-@lru_cache(maxsize=1024)
-def _search_statement(table: str, operator: str, filtered: bool, exact: bool) -> sql.Composed:
-    op = sql.SQL(operator)
-    where = sql.SQL("WHERE embedding IS NOT NULL") + (sql.SQL(" AND metadata @> %(f)s") if filtered else sql.SQL(""))
-    inner = sql.SQL(
-        "SELECT id, external_id, metadata, embedding {op} %(q)s AS distance FROM {t} {where} "
-        "ORDER BY embedding {op} %(q)s LIMIT %(k)s"
-    ).format(op=op, t=sql.Identifier(table), where=where)
-    if exact:
-        return inner
-    return sql.SQL(
-        "WITH c AS MATERIALIZED ({inner}) SELECT id, external_id, metadata, distance FROM c ORDER BY distance"
-    ).format(inner=inner)
-
-
-_SETTINGS_TEMPLATE = (
-    "SELECT set_config('hnsw.ef_search', %s, {local}), set_config('hnsw.iterative_scan', %s, {local}), "
-    "set_config('hnsw.max_scan_tuples', %s, {local}), set_config('enable_indexscan', %s, {local}), "
-    "set_config('jit', 'off', {local})"
-)
-SETTINGS_SQL = _SETTINGS_TEMPLATE.format(local="true")
-# The same settings for the whole session: only for connections that run nothing but searches,
-# and that know which settings they hold (memstore.async_search's pool).
-SESSION_SETTINGS_SQL = _SETTINGS_TEMPLATE.format(local="false")
-
-
-def search_settings(*, ef_search: int, exact: bool, max_scan_tuples: int) -> tuple[str, ...]:
-    """Transaction-local settings for one search: they never leak into a pooled connection."""
-    return (
-        str(ef_search),
-        "off" if exact else "relaxed_order",
-        str(max_scan_tuples),
-        # Without index scans the planner can only answer ORDER BY distance by brute force.
-        "off" if exact else "on",
-    )
-
-
-def run_search(
-    conn: psycopg.Connection[Any],
-    settings: tuple[str, ...],
-    statement: sql.Composed,
-    params: dict[str, Any],
-    *,
-    settings_sql: str = SETTINGS_SQL,
-) -> list[tuple[Any, ...]]:
-    """The transaction-local settings, then the search (compact searches pass their longer settings)."""
-    with conn.cursor() as cur:
-        cur.execute(settings_sql, settings)
-        cur.execute(statement, params)
-        return cur.fetchall()

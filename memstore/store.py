@@ -19,7 +19,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from memstore import items as item_sql
-from memstore import queue
+from memstore import queue, search_sql
 from memstore.collections import (
     Collection,
     create_table_statements,
@@ -37,6 +37,7 @@ from memstore.errors import (
 from memstore.filters import check_external_id, check_filter, check_metadata
 from memstore.models import CollectionStats, Item, ItemIn, Original, SearchResult, UpsertResult
 from memstore.registry import Registry, deregister, register
+from memstore.search_sql import SearchSettings
 from memstore.settings import Settings, get_settings
 from memstore.vectors import as_matrix, as_vector
 
@@ -419,19 +420,15 @@ class VectorStore:
                         params["pool"] = spec.pool(k, pool)
                         params["c"] = compact_search.compact_query(conn, spec, params["q"])
                         statement = compact_search.statement(c, spec, filtered=bool(checked))
-                        settings = item_sql.search_settings(
-                            ef_search=min(1000, max(efs, params["pool"])),
-                            exact=False,
-                            max_scan_tuples=self.settings.max_scan_tuples,
+                        settings = compact_search.settings(
+                            ef_search=min(1000, max(efs, params["pool"])), max_scan_tuples=self.settings.max_scan_tuples
                         )
-                        rows = item_sql.run_search(
-                            conn, settings, statement, params, settings_sql=compact_search.SETTINGS_SQL
-                        )
+                        rows = search_sql.run_search(conn, settings, statement, params)
                     else:
                         plan = self.plain_search(
                             c, vector=vector, k=k, checked_filter=checked, ef_search=ef_search, exact=exact
                         )
-                        rows = item_sql.run_search(conn, plan.settings, plan.statement, plan.params)
+                        rows = search_sql.run_search(conn, plan.settings, plan.statement, plan.params)
                 break
             except (psycopg.errors.UndefinedTable, LookupError):
                 self.forget_collection(collection)
@@ -451,8 +448,8 @@ class VectorStore:
     ) -> SearchPlan:
         """The statement, settings and parameters of a search on the full-precision index (or exact)."""
         return SearchPlan(
-            item_sql.search_statement(c, filtered=bool(checked_filter), exact=exact),
-            item_sql.search_settings(
+            search_sql.search_statement(c.table_name, c.spec.operator, filtered=bool(checked_filter), exact=exact),
+            SearchSettings(
                 ef_search=_ef_search(c, ef_search), exact=exact, max_scan_tuples=self.settings.max_scan_tuples
             ),
             _search_params(c, vector, k, checked_filter),
@@ -495,7 +492,7 @@ class VectorStore:
 @dataclass(frozen=True)
 class SearchPlan:
     statement: sql.Composed
-    settings: tuple[str, ...]
+    settings: SearchSettings
     params: dict[str, Any]
 
 

@@ -7,12 +7,12 @@ import pytest
 from pgvector import HalfVector, Vector
 from psycopg import sql
 
+from memstore import search_sql
 from memstore.compact import projection as proj
 from memstore.compact import search as compact_search
 from memstore.compact import spec as specs
 from memstore.db import raw_connection
 from memstore.errors import InvalidInputError
-from memstore.items import search_settings
 from memstore.models import ItemIn
 from memstore.store import VectorStore
 
@@ -118,9 +118,7 @@ def test_reranking_returns_exactly_the_exact_order_among_candidates(
         with raw_connection(store.engine) as conn:
             # The store's own settings for this search, so the HNSW scan visits the same candidates.
             efs = max(c.default_ef_search, spec.pool(10))
-            conn.execute(
-                compact_search.SETTINGS_SQL, search_settings(ef_search=efs, exact=False, max_scan_tuples=20_000)
-            )
+            search_sql.apply(conn.cursor(), compact_search.settings(ef_search=efs, max_scan_tuples=20_000))
             params = {"q": q, "c": compact_search.compact_query(conn, spec, q), "pool": spec.pool(10)}
             candidates = conn.execute(compact_search.candidates_statement(c, spec), params).fetchall()
         assert len(candidates) == spec.pool(10)

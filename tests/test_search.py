@@ -7,7 +7,7 @@ import pytest
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from memstore import items as item_sql
+from memstore import search_sql
 from memstore.db import raw_connection
 from memstore.errors import CollectionNotFoundError, DimensionMismatchError, InvalidInputError
 from memstore.models import ItemIn
@@ -152,13 +152,13 @@ def test_plans_use_the_hnsw_index_unless_exact(store: VectorStore, collection_na
         conn.execute(sql.SQL("ANALYZE {}").format(c.table))
     for filtered in (False, True):
         for exact in (False, True):
-            statement = item_sql.search_statement(c, filtered=filtered, exact=exact)
+            statement = search_sql.search_statement(c.table_name, c.spec.operator, filtered=filtered, exact=exact)
             params: dict[str, object] = {"q": rng.normal(size=8).astype(np.float32), "k": 10}
             if filtered:
                 params["f"] = Jsonb({"g": 1})
-            settings = item_sql.search_settings(ef_search=40, exact=exact, max_scan_tuples=20000)
+            settings = search_sql.SearchSettings(ef_search=40, exact=exact, max_scan_tuples=20000)
             with raw_connection(store.engine) as conn, conn.cursor() as cur:
-                cur.execute(item_sql.SETTINGS_SQL, settings)
+                search_sql.apply(cur, settings)
                 cur.execute(sql.SQL("EXPLAIN ") + statement, params)
                 plan = "\n".join(r[0] for r in cur.fetchall())
             assert ("_hnsw" in plan) is not exact, plan

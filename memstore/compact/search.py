@@ -20,17 +20,18 @@ from psycopg import sql
 from memstore.collections import Collection
 from memstore.compact import projection as proj
 from memstore.compact import spec as specs
-from memstore.items import SETTINGS_SQL as _SETTINGS_SQL
+from memstore.search_sql import SearchSettings
 
-# The store's per-search settings, plus: scan the compact index, never the table. A sequential scan
-# evaluates the compact expression (a cast of every detoasted vector) for every row, which the
-# planner prices as nearly free and so picks for small tables; and the low-rank join must be a nested
-# loop driven by the side table's HNSW scan (a merge or hash join would read every row). Bitmap scans
-# (a selective metadata filter through the GIN index) stay allowed.
-SETTINGS_SQL = _SETTINGS_SQL + (
-    ", set_config('enable_seqscan', 'off', true), set_config('enable_mergejoin', 'off', true), "
-    "set_config('enable_hashjoin', 'off', true)"
-)
+
+def settings(*, ef_search: int, max_scan_tuples: int) -> SearchSettings:
+    """The store's per-search settings, plus: scan the compact index, never the table. A sequential
+    scan evaluates the compact expression (a cast of every detoasted vector) for every row, which the
+    planner prices as nearly free and so picks for small tables; and the low-rank join must be a
+    nested loop driven by the side table's HNSW scan (a merge or hash join would read every row).
+    Bitmap scans (a selective metadata filter through the GIN index) stay allowed."""
+    return SearchSettings(
+        ef_search=ef_search, exact=False, max_scan_tuples=max_scan_tuples, index_only=True, nested_loops=True
+    )
 
 
 def statement(c: Collection, spec: specs.IndexSpec, *, filtered: bool) -> sql.Composed:

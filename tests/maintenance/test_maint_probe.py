@@ -11,14 +11,13 @@ import pytest
 from maint_helpers import churn, clustered
 from pgvector.psycopg import register_vector
 
-from maintenance import sqlfiles
 from maintenance.config import MaintenanceConfig
 from maintenance.probes import probe
-from maintenance.recall import EXACT_SETTINGS_SQL, INDEX_SETTINGS_SQL, exact_answers, measure_recall
+from maintenance.recall import exact_answers, exact_settings, index_search, index_settings, measure_recall
 from maintenance.sizing import estimate_index_bytes
 from maintenance.targets import targets_for
 from memstore.collections import Collection
-from memstore.items import SETTINGS_SQL, search_settings
+from memstore.search_sql import SearchSettings, apply
 
 
 def _all_vectors(conn: psycopg.Connection[Any], c: Collection) -> tuple[np.ndarray, np.ndarray]:
@@ -79,7 +78,7 @@ def test_exact_answers_from_one_scan_match_numpy_even_when_bounds_mislead(
         [],
     ]
     with conn.transaction(), conn.cursor() as cur:
-        cur.execute(EXACT_SETTINGS_SQL, search_settings(ef_search=40, exact=True, max_scan_tuples=20_000))
+        apply(cur, exact_settings(ef_search=40, max_scan_tuples=20_000))
         answers = exact_answers(cur, target, list(queries), found, k)
     for o, d, answer in zip(order, distances, answers, strict=True):
         assert [i for i, _ in answer] == [int(ids[j]) for j in o[:k]]
@@ -149,14 +148,14 @@ def test_recall_probe_measures_the_index_even_where_the_planner_would_scan_the_t
     probe must still read the graph, or it reports recall 1.0 whatever state the index is in."""
     c = make_collection(400, 64, seed=4)
     [target] = targets_for(conn, c)
-    plan_of = psycopg.sql.SQL("EXPLAIN ") + sqlfiles.composed("index_search", table=c.table_name, op=c.spec.operator)
+    plan_of = psycopg.sql.SQL("EXPLAIN ") + index_search(target)
     params = {"q": clustered(1, 64, seed=8)[0], "k": 10}
     with conn.transaction():
-        conn.execute(SETTINGS_SQL, search_settings(ef_search=40, exact=False, max_scan_tuples=20_000))
+        apply(conn.cursor(), SearchSettings(ef_search=40, exact=False, max_scan_tuples=20_000))
         store_plan = "\n".join(r[0] for r in conn.execute(plan_of, params))
     assert "Seq Scan" in store_plan  # the premise: left alone, the planner scans this table
     with conn.transaction():
-        conn.execute(INDEX_SETTINGS_SQL, search_settings(ef_search=40, exact=False, max_scan_tuples=20_000))
+        apply(conn.cursor(), index_settings(ef_search=40, max_scan_tuples=20_000))
         probe_plan = "\n".join(r[0] for r in conn.execute(plan_of, params))
     assert f"Index Scan using {target.index}" in probe_plan
 
