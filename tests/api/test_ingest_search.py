@@ -208,3 +208,18 @@ def test_multipart_metadata_as_one_json_array_with_an_object_per_file(client: ht
     assert names == [{"name": "Tom", "filename": "p0.jpg"}, {"name": "Rex", "filename": "p1.jpg"}]
     r = client.post(url, files=files, data={"metadata": '[{"name": "only one"}]'})
     assert r.status_code == 422 and "one object per file" in r.json()["detail"]
+
+
+def test_every_route_renders_json_the_same_way(client: httpx.Client, collection: str) -> None:
+    """One rendering (compact, UTF-8) for the search fast path, the FastAPI routes and problem documents."""
+    base = f"/v1/collections/{collection}"
+    assert client.post(f"{base}/items", json={"items": [{"vector": [0.1] * 64, "metadata": {"é": 1}}]}).is_success
+    answers = [
+        client.post(f"{base}/search", json={"vector": [0.1] * 64, "k": 1}),
+        client.get(f"{base}/items"),
+        client.post(f"{base}/search", json={"vector": [0.1] * 3}),  # a problem document from the fast path
+        client.get(f"{base}/items/999999999"),  # one from FastAPI
+    ]
+    for r in answers:
+        assert '": ' not in r.text and '", "' not in r.text, r.text[:200]
+    assert "é" in answers[0].text
