@@ -19,11 +19,13 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from tenacity import RetryCallState
 
 from maintenance.config import MaintenanceConfig
 from maintenance.progress import Kind, ProgressCallback, Watch
 from maintenance.targets import Target, targets_for
-from memstore import locks
+from memstore import locks, retrying
+from memstore.retrying import attempt_number, next_pause
 
 log = logging.getLogger(__name__)
 
@@ -70,35 +72,42 @@ class Executor:
         kind: Kind | None = None,
         before_retry: Callable[[], object] | None = None,
     ) -> None:
-        """Run one statement with the lock timeout, retrying lock timeouts with a growing pause."""
-        attempt = 0
-        while True:
-            if self.stop.is_set():
-                raise Interrupted(f"stopped before {label}")
-            try:
+        """Run one statement with the lock timeout, retrying lock timeouts with a growing pause
+        (``ddl_retries`` retries, from ``retry_backoff_s``); a stop request ends the wait."""
+
+        def pause(seconds: float) -> None:
+            if self.stop.wait(seconds):
+                raise Interrupted(f"stopped while retrying {label}")
+
+        def before_sleep(state: RetryCallState) -> None:
+            log.info("%s: lock timeout, retry %d in %.1fs", label, attempt_number(state), next_pause(state))
+            if before_retry:
+                before_retry()
+
+        strategy = retrying.lock_timeouts(
+            attempts=self.config.ddl_retries + 1,
+            first_s=self.config.retry_backoff_s,
+            sleep=pause,
+            before_sleep=before_sleep,
+        )
+        for attempt in strategy:
+            with attempt:
+                if self.stop.is_set():
+                    raise Interrupted(f"stopped before {label}")
                 if kind is None:
                     conn.execute(statement)
                 else:
-                    with Watch(
-                        conn, self.connect, kind=kind, label=label, stop=self.stop, on_progress=self.on_progress
-                    ) as watch:
-                        try:
-                            conn.execute(statement)
-                        except psycopg.errors.QueryCanceled:
-                            if watch.cancelled:
-                                raise Interrupted(f"cancelled {label}") from None
-                            raise
-                return
-            except psycopg.errors.LockNotAvailable:
-                attempt += 1
-                if attempt > self.config.ddl_retries:
-                    raise
-                pause = self.config.retry_backoff_s * 2 ** (attempt - 1)
-                log.info("%s: lock timeout, retry %d in %.1fs", label, attempt, pause)
-                if before_retry:
-                    before_retry()
-                if self.stop.wait(pause):
-                    raise Interrupted(f"stopped while retrying {label}") from None
+                    self._watched(conn, statement, label=label, kind=kind)
+
+    def _watched(self, conn: psycopg.Connection[Any], statement: sql.Composed, *, label: str, kind: Kind) -> None:
+        """The statement with its progress reported; a stop request cancels it (Interrupted)."""
+        with Watch(conn, self.connect, kind=kind, label=label, stop=self.stop, on_progress=self.on_progress) as watch:
+            try:
+                conn.execute(statement)
+            except psycopg.errors.QueryCanceled:
+                if watch.cancelled:
+                    raise Interrupted(f"cancelled {label}") from None
+                raise
 
     def drop_leftovers(self, conn: psycopg.Connection[Any], target: Target) -> list[str]:
         """Drop INVALID indexes of the target's table, unless a build is running there right now.

@@ -22,6 +22,7 @@ from psycopg.types.json import Jsonb
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from memstore import retrying
 from memstore.collections import Collection
 from memstore.db import raw_connection
 from memstore.errors import CollectionNotFoundError, InvalidInputError
@@ -95,20 +96,15 @@ def enqueue(
     for item in items:
         _check(item)
     latest = {item.key(): item for item in items}
-    for attempt in range(DEADLOCK_RETRIES + 1):
-        try:
-            with raw_connection(engine) as conn:
+    try:
+        # Every writer locks item rows (in id order) before queue rows, so a deadlock is rare: two
+        # batches naming the same new external ids in different orders. The transaction was rolled
+        # back whole; running it again is safe.
+        for attempt in retrying.deadlocks(attempts=DEADLOCK_RETRIES + 1):
+            with attempt, raw_connection(engine) as conn:
                 done = _enqueue(conn, collection, latest, priority)
-            break
-        except psycopg.errors.UndefinedTable:
-            raise CollectionNotFoundError(collection.name) from None
-        except psycopg.errors.DeadlockDetected:
-            # Every writer locks item rows (in id order) before queue rows, so this is rare: two
-            # batches naming the same new external ids in different orders. The transaction was
-            # rolled back whole; running it again is safe.
-            if attempt == DEADLOCK_RETRIES:
-                raise
-            time.sleep(0.01 * (attempt + 1))
+    except psycopg.errors.UndefinedTable:
+        raise CollectionNotFoundError(collection.name) from None
     return [done[item.key()] for item in items]
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, retry_if_result, stop_after_attempt
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
 TEXT_SUFFIXES = {".txt", ".md"}
@@ -151,19 +152,24 @@ class Client:
         self.collection = collection
 
     def call(self, method: str, url: str, **kw: Any) -> httpx.Response:
-        """One request, retried on 429/503 (after Retry-After) and on connection errors."""
-        for attempt in range(8):
-            try:
-                r = self.http.request(method, url, **kw)
-            except httpx.TransportError as exc:
-                if attempt == 7:
-                    raise SystemExit(f"memstore ingest: cannot reach {self.http.base_url}: {exc}") from None
-                time.sleep(min(30, 2**attempt))
-                continue
-            if r.status_code not in (429, 503):
-                return r
-            time.sleep(float(r.headers.get("Retry-After", 2**attempt)))
-        return r
+        """One request, retried (8 tries in all) on 429/503, after the server's Retry-After, and on
+        connection errors, after 1, 2, 4 ... 30 s; a server that stays busy answers with its last reply."""
+        strategy = Retrying(
+            retry=retry_if_exception_type(httpx.TransportError) | retry_if_result(_busy),
+            stop=stop_after_attempt(8),
+            wait=_retry_after,
+            retry_error_callback=self._give_up,
+        )
+        response: httpx.Response = strategy(self.http.request, method, url, **kw)
+        return response
+
+    def _give_up(self, state: RetryCallState) -> httpx.Response:
+        assert state.outcome is not None
+        error = state.outcome.exception()
+        if error is not None:
+            raise SystemExit(f"memstore ingest: cannot reach {self.http.base_url}: {error}") from None
+        response: httpx.Response = state.outcome.result()
+        return response
 
     def ensure_collection(self) -> bool:
         r = self.call("GET", self.base)
@@ -189,6 +195,22 @@ class Client:
         files = [("files", (s.path.name, s.path.read_bytes())) for s in batch if s.path is not None]
         data = {"external_id": [s.external_id for s in batch], "metadata": [json.dumps(s.metadata) for s in batch]}
         return self.call("POST", f"{self.base}/items", files=files, data=data)
+
+
+def _busy(r: httpx.Response) -> bool:
+    return r.status_code in (429, 503)
+
+
+def _retry_after(state: RetryCallState) -> float:
+    """The server's Retry-After when it gave one, else a pause doubling from 1 s (at most 30 s)."""
+    fallback = min(30.0, 2.0 ** (state.attempt_number - 1))
+    outcome = state.outcome
+    if outcome is None or outcome.failed:
+        return fallback
+    try:
+        return max(0.0, float(outcome.result().headers.get("Retry-After", fallback)))
+    except ValueError:  # an HTTP date instead of seconds
+        return fallback
 
 
 def problem(r: httpx.Response) -> str:

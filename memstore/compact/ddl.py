@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Iterator
 from functools import partial
 from typing import Any
@@ -21,7 +20,7 @@ import sqlalchemy as sa
 from pgvector import Vector
 from psycopg import sql
 
-from memstore import locks
+from memstore import locks, retrying
 from memstore.collections import Collection
 from memstore.compact import spec as specs
 from memstore.compact.projection import Projection
@@ -55,14 +54,9 @@ def collection_lock(conn: psycopg.Connection[Any], c: Collection, *, wait_s: flo
 
 def execute(conn: psycopg.Connection[Any], statement: sql.Composable | str, params: Any = None) -> None:
     """Run one statement, retrying lock timeouts (the statement waited, nothing was changed)."""
-    for attempt in range(LOCK_RETRIES):
-        try:
+    for attempt in retrying.lock_timeouts(attempts=LOCK_RETRIES, first_s=0.05, max_s=2.0):
+        with attempt:
             conn.execute(statement, params)  # type: ignore[arg-type]
-            return
-        except psycopg.errors.LockNotAvailable:
-            if attempt == LOCK_RETRIES - 1:
-                raise
-            time.sleep(min(2.0, 0.05 * 2 ** min(attempt, 6)))
 
 
 def _with(c: Collection) -> sql.Composed:
