@@ -128,7 +128,10 @@ class Gate:
         self.app, self.api_key, self.limit = app, api_key, max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope.get("path", "").startswith("/v1/"):
+        path, root = scope.get("path", ""), scope.get("root_path", "")
+        if root and path.startswith(root):
+            path = path[len(root) :]  # the path the routes match, under a proxy's --root-path
+        if scope["type"] != "http" or not path.startswith("/v1/"):
             await self.app(scope, receive, send)
             return
         headers = scope.get("headers", ())

@@ -186,11 +186,11 @@ class MaintenanceWorker:
                 with_recall=action == "rebuild",
             )
             out.after = after.summary() | {
-                # What the next probes count dead entries from: none. A rebuilt index never held the
-                # heap's dead tuples, and VACUUM (INDEX_CLEANUP ON) removed every one older than the
-                # oldest snapshot. n_dead_tup is not read here: right after the action it may still be
-                # the old figure (seen: 0.341 dead just after a compaction, and a needless VACUUM).
-                "dead_entries": 0,
+                # What the next probes count dead entries from. A rebuilt index never held the heap's
+                # dead tuples: none (n_dead_tup may still show the old figure then: seen 0.341 just
+                # after a rebuild, and a needless VACUUM followed). After a VACUUM, what it could not
+                # remove (tuples an old snapshot still sees), as its own report counts them.
+                "dead_entries": 0 if action == "rebuild" else after.dead_tuples,
                 "dropped": out.dropped,
             }
         history.finish_action(

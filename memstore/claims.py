@@ -171,10 +171,13 @@ def fail(
     failed: list[int] = []
     error = error[:2000]
     with raw_connection(engine) as conn:
+        # Item rows first, in id order, as every writer takes them (then the queue rows, below).
+        for cid in sorted({c.collection_id for c in claims}):
+            known = (collections or {}).get(cid)
+            if known is not None:
+                lock_items(conn, known, [c.item_id for c in claims if c.collection_id == cid])
         for c in claims:
             collection = (collections or {}).get(c.collection_id)
-            if collection is not None:
-                lock_items(conn, collection, [c.item_id])  # item row first, as everywhere
             row = conn.execute(
                 """
                 UPDATE memstore_ingest_queue

@@ -97,11 +97,18 @@ class Report:
 class Processor:
     """Encode claimed rows and settle each one: written, retried later, failed, or released."""
 
-    def __init__(self, engine: sa.Engine, backend: EmbeddingBackend, settings: IngestSettings) -> None:
+    def __init__(
+        self,
+        engine: sa.Engine,
+        backend: EmbeddingBackend,
+        settings: IngestSettings,
+        *,
+        registry: Registry | None = None,
+    ) -> None:
         self.engine = engine
         self.backend = backend
         self.settings = settings
-        self.registry = Registry(engine)
+        self.registry = registry or Registry(engine)  # the API passes its store's: one cache per process
 
     def collection(self, cid: int) -> Collection | None:
         return self.registry.by_id(cid)

@@ -2,7 +2,7 @@
 search and the recall probes.
 
 A search is a settings statement (transaction-local, or session-level on the connections that run
-nothing but searches) and then the statement itself. Every settings statement sets the same seven
+nothing but searches) and then the statement itself. Every settings statement sets the same eight
 knobs, so that one search's settings never carry over into the next on the same connection, and no
 caller builds SQL by concatenation.
 """

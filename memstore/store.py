@@ -308,6 +308,10 @@ class VectorStore:
         ).format(c.table)
         with raw_connection(self.engine) as conn:
             row = conn.cursor(row_factory=dict_row).execute(query, [*params, value]).fetchone()
+            if row is not None and vector is not None:
+                # The vector given supersedes an embedding still queued for this item (a worker
+                # would overwrite it): the item row is locked by the UPDATE, then its queue row.
+                queue.unqueue(conn, c, [int(row["id"])])
         if row is None:
             raise ItemNotFoundError(collection, id if id is not None else str(external_id))
         return item_sql.item_from_row(row)
@@ -335,10 +339,18 @@ class VectorStore:
             clause, param = "id = ANY(%s)", [int(i) for i in ids]
         else:
             clause, param = "external_id = ANY(%s)", [str(e) for e in external_ids or ()]
-        statement = sql.SQL("DELETE FROM {t} WHERE " + clause + " RETURNING id").format(t=c.table)
+        # The rows are locked in id order first, as every writer of items and queue rows takes them
+        # (a DELETE alone locks in scan order, which could deadlock with an enqueue of the same items).
+        lock = sql.SQL("SELECT id FROM {t} WHERE " + clause + " ORDER BY id FOR UPDATE").format(t=c.table)
         with raw_connection(self.engine) as conn:
-            gone = [int(r[0]) for r in conn.execute(statement, (param,)).fetchall()]
-            queue.unqueue(conn, c, gone)  # in the same transaction: the item rows first, as everywhere
+            ids_to_go = [int(r[0]) for r in conn.execute(lock, (param,)).fetchall()]
+            gone = [
+                int(r[0])
+                for r in conn.execute(
+                    sql.SQL("DELETE FROM {} WHERE id = ANY(%s) RETURNING id").format(c.table), (ids_to_go,)
+                ).fetchall()
+            ]
+            queue.unqueue(conn, c, gone)  # then their queue rows, in the same transaction
         return len(gone)
 
     def find_external_ids(self, *, collection: str, external_ids: Sequence[str]) -> dict[str, int]:

@@ -203,3 +203,21 @@ def test_stats_count_exactly_then_estimate_past_the_limit(store: VectorStore, co
     estimated = store.collection_stats(name=coll, exact_limit=10)
     assert not estimated.counts_exact and (estimated.pending, estimated.failed) == (3, 1)
     assert estimated.items == 64 and estimated.ready == 60  # ANALYZE of a table this small reads every row
+
+
+def test_a_vector_written_by_hand_is_not_overwritten_by_a_queued_embedding(
+    store: VectorStore, collection_name: str
+) -> None:
+    """PATCHing a vector onto an item still waiting for its embedding drops the queue row: a worker
+    would otherwise overwrite the caller's vector, and the item would count as pending."""
+    from memstore import queue
+    from memstore.db import raw_connection
+    from memstore.queue import PendingItem
+
+    c = store.create_collection(name=collection_name, dimensions=3)
+    [done] = queue.enqueue(store.engine, c, [PendingItem(text="waiting for the encoder", external_id="w")])
+    store.update_item(collection=collection_name, id=done.id, vector=[1.0, 2.0, 3.0])
+    with raw_connection(store.engine) as conn:
+        assert queue.counts(conn, c)["pending"] == 0
+    item = store.get_item(collection=collection_name, id=done.id, with_vector=True)
+    assert item.status == "ready" and item.vector is not None and item.vector.tolist() == [1.0, 2.0, 3.0]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 from contextlib import aclosing
 from typing import Any, TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
+from python_multipart.multipart import parse_options_header
 from starlette.datastructures import FormData, UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
@@ -50,22 +52,40 @@ async def read_json(request: Request, model: type[M]) -> M:
 
 
 class _StrictTextParts(MultiPartParser):
-    """Starlette's parser reads a text part that is not valid in its charset as Latin-1, silently; a
-    field that is not valid UTF-8 (or its declared charset) is refused here instead. (It uses the
-    parser's part state; tests/api/test_hostile_client.py fails if a Starlette upgrade moves it.)"""
+    """Starlette's parser reads a text part that is not valid in its charset, or whose charset it does
+    not know, as Latin-1, silently. Here such a part is refused instead: a text field is decoded in
+    the charset the request declares (UTF-8 when it declares none; an unknown one is refused before
+    parsing, in ``read_form``), strictly. (It uses the parser's
+    part state; tests/api/test_hostile_client.py fails if a Starlette upgrade moves it.)"""
 
     def on_part_end(self) -> None:
         part = self._current_part
         if part.file is None:
             try:
                 bytes(part.data).decode(self._charset)
-            except (UnicodeDecodeError, LookupError):
+            except (LookupError, UnicodeDecodeError):
                 raise MultiPartException(f"form field {part.field_name!r} is not valid {self._charset} text") from None
         super().on_part_end()
 
 
+def _check_charset(content_type: str) -> None:
+    """Starlette reads an unknown charset as Latin-1, silently: refuse it instead."""
+    _, params = parse_options_header(content_type)
+    declared = params.get(b"charset")
+    if declared is None:
+        return
+    name = declared.decode("latin-1") if isinstance(declared, bytes) else str(declared)
+    try:
+        codecs.lookup(name)
+    except LookupError:
+        raise Problem(
+            "invalid-input", f"form fields are not valid text: unknown charset {name!r}; send UTF-8"
+        ) from None
+
+
 async def read_form(request: Request, *, max_files: int) -> FormData:
     """The multipart form (what ``request.form()`` does, with the strict text parser), or a problem."""
+    _check_charset(request.headers.get("content-type", ""))
     if request._form is None:
         try:
             async with aclosing(request.stream()) as stream:

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from memstore.api import problems
-from memstore.api.middleware import BodyTooLargeError, too_large_detail
+from memstore.api.middleware import BodyTooLargeError, route_path, too_large_detail
 from memstore.api.problems import Problem
 from memstore.api.rendering import render
 from memstore.api.routes.search import authorize, execute, json_image
@@ -45,7 +45,7 @@ class SearchFastPath:
         self.fastapi_app = fastapi_app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        match = _PATH.match(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        match = _PATH.match(route_path(scope)) if scope["type"] == "http" and scope["method"] == "POST" else None
         headers: dict[bytes, bytes] = dict(scope["headers"]) if match else {}
         if match is None or headers.get(b"content-type", b"").split(b";")[0].strip().lower() not in _JSON:
             await self.app(scope, receive, send)

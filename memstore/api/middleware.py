@@ -22,9 +22,18 @@ from memstore.api.problems import MEDIA_TYPE, Problem, from_exception, problem_b
 from memstore.api.rendering import render
 from memstore.api.settings import ApiSettings
 
-# Routes that take uploads; every other route takes small JSON bodies only.
+# Routes that take uploads (new items; an item's new image); every other route takes small JSON only.
 _ITEMS_UPLOAD = re.compile(r"^/v1/collections/[^/]+/items/?$")
+_CONTENT_UPLOAD = re.compile(r"^/v1/collections/[^/]+/items/[^/]+/content/?$")
 _SEARCH = re.compile(r"^/v1/collections/[^/]+/search/?$")
+
+
+def route_path(scope: Scope) -> str:
+    """The path the routes match: without the ``root_path`` a proxy mounts the app under (uvicorn's
+    ``--root-path`` puts it in front of ``path``)."""
+    path: str = scope.get("path", "")
+    root: str = scope.get("root_path", "")
+    return path[len(root) :] if root and path.startswith(root) else path
 
 
 class BodyTooLargeError(HTTPException):
@@ -52,8 +61,8 @@ def too_large_detail(limit: int, kind: str = "upload") -> str:
 
 def body_kind(scope: Scope) -> str:
     """Which body limit a request falls under: ``upload``, ``search`` or ``json``."""
-    path = scope.get("path", "")
-    if scope.get("method") == "POST" and _ITEMS_UPLOAD.match(path):
+    path, method = route_path(scope), scope.get("method")
+    if (method == "POST" and _ITEMS_UPLOAD.match(path)) or (method == "PUT" and _CONTENT_UPLOAD.match(path)):
         return "upload"
     if _SEARCH.match(path):
         return "search"
@@ -135,7 +144,8 @@ class AuthGate:
                 send, scope, Problem("malformed-request", "more than one Authorization header; send exactly one")
             )
             return
-        if not scope.get("path", "").startswith("/v1/") and scope.get("path") != "/v1":
+        path = route_path(scope)
+        if not path.startswith("/v1/") and path != "/v1":
             await self.app(scope, receive, send)
             return
         try:

@@ -100,7 +100,7 @@ class Runtime:
         """The ``?wait=true`` path's processor (kept: it caches collection rows)."""
         backend = self.encoder.require("wait=true needs the encoder")
         if self._processor is None or self._processor.backend is not backend:
-            self._processor = Processor(self.engine, backend, self.ingest)
+            self._processor = Processor(self.engine, backend, self.ingest, registry=self.store.registry)
         return self._processor
 
     def threads(self) -> list[threading.Thread]:

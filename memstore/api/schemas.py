@@ -138,8 +138,9 @@ class ContentIn(Strict):
 class DeleteRequest(Strict):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"filter": {"tag": "cat"}}]})
 
-    ids: list[int] | None = Field(default=None, max_length=100_000)
-    external_ids: list[str] | None = Field(default=None, max_length=100_000)
+    # Sized to fit the 1 MiB body of a route that is not an upload (MEMSTORE_API_MAX_JSON_BODY_BYTES).
+    ids: list[int] | None = Field(default=None, max_length=20_000)
+    external_ids: list[str] | None = Field(default=None, max_length=1_000)
     filter: dict[str, Any] | None = None
 
 
@@ -148,7 +149,7 @@ class Deleted(BaseModel):
 
 
 class LookupRequest(Strict):
-    external_ids: list[str] = Field(min_length=1, max_length=10_000)
+    external_ids: list[str] = Field(min_length=1, max_length=1_000)  # 1,000 x 512 characters fit in 1 MiB
 
 
 class LookupOut(BaseModel):

@@ -318,3 +318,50 @@ def test_invalid_utf8_in_a_multipart_text_field_is_refused_not_read_as_latin1(
     ok = client.post(url, files=[image, ("external_id", (None, "café-utf8".encode()))])
     assert ok.status_code == 202, ok.text
     assert ok.json()["items"][0]["external_id"] == "café-utf8"
+
+
+def test_an_unknown_charset_is_refused_not_read_as_latin1(client: httpx.Client, collection: str) -> None:
+    body = (
+        b'--b\r\nContent-Disposition: form-data; name="external_id"\r\n\r\n\xff\xfebad\r\n'
+        b'--b\r\nContent-Disposition: form-data; name="files"; filename="a.jpg"\r\n'
+        b"Content-Type: image/jpeg\r\n\r\n" + make_image(5) + b"\r\n--b--\r\n"
+    )
+    r = client.post(
+        f"/v1/collections/{collection}/items",
+        content=body,
+        headers={"content-type": "multipart/form-data; boundary=b; charset=bogus"},
+    )
+    assert r.status_code == 422, r.text
+    assert "unknown charset" in r.json()["detail"]
+
+
+def test_replacing_an_items_image_is_an_upload_not_a_small_json_body(fake_server: LiveServer, fake_client) -> None:
+    """PUT .../items/{id}/content takes an image: the upload limit applies, not the small-JSON one."""
+    json_limit = fake_server.runtime.api.max_json_body_bytes
+    upload_limit = fake_server.runtime.api.max_body_bytes
+    big = json_limit + 10_000
+    assert big < upload_limit
+    url = "/v1/collections/absent_collection/items/1/content"
+    r = fake_client.put(url, files={"file": ("a.png", b"\x89PNG\r\n\x1a\n" + b"0" * big, "image/png")})
+    assert r.status_code != 413, r.text  # past the size check (then: no such collection)
+    r = fake_client.post("/v1/collections/absent_collection/items/lookup", content=b" " * big)
+    assert r.status_code == 413
+
+
+def test_the_key_is_checked_before_the_body_under_a_proxys_root_path(settings, admin_key) -> None:
+    """Behind a proxy that mounts the API under a prefix (uvicorn --root-path), the gate still sees
+    /v1 routes: no key and a broken body answer 401, not a parse error."""
+    from fastapi.testclient import TestClient
+
+    from memstore.api.app import create_app
+    from memstore.api.runtime import RuntimeOptions
+    from memstore.api.settings import ApiSettings
+
+    app = create_app(settings, api_settings=ApiSettings(auth="keys"), options=RuntimeOptions(encoder="none"))
+    with TestClient(app, root_path="/api") as c:
+        r = c.post(
+            "/api/v1/collections/x/items/lookup", content=b"{not json", headers={"content-type": "application/json"}
+        )
+        assert r.status_code == 401, r.text
+        ok = c.get("/api/v1/collections", headers={"Authorization": f"Bearer {admin_key}"})
+        assert ok.status_code == 200, ok.text

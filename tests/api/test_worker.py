@@ -253,3 +253,64 @@ def test_query_samples_keep_only_the_most_recent(worker_engine, tiny_collection)
         ).fetchall()
     kept = [float(np.asarray(r[0].to_numpy())[0]) for r in rows]
     assert kept == [8.0, 9.0, 10.0, 11.0, 12.0]
+
+
+def test_failing_claims_locks_items_in_id_order_so_an_enqueue_cannot_deadlock_with_it(
+    worker_engine, tiny_collection
+) -> None:
+    """Another transaction holds item 1 and will ask for item 2 next (an enqueue locks in id order).
+    Failing the claims of [2, 1] must wait for item 1 before it takes item 2; taking them in claim
+    order (2, then 1) deadlocked with that transaction."""
+    import psycopg
+
+    from memstore.db import dedicated_connection
+
+    first, second = enqueue_texts(worker_engine, tiny_collection, 2, prefix="lockorder")
+    claimer = Claimer(worker_engine)
+    other = dedicated_connection(worker_engine, application_name="test-other", autocommit=False)
+    try:
+        held = claims.claim(worker_engine, claimer, limit=2, collection_id=tiny_collection.id)
+        by_item = {c.item_id: c for c in held}
+        table = f'"{tiny_collection.table_name}"'
+        other.execute(f"SELECT id FROM {table} WHERE id = %s FOR UPDATE", (first,))
+        errors: list[BaseException] = []
+
+        def fail() -> None:
+            try:
+                claims.fail(
+                    worker_engine,
+                    [by_item[second], by_item[first]],
+                    "test",
+                    settings=IngestSettings(),
+                    permanent=True,
+                    collections={tiny_collection.id: tiny_collection},
+                )
+            except BaseException as exc:
+                errors.append(exc)
+
+        t = threading.Thread(target=fail)
+        t.start()
+        deadline = time.monotonic() + 30
+        # Until the failing transaction waits on a lock (autocommit: each read sees the current state).
+        with dedicated_connection(worker_engine, application_name="test-watch") as watch:
+            while time.monotonic() < deadline:
+                waiting = watch.execute(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                ).fetchone()
+                if waiting and waiting[0]:
+                    break
+                time.sleep(0.05)
+        assert time.monotonic() < deadline, "the failing transaction never waited for item 1"
+        other.execute("SET LOCAL lock_timeout = '10s'")
+        try:
+            other.execute(f"SELECT id FROM {table} WHERE id = %s FOR UPDATE", (second,))
+        except psycopg.errors.DeadlockDetected:
+            pytest.fail("failing claims took item 2 before item 1: a deadlock with an enqueue")
+        other.commit()
+        t.join(30)
+        assert not errors, errors
+        assert item_states(worker_engine, tiny_collection)[second] == "failed"
+    finally:
+        other.close()
+        claimer.close()
