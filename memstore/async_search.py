@@ -23,7 +23,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from memstore.collections import Collection
 from memstore.compact import spec as compact_spec
-from memstore.db import async_pool, server_went_away
+from memstore.db import server_went_away
 from memstore.errors import CollectionNotFoundError
 from memstore.models import SearchResult
 from memstore.search_sql import SESSION_SETTINGS_SQL, SearchSettings
@@ -59,8 +59,7 @@ class AsyncSearcher:
                 if self._pool is None:
                     # Autocommit, and the settings at session level: these connections run
                     # searches only, each under the settings it needs (see _run).
-                    pool = async_pool(
-                        self.store.engine,
+                    pool = self.store.db.async_pool(
                         max_size=self.max_connections,
                         name="memstore-search",
                         configure=_configure,

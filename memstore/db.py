@@ -5,7 +5,9 @@
 - ``raw_connection``: a pooled psycopg connection for one transaction;
 - ``dedicated_connection``: a connection of its own, outside the pool, for what must not share one
   (LISTEN, a session advisory lock, VACUUM and concurrent index builds, long DDL);
-- ``async_pool``: the asyncio pool of the search fast path, on the same URL.
+- ``async_pool``: the asyncio pool of the search fast path, on the same URL;
+- ``Database``: all of that for one database, with reads and writes asked for apart (``read()``,
+  ``write()``), so that read replicas can be added here alone. Today both are the primary.
 """
 
 from __future__ import annotations
@@ -176,3 +178,40 @@ def raw_connection(engine: sa.Engine) -> Iterator[psycopg.Connection[Any]]:
         raise
     finally:
         proxied.close()
+
+
+class Database:
+    """One database as this process reaches it (see the module's docstring). ``VectorStore`` takes
+    one (or an engine, which it wraps)."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self.engine = engine
+
+    @contextmanager
+    def write(self) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection to the primary for one transaction (committed on success)."""
+        with raw_connection(self.engine) as conn:
+            yield conn
+
+    @contextmanager
+    def read(self) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection for one read-only transaction: searches, item reads, listings. The
+        primary today; a replica once replicas are configured."""
+        with raw_connection(self.engine) as conn:
+            yield conn
+
+    def dedicated(
+        self, *, application_name: str, autocommit: bool = True, vector_types: bool = True
+    ) -> psycopg.Connection[Any]:
+        return dedicated_connection(
+            self.engine, application_name=application_name, autocommit=autocommit, vector_types=vector_types
+        )
+
+    def async_pool(
+        self, *, max_size: int, name: str, configure: Any, check: Any
+    ) -> AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
+        return async_pool(self.engine, max_size=max_size, name=name, configure=configure, check=check)
+
+
+def as_database(target: sa.Engine | Database) -> Database:
+    return target if isinstance(target, Database) else Database(target)

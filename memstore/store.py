@@ -28,7 +28,7 @@ from memstore.collections import (
 )
 from memstore.compact import search as compact_search
 from memstore.compact import spec as compact_spec
-from memstore.db import raw_connection
+from memstore.db import Database, as_database
 from memstore.errors import (
     CollectionNotFoundError,
     InvalidInputError,
@@ -64,10 +64,11 @@ EXACT_COUNT_LIMIT = 100_000
 class VectorStore:
     """Collections and their items in one PostgreSQL database, reached through ``engine``."""
 
-    def __init__(self, engine: sa.Engine, *, settings: Settings | None = None) -> None:
-        self.engine = engine
+    def __init__(self, engine: sa.Engine | Database, *, settings: Settings | None = None) -> None:
+        self.db = as_database(engine)
+        self.engine = self.db.engine
         self.settings = settings or get_settings()
-        self.registry = Registry(engine)
+        self.registry = Registry(self.engine)
 
     # ------------------------------------------------------------------ collections
 
@@ -112,7 +113,7 @@ class VectorStore:
         else:
             index = compact_spec.IndexSpec(representation=representation, pool_factor=pool_factor)
         options = {compact_spec.OPTIONS_KEY: index.to_json()}
-        with raw_connection(self.engine) as conn:
+        with self.db.write() as conn:
             collection = register(
                 conn,
                 name=name,
@@ -137,7 +138,7 @@ class VectorStore:
 
     def drop_collection(self, *, name: str) -> None:
         collection = self.get_collection(name=name, fresh=True)
-        with raw_connection(self.engine) as conn:
+        with self.db.write() as conn:
             conn.execute("SET LOCAL lock_timeout = '10s'")
             deregister(conn, collection)
             conn.execute(sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(collection.table))
@@ -157,7 +158,7 @@ class VectorStore:
         tables = c.partition_tables()
         if spec.representation == "lowrank" and spec.version is not None:
             tables = [*tables, compact_spec.side_table(c.id, spec.version)]
-        with raw_connection(self.engine) as conn:
+        with self.db.read() as conn:
             by_status = queue.counts(conn, c)  # no scan of the items
             items, exact = _count_items(conn, c, exact_limit)
             sizes = conn.execute(item_sql.SIZES_SQL, (tables,)).fetchone()
@@ -207,7 +208,7 @@ class VectorStore:
         last = {eid: i for i, eid in enumerate(ids)}
         unique = sorted(last.values())
         try:
-            with raw_connection(self.engine) as conn:
+            with self.db.write() as conn:
                 returned = item_sql.upsert(conn, c, ids, matrix, metas, unique, bulk=len(unique) > COPY_THRESHOLD)
                 missing = [ids[i] for i in unique if ids[i] not in returned]
                 if missing:
@@ -227,7 +228,7 @@ class VectorStore:
         c = self.get_collection(name=collection)
         where, value = self._item_key(id, external_id)
         columns = item_sql.ITEM_COLUMNS + (", embedding" if with_vector else "")
-        with raw_connection(self.engine) as conn:
+        with self.db.read() as conn:
             row = (
                 conn.cursor(row_factory=dict_row)
                 .execute(sql.SQL("SELECT " + columns + " FROM {} WHERE " + where).format(c.table), (value,))
@@ -276,7 +277,7 @@ class VectorStore:
         query = sql.SQL(
             "SELECT " + item_sql.ITEM_COLUMNS + " FROM {} WHERE " + " AND ".join(clauses) + " ORDER BY id LIMIT %s"
         ).format(c.table)
-        with raw_connection(self.engine) as conn:
+        with self.db.read() as conn:
             rows = conn.cursor(row_factory=dict_row).execute(query, [*params, limit + 1]).fetchall()
         return [item_sql.item_from_row(r) for r in rows[:limit]], len(rows) > limit
 
@@ -306,7 +307,7 @@ class VectorStore:
         query = sql.SQL(
             "UPDATE {} SET " + ", ".join(sets) + " WHERE " + where + " RETURNING " + item_sql.ITEM_COLUMNS
         ).format(c.table)
-        with raw_connection(self.engine) as conn:
+        with self.db.write() as conn:
             row = conn.cursor(row_factory=dict_row).execute(query, [*params, value]).fetchone()
             if row is not None and vector is not None:
                 # The vector given supersedes an embedding still queued for this item (a worker
@@ -342,7 +343,7 @@ class VectorStore:
         # The rows are locked in id order first, as every writer of items and queue rows takes them
         # (a DELETE alone locks in scan order, which could deadlock with an enqueue of the same items).
         lock = sql.SQL("SELECT id FROM {t} WHERE " + clause + " ORDER BY id FOR UPDATE").format(t=c.table)
-        with raw_connection(self.engine) as conn:
+        with self.db.write() as conn:
             ids_to_go = [int(r[0]) for r in conn.execute(lock, (param,)).fetchall()]
             gone = [
                 int(r[0])
@@ -356,7 +357,7 @@ class VectorStore:
     def find_external_ids(self, *, collection: str, external_ids: Sequence[str]) -> dict[str, int]:
         """Which of ``external_ids`` the collection holds, with their ids (resumable uploads ask this)."""
         c = self.get_collection(name=collection)
-        with raw_connection(self.engine) as conn:
+        with self.db.read() as conn:
             rows = conn.execute(
                 sql.SQL("SELECT external_id, id FROM {} WHERE external_id = ANY(%s)").format(c.table),
                 ([str(e) for e in external_ids],),
@@ -366,7 +367,7 @@ class VectorStore:
     def get_original(self, *, collection: str, id: int) -> Original:
         """The stored original of an item: its bytes or its text (ItemNotFoundError if there is no item)."""
         c = self.get_collection(name=collection)
-        with raw_connection(self.engine) as conn:
+        with self.db.read() as conn:
             row = conn.execute(
                 sql.SQL("SELECT content, content_type, text, external_id FROM {} WHERE id = %s").format(c.table),
                 (int(id),),
@@ -425,7 +426,7 @@ class VectorStore:
             c = self.get_collection(name=collection, fresh=attempt > 0)
             spec = compact_spec.index_spec(c)
             try:
-                with raw_connection(self.engine) as conn:
+                with self.db.read() as conn:
                     if spec.compact and not exact:
                         efs = _ef_search(c, ef_search)
                         params = _search_params(c, vector, k, checked)

@@ -108,3 +108,49 @@ def test_the_api_runs_no_sql_of_its_own() -> None:
         for p in (ROOT / "memstore" / "api").rglob("*.py")
     }
     assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_the_store_asks_for_reads_and_writes_apart(engine, settings, collection_name) -> None:
+    """What read replicas will be added on: searches, item reads and listings ask the Database for a
+    read connection; everything that changes data asks for a write one."""
+    from contextlib import contextmanager
+
+    import numpy as np
+
+    from memstore.db import Database
+    from memstore.models import ItemIn
+    from memstore.store import VectorStore
+
+    class Counting(Database):
+        def __init__(self, engine) -> None:
+            super().__init__(engine)
+            self.calls: list[str] = []
+
+        @contextmanager
+        def read(self):
+            self.calls.append("read")
+            with super().read() as conn:
+                yield conn
+
+        @contextmanager
+        def write(self):
+            self.calls.append("write")
+            with super().write() as conn:
+                yield conn
+
+    db = Counting(engine)
+    store = VectorStore(db, settings=settings)
+    store.create_collection(name=collection_name, dimensions=3)
+    [done] = store.upsert_items(collection=collection_name, items=[ItemIn(vector=np.ones(3), external_id="a")])
+    assert db.calls == ["write", "write"]
+    db.calls.clear()
+    store.search(collection=collection_name, vector=np.ones(3), k=1)
+    store.get_item(collection=collection_name, id=done.id)
+    store.list_items(collection=collection_name)
+    store.find_external_ids(collection=collection_name, external_ids=["a"])
+    store.collection_stats(name=collection_name)
+    assert db.calls == ["read"] * 5
+    db.calls.clear()
+    store.update_item(collection=collection_name, id=done.id, metadata={"x": 1})
+    store.delete_items(collection=collection_name, ids=[done.id])
+    assert db.calls == ["write", "write"]
