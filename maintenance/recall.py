@@ -21,6 +21,7 @@ from psycopg.pq import TransactionStatus
 
 from maintenance import sqlfiles
 from maintenance.targets import Target
+from memstore import query_samples
 from memstore.recall import TIE_EPSILON, recall_hits
 from memstore.search_sql import SearchSettings, apply, search_statement
 
@@ -84,10 +85,8 @@ def sample_queries(
 ) -> tuple[list[np.ndarray], str, tuple[int, ...]]:
     """``n`` query vectors, their source and the ids of the API samples among them: a random sample
     of the API's kept samples other than ``exclude``, else (none left) random stored vectors."""
-    params = {"collection_id": target.collection.id, "n": n, "exclude": list(exclude)}
-    rows = conn.cursor(binary=True).execute(sqlfiles.text("sample_queries"), params, prepare=True).fetchall()
-    dims = target.collection.dimensions
-    kept = [(int(r[0]), v) for r in rows if (v := as_numpy(r[1])).shape == (dims,)]
+    c = target.collection
+    kept = query_samples.draw(conn, c.id, n, dimensions=c.dimensions, exclude=exclude)
     if kept:
         return [v for _, v in kept], "query_samples", tuple(i for i, _ in kept)
     rows = conn.cursor(binary=True).execute(sqlfiles.composed("sample_stored", table=target.table), {"n": n}).fetchall()

@@ -6,7 +6,8 @@ pending one). It
 
 1. makes a pending low-rank representation once the collection has enough vectors to fit on;
 2. otherwise measures recall@k of the compact search (candidates re-ranked exactly) against exact
-   full-precision search, on recent real queries (``memstore_query_samples``) or stored vectors;
+   full-precision search, on a random draw of the real queries the API kept
+   (``memstore.query_samples``, the same draw as the maintenance worker's probes) or stored vectors;
 3. when recall is below ``min_recall``: refits the projection on a fresh sample and builds its index
    online when the projection itself has become lossy (low-rank, judged by the same search made
    exhaustive on the projected rows), or else rebuilds the compact index with
@@ -30,7 +31,7 @@ import psycopg
 import sqlalchemy as sa
 from psycopg import sql
 
-from memstore import history, locks
+from memstore import history, locks, query_samples
 from memstore.compact import ddl
 from memstore.compact import projection as proj
 from memstore.compact import search as compact_search
@@ -62,15 +63,14 @@ class CompactProbe:
     seconds: float
 
 
-def _queries(conn: psycopg.Connection[Any], collection_id: int, table: sql.Identifier, n: int) -> tuple[list, str]:
+def _queries(conn: psycopg.Connection[Any], c: Any, n: int) -> tuple[list[np.ndarray], str]:
+    """A random draw of the API's kept query samples (the same draw as the maintenance worker's
+    probes), else random stored vectors."""
+    kept = query_samples.draw(conn, c.id, n, dimensions=c.dimensions)
+    if kept:
+        return [v for _, v in kept], "query_samples"
     rows = conn.execute(
-        "SELECT embedding FROM memstore_query_samples WHERE collection_id = %s ORDER BY id DESC LIMIT %s",
-        (collection_id, n),
-    ).fetchall()
-    if rows:
-        return [r[0].to_numpy() for r in rows], "query_samples"
-    rows = conn.execute(
-        sql.SQL("SELECT embedding FROM {} WHERE embedding IS NOT NULL ORDER BY random() LIMIT %s").format(table), (n,)
+        sql.SQL("SELECT embedding FROM {} WHERE embedding IS NOT NULL ORDER BY random() LIMIT %s").format(c.table), (n,)
     ).fetchall()
     return [r[0].to_numpy() for r in rows], "stored"
 
@@ -105,7 +105,7 @@ def probe_compact_recall(
     c = store.get_collection(name=collection, fresh=True)
     spec = specs.index_spec(c)
     with ddl.connect(store.engine) as conn:
-        vectors, source = _queries(conn, c.id, c.table, queries)
+        vectors, source = _queries(conn, c, queries)
         vectors = [v for v in vectors if v.shape == (c.dimensions,) and np.isfinite(v).all()]
         hits = exhaustive_hits = total = 0
         for v in vectors:

@@ -11,6 +11,7 @@ import threading
 import numpy as np
 import sqlalchemy as sa
 
+from memstore import query_samples
 from memstore.db import raw_connection
 
 log = logging.getLogger(__name__)
@@ -52,19 +53,8 @@ class QuerySampler:
                     break
                 batch.append(nxt)
             try:
-                with raw_connection(self.engine) as conn, conn.cursor() as cur:
-                    cur.executemany(
-                        "INSERT INTO memstore_query_samples (collection_id, embedding) "
-                        "SELECT %s, %s WHERE EXISTS (SELECT 1 FROM memstore_collections WHERE id = %s)",
-                        [(cid, vec, cid) for cid, vec in batch],
-                    )
-                    # Keep the most recent `keep` per collection: the table must not grow forever.
-                    cur.executemany(
-                        "DELETE FROM memstore_query_samples WHERE collection_id = %(c)s AND id <= ("
-                        "SELECT id FROM memstore_query_samples WHERE collection_id = %(c)s "
-                        "ORDER BY id DESC OFFSET %(keep)s LIMIT 1)",
-                        [{"c": cid, "keep": self.keep} for cid in {cid for cid, _ in batch}],
-                    )
+                with raw_connection(self.engine) as conn:
+                    query_samples.keep(conn, batch, per_collection=self.keep)
             except Exception as exc:
                 log.warning("query sampler: %s", exc)
 
