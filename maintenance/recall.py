@@ -22,7 +22,8 @@ from psycopg.pq import TransactionStatus
 from maintenance import sqlfiles
 from maintenance.targets import Target
 from memstore import query_samples
-from memstore.recall import TIE_EPSILON, recall_hits
+from memstore.recall import exact_answers as core_exact_answers
+from memstore.recall import recall_hits
 from memstore.search_sql import SearchSettings, apply, search_statement
 
 MIN_QUERIES = 5
@@ -178,39 +179,8 @@ def exact_answers(
     found: Sequence[Sequence[tuple[int, float]]],
     k: int,
 ) -> list[list[tuple[int, float]]]:
-    """The true k nearest rows of every query, from one scan of the table for all of them.
-
-    The index's k answers to a query are k real rows, so the true k nearest lie within the distance
-    of its k-th answer: the scan returns only rows inside some query's bound, and each query's
-    answer is ranked here among them. A query without such a bound (the index found fewer than k
-    rows), or whose bound no longer holds k rows (a caller's read-committed transaction saw rows
-    deleted in between), is asked of the server directly.
-    """
+    """``memstore.recall.exact_answers`` on one target (a collection's table or one partition)."""
     c = target.collection
-    answers: list[list[tuple[int, float]]] = [[] for _ in queries]
-    bounded = [i for i, f in enumerate(found) if len(f) >= k]
-    if bounded:
-        bounds = [found[i][k - 1][1] + TIE_EPSILON for i in bounded]
-        params: dict[str, Any] = {"dims": c.dimensions}
-        for j, i in enumerate(bounded):
-            params[f"q{j}"], params[f"b{j}"] = queries[i], bounds[j]
-        statement = sqlfiles.composed(
-            "exact_within",
-            table=target.table,
-            distances=sql.SQL(", ").join(
-                sql.SQL("e {} {}").format(sqlfiles.operator(c.spec.operator), sql.Placeholder(f"q{j}"))
-                for j in range(len(bounded))
-            ),
-            within=sql.SQL(" OR ").join(
-                sql.SQL("d[{}] <= {}").format(sql.Literal(j + 1), sql.Placeholder(f"b{j}")) for j in range(len(bounded))
-            ),
-        )
-        rows = [(int(i), [float(x) for x in d]) for i, d in cur.execute(statement, params).fetchall()]
-        for j, (i, bound) in enumerate(zip(bounded, bounds, strict=True)):
-            if sum(1 for _, d in rows if d[j] <= bound) >= k:
-                answers[i] = sorted(((rid, d[j]) for rid, d in rows), key=lambda a: (a[1], a[0]))[:k]
-    exact_sql = exact_search(target)
-    for i, q in enumerate(queries):
-        if len(answers[i]) < k:
-            answers[i] = [(int(r), float(d)) for r, d in cur.execute(exact_sql, {"q": q, "k": k}).fetchall()]
-    return answers
+    return core_exact_answers(
+        cur, table=target.table, operator=c.spec.operator, dimensions=c.dimensions, queries=queries, found=found, k=k
+    )

@@ -103,3 +103,23 @@ def run_search(
 def apply(cur: psycopg.Cursor[Any], settings: SearchSettings) -> None:
     """Transaction-local settings on ``cur``'s connection (for callers that run several searches)."""
     cur.execute(SETTINGS_SQL, settings.values())
+
+
+def exact_within_statement(table: str, operator: str, queries: int) -> sql.Composed:
+    """The exact distances from every row of ``table`` to ``queries`` query vectors (``%(q0)s``...)
+    in one scan, keeping the rows within some query's bound (``%(b0)s``...: the distance of the
+    index's k-th answer to it; those k rows exist, so the true k nearest lie within it too).
+    ``vector(embedding, %(dims)s, true)`` detoasts each stored vector once for all the queries, not
+    once per distance (a 1024-d vector lives out of line)."""
+    if operator not in OPERATORS:
+        raise ValueError(f"unknown distance operator {operator!r}")
+    distances = sql.SQL(", ").join(
+        sql.SQL("e {} {}").format(sql.SQL(operator), sql.Placeholder(f"q{j}")) for j in range(queries)
+    )
+    within = sql.SQL(" OR ").join(
+        sql.SQL("d[{}] <= {}").format(sql.Literal(j + 1), sql.Placeholder(f"b{j}")) for j in range(queries)
+    )
+    return sql.SQL(
+        "SELECT id, d FROM (SELECT id, ARRAY[{distances}] AS d FROM (SELECT id, vector(embedding, %(dims)s, true) AS e "
+        "FROM {t} WHERE embedding IS NOT NULL OFFSET 0) AS t OFFSET 0) AS s WHERE {within}"
+    ).format(distances=distances, t=sql.Identifier(table), within=within)

@@ -243,3 +243,28 @@ def test_filtered_compact_search_fills_k_with_matching_rows(
         truth = rare[np.argsort(-(rows[rare] @ (q / np.linalg.norm(q))))[:10]]
         hits += len({int(r.external_id) for r in results} & set(truth.tolist()))
     assert hits / 50 >= 0.9
+
+
+def test_the_compact_recall_probe_counts_what_numpy_counts(
+    store: VectorStore, collection_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probe takes the true answers from one scan bounded by the index's answers; its recall must
+    equal the one counted against numpy's exact neighbours of the same queries."""
+    from memstore.compact import maintain
+    from memstore.recall import recall_hits
+
+    rows = low_rank_data(1500, 32, 6, seed=21)
+    store.create_collection(name=collection_name, dimensions=32, representation="binary")
+    _fill(store, collection_name, rows)
+    queries = [q.astype(np.float32) for q in low_rank_data(20, 32, 6, seed=22)]
+    monkeypatch.setattr(maintain, "_queries", lambda conn, c, n: (queries, "given"))
+    probe = maintain.probe_compact_recall(store, collection=collection_name, k=10, queries=20)
+    hits = 0
+    for q in queries:
+        found = [(int(r.external_id), r.distance) for r in store.search(collection=collection_name, vector=q, k=10)]
+        distances = 1 - rows @ (q / np.linalg.norm(q))
+        order = np.argsort(distances, kind="stable")[:10]
+        hits += recall_hits(found, [(int(i), float(distances[i])) for i in order])
+    assert probe.queries == 20 and probe.recall is not None
+    assert probe.recall == pytest.approx(hits / 200)
+    assert 0.3 < probe.recall <= 1.0

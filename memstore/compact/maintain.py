@@ -37,8 +37,9 @@ from memstore.compact import projection as proj
 from memstore.compact import search as compact_search
 from memstore.compact import spec as specs
 from memstore.compact.switch import DEFAULT_GRACE_S, reconcile, set_representation
-from memstore.recall import recall_hits
+from memstore.recall import exact_answers, recall_hits
 from memstore.registry import read_collection
+from memstore.search_sql import SearchSettings, apply
 from memstore.settings import Settings
 from memstore.store import VectorStore
 
@@ -107,13 +108,30 @@ def probe_compact_recall(
     with ddl.connect(store.engine) as conn:
         vectors, source = _queries(conn, c, queries)
         vectors = [v for v in vectors if v.shape == (c.dimensions,) and np.isfinite(v).all()]
+        # The compact search's answers (the index as configured, re-ranked on full vectors), then the
+        # true answers of every query from one scan bounded by them, as the maintenance probes do.
+        found = [[(r.id, r.distance) for r in store.search(collection=collection, vector=v, k=k)] for v in vectors]
+        with conn.transaction(), conn.cursor() as cur:
+            apply(
+                cur,
+                SearchSettings(
+                    ef_search=c.default_ef_search, exact=True, max_scan_tuples=store.settings.max_scan_tuples
+                ),
+            )
+            truth = exact_answers(
+                cur,
+                table=c.table_name,
+                operator=c.spec.operator,
+                dimensions=c.dimensions,
+                queries=vectors,
+                found=found,
+                k=k,
+            )
         hits = exhaustive_hits = total = 0
-        for v in vectors:
-            exact = [(r.id, r.distance) for r in store.search(collection=collection, vector=v, k=k, exact=True)]
+        for v, answer, exact in zip(vectors, found, truth, strict=True):
             if not exact:
                 continue
-            found = [(r.id, r.distance) for r in store.search(collection=collection, vector=v, k=k)]
-            hits += recall_hits(found, exact)
+            hits += recall_hits(answer, exact)
             if spec.representation == "lowrank":
                 exhaustive_hits += recall_hits(_exhaustive(conn, c, spec, v, k), exact)
             total += len(exact)
