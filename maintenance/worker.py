@@ -263,16 +263,16 @@ class MaintenanceWorker:
         except (psycopg.Error, LookupError) as exc:
             log.error("%s: compact index maintenance failed: %s", c.name, exc)
             return ActionOutcome(c.name, c.table_name, "compact_index", "", "failed", error=str(exc))
-        action = seen.get("action") or "check_compact_index"
         return ActionOutcome(
             c.name,
             c.table_name,
-            action,
-            str(seen.get("reason", "")),
-            str(seen.get("outcome") or "nothing"),
+            seen.action or "check_compact_index",
+            seen.reason,
+            seen.outcome,
             duration_s=round(time.monotonic() - t0, 3),
-            before={"recall": seen.get("recall")},
-            after={"recall": seen.get("recall_after")},
+            error=seen.error,
+            before={"recall": seen.recall},
+            after={"recall": seen.recall_after},
         )
 
     def _maintain(self, conn: psycopg.Connection[Any], target: Target) -> ActionOutcome:

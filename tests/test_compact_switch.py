@@ -140,12 +140,12 @@ def test_low_rank_at_creation_waits_for_rows_then_is_made(store: VectorStore, co
     rows = low_rank_data(300, 32, 6, seed=15)
     _fill(store, collection_name, rows[:50])
     early = maintain_compact_index(store.engine, collection=collection_name, grace_s=0)
-    assert early["outcome"] == "skipped" and early["action"] is None
+    assert early.outcome == "skipped" and early.action is None
     _fill(store, collection_name, rows[50:], start=50)
     made = maintain_compact_index(store.engine, collection=collection_name, grace_s=0)
-    assert made["action"] == "make_pending" and made["outcome"] == "ok", made
-    assert made["spec"]["representation"] == "lowrank" and made["spec"]["rank"] == 8
-    assert made["recall_after"] >= 0.9
+    assert made.action == "make_pending" and made.outcome == "ok", made
+    assert made.spec["representation"] == "lowrank" and made.spec["rank"] == 8
+    assert made.recall_after >= 0.9
 
 
 def test_recall_drop_after_drift_triggers_a_recorded_refit(store: VectorStore, collection_name: str) -> None:
@@ -154,13 +154,13 @@ def test_recall_drop_after_drift_triggers_a_recorded_refit(store: VectorStore, c
     _fill(store, collection_name, low_rank_data(2000, 64, 8, seed=16, noise=0.05, block=0))
     store.set_index_representation(collection=collection_name, representation="lowrank", rank=8, grace_s=0)
     healthy = maintain_compact_index(store.engine, collection=collection_name, min_recall=0.9, grace_s=0)
-    assert healthy["action"] is None and healthy["recall"] >= 0.9, healthy
+    assert healthy.action is None and healthy.recall >= 0.9, healthy
     # Every item replaced by a point of an orthogonal 8-dimensional subspace.
     _fill(store, collection_name, low_rank_data(2000, 64, 8, seed=17, noise=0.05, block=1))
     result = maintain_compact_index(store.engine, collection=collection_name, min_recall=0.9, grace_s=0)
-    assert result["action"] == "refit_projection" and result["outcome"] == "ok", result
-    assert result["recall"] < 0.9 <= result["recall_after"]
-    assert result["spec"]["version"] == 2
+    assert result.action == "refit_projection" and result.outcome == "ok", result
+    assert result.recall < 0.9 <= result.recall_after
+    assert result.spec["version"] == 2
     with raw_connection(store.engine) as conn:
         action = conn.execute(
             "SELECT action, outcome, reason, index_name, before -> 'probe' ->> 'recall', after -> 'spec' ->> 'version' "
@@ -174,7 +174,7 @@ def test_recall_drop_after_drift_triggers_a_recorded_refit(store: VectorStore, c
         ).fetchall()
     assert action is not None
     assert action[:2] == ("refit_projection", "ok") and "below 0.9" in action[2]
-    assert action[3].endswith("_v1_hnsw") and float(action[4]) == pytest.approx(result["recall"])
+    assert action[3].endswith("_v1_hnsw") and float(action[4]) == pytest.approx(result.recall)
     assert action[5] == "2"
     assert statuses == [(1, "retired"), (2, "active")]
 
@@ -187,15 +187,15 @@ def test_an_action_that_left_recall_low_is_not_repeated_every_pass(store: Vector
     _fill(store, collection_name, low_rank_data(1500, 64, 16, seed=21, noise=0.3))
     store.set_index_representation(collection=collection_name, representation="binary", pool_factor=1.0, grace_s=0)
     first = maintain_compact_index(store.engine, collection=collection_name, min_recall=0.99, grace_s=0)
-    assert first["action"] == "rebuild_compact_index" and first["outcome"] == "ok" and first["still_below"], first
+    assert first.action == "rebuild_compact_index" and first.outcome == "ok" and first.still_below, first
     again = maintain_compact_index(store.engine, collection=collection_name, min_recall=0.99, grace_s=0)
-    assert again["action"] is None and again["outcome"] == "skipped", again
-    assert "would not help" in again["reason"] and again["recall"] < 0.99
+    assert again.action is None and again.outcome == "skipped", again
+    assert "would not help" in again.reason and again.recall < 0.99
     late = maintain_compact_index(store.engine, collection=collection_name, min_recall=0.99, grace_s=0, retry_after_s=0)
-    assert late["action"] == "rebuild_compact_index", late
+    assert late.action == "rebuild_compact_index", late
     store.set_index_representation(collection=collection_name, representation="binary", pool_factor=2.0, grace_s=0)
     changed = maintain_compact_index(store.engine, collection=collection_name, min_recall=0.99, grace_s=0)
-    assert changed["outcome"] == "ok", changed  # measured, and acted on if still low: not skipped
+    assert changed.outcome == "ok", changed  # measured, and acted on if still low: not skipped
 
 
 def test_reconcile_drops_what_a_crashed_switch_left(store: VectorStore, collection_name: str) -> None:

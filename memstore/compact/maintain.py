@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -50,6 +50,27 @@ DEFAULT_QUERIES = 30
 # After an action that left recall below the minimum, acting again soon would only repeat it (the
 # representation loses too much for this data): wait this long, or until someone changes the index.
 DEFAULT_RETRY_AFTER_S = 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class CompactUpkeep:
+    """What ``maintain_compact_index`` saw and did. ``action``: None, ``make_pending``,
+    ``refit_projection`` or ``rebuild_compact_index``; ``outcome``: ok, skipped or failed."""
+
+    collection: str
+    outcome: str = "ok"
+    action: str | None = None
+    representation: str | None = None
+    reason: str = ""
+    recall: float | None = None  # before acting
+    probe: dict[str, Any] | None = None
+    recall_after: float | None = None
+    # Still low after acting: the representation loses too much at this pool size for this data;
+    # raise pool_factor (or the rank) or choose a finer representation.
+    still_below: bool = False
+    spec: dict[str, Any] | None = None  # the index in force after acting
+    reconciled: list[str] | None = None
+    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -211,13 +232,8 @@ def maintain_compact_index(
     grace_s: float = DEFAULT_GRACE_S,
     retry_after_s: float = DEFAULT_RETRY_AFTER_S,
     settings: Settings | None = None,
-) -> dict[str, Any]:
-    """Check one collection's compact index and act when needed; returns what was seen and done.
-
-    Keys: ``collection``, ``representation``, ``recall`` (before acting), ``probe``, ``action``
-    (None, ``make_pending``, ``refit_projection`` or ``rebuild_compact_index``), ``outcome`` and,
-    after an action, ``recall_after``, ``still_below`` and ``spec`` (the index now in force).
-    """
+) -> CompactUpkeep:
+    """Check one collection's compact index and act when needed; returns what was seen and done."""
     store = VectorStore(engine, settings=settings or Settings())
     with ddl.connect(engine) as conn:
         c = read_collection(conn, name=collection)
@@ -225,20 +241,18 @@ def maintain_compact_index(
             with ddl.collection_lock(conn, c):
                 fixed = reconcile(conn, read_collection(conn, name=collection))
         except ddl.CompactBusyError as exc:
-            return {"collection": collection, "action": None, "outcome": "skipped", "reason": str(exc)}
+            return CompactUpkeep(collection, outcome="skipped", reason=str(exc))
         c = read_collection(conn, name=collection)
         spec = specs.index_spec(c)
-        out: dict[str, Any] = {"collection": collection, "representation": spec.representation, "action": None}
-        if fixed:
-            out["reconciled"] = fixed
+        out = CompactUpkeep(collection, representation=spec.representation, reconciled=list(fixed) if fixed else None)
         if spec.pending:
             return _make_pending(conn, store, c, spec, out, grace_s=grace_s, k=k, queries=queries)
         if not spec.compact:
-            return {**out, "outcome": "skipped", "reason": "full-precision index: nothing compact to maintain"}
+            return replace(out, outcome="skipped", reason="full-precision index: nothing compact to maintain")
         probe = probe_compact_recall(store, collection=collection, k=k, queries=queries)
-        out.update(recall=probe.recall, probe=asdict(probe))
+        out = replace(out, recall=probe.recall, probe=asdict(probe))
         if probe.recall is None or probe.recall >= min_recall:
-            return {**out, "outcome": "ok"}
+            return replace(out, outcome="ok")
         # A projection that still finds the neighbours when scanned exhaustively is fine: the graph
         # is what wore out (churn), and a rebuild is enough. Otherwise the data drifted from it.
         lossy = probe.exhaustive_recall is not None and probe.exhaustive_recall < min_recall
@@ -248,7 +262,7 @@ def maintain_compact_index(
             reason += f" (exhaustive on the projection: {probe.exhaustive_recall:.3f})"
         futile = _futile_action(conn, c.table_name, spec, min_recall, retry_after_s)
         if futile is not None:
-            return {**out, "action": None, "outcome": "skipped", "reason": futile}
+            return replace(out, outcome="skipped", reason=futile)
         before = {"probe": asdict(probe), "spec": spec.to_json()}
         started = time.monotonic()
         action_id = _start(conn, collection, c.table_name, _index_name(c, spec), action, reason, before)
@@ -263,20 +277,19 @@ def maintain_compact_index(
         except Exception as exc:
             _finish(conn, action_id, started, "failed", {}, f"{type(exc).__name__}: {exc}")
             log.exception("%s of %s failed", action, collection)
-            return {**out, "action": action, "outcome": "failed", "error": str(exc)}
+            return replace(out, action=action, outcome="failed", error=str(exc))
         after = probe_compact_recall(store, collection=collection, k=k, queries=queries)
         result = {"probe": asdict(after), "spec": new.to_json()}
         _finish(conn, action_id, started, "ok", result, None)
-        return {
-            **out,
-            "action": action,
-            "outcome": "ok",
-            "recall_after": after.recall,
-            # Still low after acting: the representation loses too much at this pool size for this
-            # data; raise pool_factor (or the rank) or choose a finer representation.
-            "still_below": after.recall is not None and after.recall < min_recall,
-            "spec": new.to_json(),
-        }
+        return replace(
+            out,
+            action=action,
+            outcome="ok",
+            reason=reason,
+            recall_after=after.recall,
+            still_below=after.recall is not None and after.recall < min_recall,
+            spec=new.to_json(),
+        )
 
 
 def _make_pending(
@@ -284,17 +297,17 @@ def _make_pending(
     store: VectorStore,
     c: Any,
     spec: specs.IndexSpec,
-    out: dict[str, Any],
+    out: CompactUpkeep,
     *,
     grace_s: float,
     k: int,
     queries: int,
-) -> dict[str, Any]:
+) -> CompactUpkeep:
     pending = spec.pending or {}
     row = conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE embedding IS NOT NULL").format(c.table)).fetchone()
     stored = int(row[0]) if row else 0
     if stored < proj.MIN_FIT_ROWS:
-        return {**out, "outcome": "skipped", "reason": f"{stored} vectors; fitting needs {proj.MIN_FIT_ROWS}"}
+        return replace(out, outcome="skipped", reason=f"{stored} vectors; fitting needs {proj.MIN_FIT_ROWS}")
     reason = f"pending {pending.get('representation')} representation; {stored} vectors to fit on"
     started = time.monotonic()
     action_id = _start(conn, c.name, c.table_name, c.index_name, "make_pending", reason, {"spec": spec.to_json()})
@@ -309,7 +322,9 @@ def _make_pending(
         )
     except Exception as exc:
         _finish(conn, action_id, started, "failed", {}, f"{type(exc).__name__}: {exc}")
-        return {**out, "action": "make_pending", "outcome": "failed", "error": str(exc)}
+        return replace(out, action="make_pending", outcome="failed", reason=reason, error=str(exc))
     after = probe_compact_recall(store, collection=c.name, k=k, queries=queries)
     _finish(conn, action_id, started, "ok", {"probe": asdict(after), "spec": new.to_json()}, None)
-    return {**out, "action": "make_pending", "outcome": "ok", "recall_after": after.recall, "spec": new.to_json()}
+    return replace(
+        out, action="make_pending", outcome="ok", reason=reason, recall_after=after.recall, spec=new.to_json()
+    )
