@@ -154,3 +154,17 @@ def test_the_store_asks_for_reads_and_writes_apart(engine, settings, collection_
     store.update_item(collection=collection_name, id=done.id, metadata={"x": 1})
     store.delete_items(collection=collection_name, ids=[done.id])
     assert db.calls == ["write", "write"]
+
+
+def test_every_settings_class_reads_the_dotenv_file() -> None:
+    """.env.example tells users to put settings in .env: every settings class must read it."""
+    from pydantic_settings import BaseSettings
+
+    from encoder.settings import EncoderSettings
+    from maintenance.config import MaintenanceConfig
+    from memstore.api.settings import ApiSettings
+    from memstore.queue import IngestSettings
+    from memstore.settings import Settings
+
+    classes: list[type[BaseSettings]] = [Settings, ApiSettings, IngestSettings, EncoderSettings, MaintenanceConfig]
+    assert {c.__name__: c.model_config.get("env_file") for c in classes} == {c.__name__: ".env" for c in classes}
