@@ -6,6 +6,7 @@ are missing and cannot be fetched, WeightsNotFoundError says exactly how to prov
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,8 @@ import open_clip
 
 from .errors import WeightsNotFoundError
 from .settings import OFFLINE_HINT
+
+log = logging.getLogger(__name__)
 
 _PREPROCESS_KEYS = ("mean", "std", "interpolation", "resize_mode", "fill_color")
 _CHECKPOINT_SUFFIXES = (".bin", ".pt", ".pth", ".safetensors", ".ckpt")
@@ -124,6 +127,15 @@ def resolve_weights(model: str, pretrained: str | None, cache_dir: str | None = 
     if hit is None:
         if _offline():
             raise WeightsNotFoundError(_missing_message(model, pretrained, cfg, cache_dir, "HF_HUB_OFFLINE is set"))
+        # Said before the download starts: without network, the hub's retries take a while and fill
+        # the log before the failure that names the way out.
+        log.warning(
+            "weights %r for %s are not cached here: downloading them. Without network, run memstore "
+            "offline instead: %s",
+            pretrained,
+            model,
+            OFFLINE_HINT,
+        )
         try:
             hit = open_clip.download_pretrained(cfg, cache_dir=cache_dir) or None
         except Exception as exc:

@@ -21,6 +21,7 @@ class Original:
     content: bytes | None
     content_type: str | None
     text: str | None
+    filename: str | None = None  # the uploaded file's name, when the metadata kept one
 
 
 @dataclass(frozen=True)

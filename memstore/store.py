@@ -369,14 +369,20 @@ class VectorStore:
         c = self.get_collection(name=collection)
         with self.db.read() as conn:
             row = conn.execute(
-                sql.SQL("SELECT content, content_type, text, external_id FROM {} WHERE id = %s").format(c.table),
+                sql.SQL(
+                    "SELECT content, content_type, text, external_id, metadata ->> 'filename' FROM {} WHERE id = %s"
+                ).format(c.table),
                 (int(id),),
             ).fetchone()
         if row is None:
             raise ItemNotFoundError(collection, id)
-        content, ctype, text, external_id = row
+        content, ctype, text, external_id, filename = row
         return Original(
-            external_id=external_id, content=None if content is None else bytes(content), content_type=ctype, text=text
+            external_id=external_id,
+            content=None if content is None else bytes(content),
+            content_type=ctype,
+            text=text,
+            filename=filename,
         )
 
     def delete_item(self, *, collection: str, id: int | None = None, external_id: str | None = None) -> None:

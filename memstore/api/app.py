@@ -210,7 +210,8 @@ def _health(rt: Runtime) -> dict[str, Any]:
     elif rt.encoder.error:
         body["encoder"]["error"] = rt.encoder.error
     body["workers"] = {
-        "ingest": rt.workers.count,
+        "ingest": rt.workers.count,  # running: in-process workers start once the encoder is ready
+        "ingest_configured": rt.notes.get("ingest_workers_configured", 0),
         "alive": sum(t.is_alive() for t in rt.threads()),
         "maintenance": rt.notes.get("maintenance", "off"),
     }

@@ -122,6 +122,16 @@ async def send_problem(send: Send, scope: Scope, problem: Problem, *, close: boo
     await send({"type": "http.response.body", "body": body})
 
 
+def _scheme_problem(authorization_sent: bool) -> Problem:
+    """A key sent the wrong way: say so, rather than that no key was sent."""
+    where = "the Authorization header has no 'Bearer' scheme" if authorization_sent else "X-API-Key is not read"
+    return Problem(
+        "unauthorized",
+        f"{where}: send the key as 'Authorization: Bearer KEY'",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
 class AuthGate:
     """The key of every ``/v1`` request, checked on its headers before the body is read.
 
@@ -148,10 +158,14 @@ class AuthGate:
         if not path.startswith("/v1/") and path != "/v1":
             await self.app(scope, receive, send)
             return
+        secret = bearer_secret(values[0].decode("latin-1")) if values else None
         try:
-            key = await self.authenticate(bearer_secret(values[0].decode("latin-1")) if values else None)
+            key = await self.authenticate(secret)
         except Exception as exc:
-            await send_problem(send, scope, from_exception(exc))
+            problem = from_exception(exc)
+            if secret is None and (values or any(k == b"x-api-key" for k, _ in scope.get("headers", ()))):
+                problem = _scheme_problem(bool(values))  # a key was sent, the wrong way
+            await send_problem(send, scope, problem)
             return
         scope.setdefault("state", {})["api_key"] = key
         await self.app(scope, receive, send)

@@ -246,9 +246,12 @@ def _ingest(args: argparse.Namespace) -> int:
             if r.status_code in (201, 202):
                 for item in r.json()["items"]:
                     counts[item["change"]] = counts.get(item["change"], 0) + 1
+            elif r.status_code in (401, 403):  # the key, not the items: no other batch would pass
+                raise SystemExit(f"memstore ingest: {problem(r)}")
             else:
                 counts["rejected"] += len(batch)
-                errors.append(f"{batch[0].external_id}..: {problem(r)}")
+                rest = f" and {len(batch) - 1} more in its batch" if len(batch) > 1 else ""
+                errors.append(f"{batch[0].external_id}{rest}: {problem(r)}")
             bar.update(len(batch))
     bar.close()
     pending = 0
@@ -277,7 +280,7 @@ def _ingest(args: argparse.Namespace) -> int:
             f"{args.collection}: {len(todo)} sent ({counts['created']} new, {counts['updated']} changed, "
             f"{counts['unchanged']} unchanged, {counts['rejected']} rejected), {summary['skipped']} already there; "
             f"{summary['pending']} pending, {summary['failed']} failed in the collection; {seconds:.1f} s"
-            + (f"; {len(ignored)} files neither images nor .txt/.md ignored" if ignored else "")
+            + (f"; ignored {len(ignored)} file(s) that are neither images nor .txt/.md" if ignored else "")
         )
         for e in errors[:20]:
             print(f"  {e}", file=sys.stderr)

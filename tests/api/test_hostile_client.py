@@ -225,8 +225,8 @@ def test_downloads_carry_safety_headers(client: httpx.Client, collection: str) -
     png = make_image(3, fmt="PNG") + html
     up = client.post(
         f"/v1/collections/{collection}/items",
-        files={"files": ("x.png", png, "image/png")},
-        data={"external_id": "albums/été 2024.png"},
+        files={"files": ("été 2024.png", png, "image/png")},
+        data={"external_id": "albums/summer"},
     )
     assert up.status_code in (201, 202), up.text
     text = client.post(f"/v1/collections/{collection}/items", json={"items": [{"text": html.decode()}]})
@@ -238,8 +238,13 @@ def test_downloads_carry_safety_headers(client: httpx.Client, collection: str) -
         assert r.headers["content-security-policy"].startswith("sandbox")
         assert r.headers["content-disposition"].startswith(disposition + ";")
     r = client.get(f"/v1/collections/{collection}/items/{up.json()['items'][0]['id']}/content")
+    # The uploaded file's name (kept in the metadata), RFC 6266 encoded, with an ASCII fallback.
     assert "filename*=UTF-8''%C3%A9t%C3%A9%202024.png" in r.headers["content-disposition"]
     assert 'filename="_t_ 2024.png"' in r.headers["content-disposition"]
+    # No file name: the external id (a content hash here), with the extension of its type.
+    r = client.get(f"/v1/collections/{collection}/items/{text.json()['items'][0]['id']}/content")
+    fallback = r.headers["content-disposition"].split('filename="')[1].split('"')[0]
+    assert fallback.startswith("sha256_") and fallback.endswith(".txt") and ":" not in fallback
 
 
 def test_paging_links_ignore_the_host_header_and_end_on_a_full_last_page(
@@ -365,3 +370,13 @@ def test_the_key_is_checked_before_the_body_under_a_proxys_root_path(settings, a
         assert r.status_code == 401, r.text
         ok = c.get("/api/v1/collections", headers={"Authorization": f"Bearer {admin_key}"})
         assert ok.status_code == 200, ok.text
+
+
+def test_a_key_sent_the_wrong_way_is_named_as_such(server: LiveServer, admin_key: str) -> None:
+    for headers, words in (
+        ({"Authorization": admin_key}, "no 'Bearer' scheme"),
+        ({"X-API-Key": admin_key}, "X-API-Key is not read"),
+        ({}, "no API key"),
+    ):
+        r = httpx.get(f"{server.url}/v1/collections", headers=headers)
+        assert r.status_code == 401 and words in r.json()["detail"], r.text

@@ -282,12 +282,15 @@ async def get_content(request: Request, name: str, item_id: ItemId, key: Key) ->
     original = await run_in_threadpool(lambda: rt.store.get_original(collection=name, id=item_id))
     if original.content is not None:
         media = original.content_type or "application/octet-stream"
-        return Response(original.content, media_type=media, headers=download_headers(original.external_id, media))
+        name = download_name(original.filename or original.external_id, media)
+        return Response(original.content, media_type=media, headers=download_headers(name, media))
     if original.text is not None:
         return Response(
             original.text.encode(),
             media_type=queue.TEXT_CONTENT_TYPE,
-            headers=download_headers(original.external_id, queue.TEXT_CONTENT_TYPE),
+            headers=download_headers(
+                download_name(original.external_id, queue.TEXT_CONTENT_TYPE), queue.TEXT_CONTENT_TYPE
+            ),
         )
     raise Problem("not-found", f"item {item_id} was stored as a vector only: there is no original to download")
 
@@ -297,11 +300,28 @@ async def get_content(request: Request, name: str, item_id: ItemId, key: Key) ->
 INLINE_TYPES = {"image/jpeg", "image/png", "image/webp", "image/gif"}
 
 
-def download_headers(external_id: str, media_type: str) -> dict[str, str]:
-    """nosniff, a sandbox CSP and an RFC 6266 Content-Disposition whose filename is the external id's
-    last path part (an ASCII fallback plus the UTF-8 ``filename*``)."""
-    name = external_id.rsplit("/", 1)[-1] or "original"
-    ascii_name = "".join(ch if ch.isascii() and ch.isprintable() and ch not in '"\\;' else "_" for ch in name)
+_EXTENSIONS = {
+    "image/jpeg": ".jpg",
+    "image/png": ".png",
+    "image/webp": ".webp",
+    "image/gif": ".gif",
+    "image/bmp": ".bmp",
+    "image/tiff": ".tiff",
+}
+
+
+def download_name(name: str, media_type: str) -> str:
+    """The name a download is saved under: the uploaded file's name when the metadata kept one, else
+    the external id's last path part; with the extension of its type when it has none."""
+    base = name.rsplit("/", 1)[-1] or "original"
+    extension = _EXTENSIONS.get(media_type, ".txt" if media_type.startswith("text/") else "")
+    return base if "." in base.lstrip(".") or not extension else base + extension
+
+
+def download_headers(name: str, media_type: str) -> dict[str, str]:
+    """nosniff, a sandbox CSP and an RFC 6266 Content-Disposition for ``name`` (an ASCII fallback
+    plus the UTF-8 ``filename*``)."""
+    ascii_name = "".join(ch if ch.isascii() and ch.isprintable() and ch not in '"\\;:' else "_" for ch in name)
     disposition = "inline" if media_type in INLINE_TYPES else "attachment"
     return {
         "X-Content-Type-Options": "nosniff",
