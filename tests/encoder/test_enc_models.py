@@ -232,3 +232,22 @@ def test_missing_weights_name_the_offline_command():
 
     message = _missing_message("ViT-B-32", "laion2b_s34b_b79k", {"hf_hub": "org/repo/"}, None, "offline")
     assert "MEMSTORE_MODEL=memstore-tiny MEMSTORE_PRETRAINED=none" in message
+
+
+def test_the_offline_command_is_logged_before_a_download_starts(monkeypatch, tmp_path, caplog):
+    """Without network the hub retries for a while; the way out must be in the log before that."""
+    from encoder import weights
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(weights, "_offline", lambda: False)
+    events: list[str] = []
+
+    def no_network(cfg, cache_dir=None):
+        events.append("download")
+        raise OSError("Name or service not known")
+
+    monkeypatch.setattr(weights.open_clip, "download_pretrained", no_network)
+    with caplog.at_level("WARNING", logger="encoder.weights"), pytest.raises(WeightsNotFoundError):
+        weights.resolve_weights("ViT-B-32", "laion2b_s34b_b79k", str(tmp_path))
+    assert events == ["download"]
+    assert "MEMSTORE_MODEL=memstore-tiny MEMSTORE_PRETRAINED=none" in caplog.text
