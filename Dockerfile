@@ -20,14 +20,21 @@ COPY pyproject.toml README.md ./
 RUN if [ -n "$TORCH_INDEX_URL" ]; then \
         pip install --index-url "$TORCH_INDEX_URL" torch==2.14.1 torchvision==0.29.1; \
     fi \
- && mkdir -p memstore encoder maintenance \
- && touch memstore/__init__.py encoder/__init__.py maintenance/__init__.py \
+ && for d in memstore memstore/api memstore/api/routes memstore/commands memstore/compact memstore/services \
+             sql migrations migrations/versions encoder encoder/model_configs maintenance; do \
+        mkdir -p "$d" && touch "$d/__init__.py"; \
+    done \
  && pip install . \
  && pip uninstall -y memstore
 COPY memstore memstore
 COPY encoder encoder
 COPY maintenance maintenance
-RUN pip install --no-deps . && python -m compileall -q /opt/memstore
+COPY sql sql
+COPY migrations migrations
+# The stubs' __init__.py files in data folders (migrations/versions, encoder/model_configs) go with
+# the reinstall: only what the COPY brought is installed.
+RUN find migrations/versions encoder/model_configs -name __init__.py -size 0 -delete \
+ && pip install --no-deps . && python -m compileall -q /opt/memstore
 
 FROM ${PYTHON_IMAGE} AS runtime
 # libgomp for torch's CPU kernels; tini reaps children and forwards SIGTERM for a clean stop.

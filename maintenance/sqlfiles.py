@@ -1,4 +1,5 @@
-"""The SQL of maintenance lives in ``maintenance/sql/*.sql``, loaded by name (never glued from strings).
+"""The SQL of maintenance lives in the top-level ``sql/*.sql`` (installed as the package
+``memstore_sql``), loaded by name (never glued from strings).
 
 Files with ``{table}``/``{op}`` placeholders are composed with psycopg's ``sql`` module, so identifiers
 are always quoted correctly.
@@ -7,18 +8,17 @@ are always quoted correctly.
 from __future__ import annotations
 
 from functools import cache
+from importlib.resources import files
 from pathlib import Path
 
 from psycopg import sql
 
-SQL_DIR = Path(__file__).resolve().parent / "sql"
+SQL_DIR = Path(str(files("memstore_sql")))
 
 
 @cache
 def text(name: str) -> str:
     """The text of ``sql/<name>.sql``."""
-    # Beside this module (not importlib.resources: under pytest, tests/maintenance/ can make
-    # ``maintenance`` a namespace package whose resources are ambiguous).
     return (SQL_DIR / f"{name}.sql").read_text(encoding="utf-8")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,8 @@ from alembic.config import Config
 
 from memstore.db import raw_connection
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+# The top-level migrations/ folder, installed as the package memstore_migrations (pyproject.toml).
+MIGRATIONS_DIR = Path(str(files("memstore_migrations")))
 VERSION_TABLE = "memstore_alembic_version"
 
 

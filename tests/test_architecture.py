@@ -168,3 +168,23 @@ def test_every_settings_class_reads_the_dotenv_file() -> None:
 
     classes: list[type[BaseSettings]] = [Settings, ApiSettings, IngestSettings, EncoderSettings, MaintenanceConfig]
     assert {c.__name__: c.model_config.get("env_file") for c in classes} == {c.__name__: ".env" for c in classes}
+
+
+def test_every_package_folder_is_listed_for_installation() -> None:
+    """pyproject.toml lists its packages (two come from top-level folders under installed names): a
+    new package folder that is not listed would be missing from the wheel and the container image."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(config["packages"])
+    mapped = {folder: name for name, folder in config["package-dir"].items()}
+    found = set()
+    for init in [*ROOT.glob("memstore/**/__init__.py"), *ROOT.glob("encoder/**/__init__.py")]:
+        found.add(".".join(init.parent.relative_to(ROOT).parts))
+    found |= {"maintenance", *mapped.values()}
+    assert found <= listed, f"not listed in pyproject.toml: {sorted(found - listed)}"
+    for folder, name in mapped.items():
+        assert (ROOT / folder / "__init__.py").is_file(), f"{folder}/ is installed as {name}"
+    docker = (ROOT / "Dockerfile").read_text()
+    for folder in ("memstore", "encoder", "maintenance", *mapped):
+        assert f"COPY {folder} {folder}" in docker, f"the Dockerfile does not copy {folder}/"
