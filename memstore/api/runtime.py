@@ -86,6 +86,7 @@ class Runtime:
 
     def start(self, options: RuntimeOptions) -> None:
         """The encoder (its workers start once it is ready), then the background services."""
+        self.notes["ingest_workers_configured"] = options.ingest_workers
         self.encoder.start(
             options.encoder_choice(), lambda backend: self.workers.start(backend, options.ingest_workers)
         )

@@ -46,3 +46,18 @@ def test_a_loading_model_already_knows_its_dimensions() -> None:
     with pytest.raises(EncoderUnavailableError) as exc:
         host.require("search by vector instead")
     assert exc.value.retry_after == 5 and "still loading" in str(exc.value)
+
+
+def test_health_shows_configured_and_running_ingest_workers(settings) -> None:
+    """In-process workers start once the encoder is ready: /health says how many were asked for and
+    how many run, so a failed encoder does not read as "no workers configured"."""
+    options = RuntimeOptions(encoder="remote", encoder_url="http://127.0.0.1:9", ingest_workers=2)  # nobody there
+    app = create_app(settings, api_settings=ApiSettings(auth="off"), options=options)
+    with LiveServer(app) as live:
+        for _ in range(300):
+            if live.runtime.encoder.state != "loading":
+                break
+            threading.Event().wait(0.1)
+        body = httpx.get(f"{live.url}/health").json()
+    assert body["status"] == "degraded" and body["encoder"]["state"] == "failed"
+    assert body["workers"]["ingest"] == 0 and body["workers"]["ingest_configured"] == 2
