@@ -87,17 +87,21 @@ class Server:
         env = {**os.environ, **TINY_ENV, "MEMSTORE_API_HEALTH_DETAIL": "public"}
         self.proc = subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            try:
-                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
-                conn.request("GET", "/health")
-                r = conn.getresponse()
-                # Ready once the model is in (it loads in the background while the API answers).
-                if r.status == 200 and json.loads(r.read())["encoder"]["state"] == "ready":
-                    return
-                time.sleep(0.3)
-            except OSError:
-                time.sleep(0.3)
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+                    conn.request("GET", "/health")
+                    r = conn.getresponse()
+                    # Ready once the model is in (it loads in the background while the API answers).
+                    if r.status == 200 and json.loads(r.read())["encoder"]["state"] == "ready":
+                        return
+                    time.sleep(0.3)
+                except OSError:
+                    time.sleep(0.3)
+        except BaseException:
+            self.proc.kill()  # never leave the server behind when the wait itself fails
+            raise
         self.proc.kill()
         raise RuntimeError("the API server did not start")
 
