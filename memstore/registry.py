@@ -126,15 +126,11 @@ class Registry:
         validate_name(name)
         if not fresh and (hit := self.cached(name)) is not None:
             return hit
-        now = time.monotonic()
         try:
-            with raw_connection(self.engine) as conn:
-                c = read_collection(conn, name=name)
+            return self._read(name=name)
         except CollectionNotFoundError:
             self.forget(name)
             raise
-        self._keep(now, c)
-        return c
 
     def by_id(self, cid: int, *, fresh: bool = False) -> Collection | None:
         """The collection with id ``cid`` (None if it is gone): what the ingest workers resolve."""
@@ -143,14 +139,10 @@ class Registry:
                 for at, c in self._by_name.values():
                     if c.id == cid and time.monotonic() - at < self.ttl:
                         return c
-        now = time.monotonic()
         try:
-            with raw_connection(self.engine) as conn:
-                c = read_collection(conn, id=cid)
+            return self._read(id=cid)
         except CollectionNotFoundError:
             return None
-        self._keep(now, c)
-        return c
 
     def all(self) -> list[Collection]:
         with raw_connection(self.engine) as conn:
@@ -170,6 +162,13 @@ class Registry:
         """Drop a cached row (dropped, switched, or its table turned out to be gone)."""
         with self._lock:
             self._by_name.pop(name, None)
+
+    def _read(self, *, name: str | None = None, id: int | None = None) -> Collection:
+        now = time.monotonic()  # before the read: a row is never trusted past ttl from when it was read
+        with raw_connection(self.engine) as conn:
+            c = read_collection(conn, name=name, id=id)
+        self._keep(now, c)
+        return c
 
     def _keep(self, at: float, c: Collection) -> None:
         with self._lock:

@@ -342,15 +342,11 @@ class VectorStore:
             clause, param = "external_id = ANY(%s)", [str(e) for e in external_ids or ()]
         # The rows are locked in id order first, as every writer of items and queue rows takes them
         # (a DELETE alone locks in scan order, which could deadlock with an enqueue of the same items).
-        lock = sql.SQL("SELECT id FROM {t} WHERE " + clause + " ORDER BY id FOR UPDATE").format(t=c.table)
+        statement = sql.SQL(
+            "DELETE FROM {t} WHERE id IN (SELECT id FROM {t} WHERE " + clause + " ORDER BY id FOR UPDATE) RETURNING id"
+        ).format(t=c.table)
         with self.db.write() as conn:
-            ids_to_go = [int(r[0]) for r in conn.execute(lock, (param,)).fetchall()]
-            gone = [
-                int(r[0])
-                for r in conn.execute(
-                    sql.SQL("DELETE FROM {} WHERE id = ANY(%s) RETURNING id").format(c.table), (ids_to_go,)
-                ).fetchall()
-            ]
+            gone = [int(r[0]) for r in conn.execute(statement, (param,)).fetchall()]
             queue.unqueue(conn, c, gone)  # then their queue rows, in the same transaction
         return len(gone)
 

@@ -111,13 +111,14 @@ def create_app(
         the workers are shown to a valid key of any scope only (or to everyone with
         MEMSTORE_API_HEALTH_DETAIL=public): they map the deployment for an attacker."""
         rt: Runtime = app.state.runtime
-        body = await run_in_threadpool(_health, rt)
-        public = {"status": body["status"], "reasons": body["reasons"]}
-        if rt.api.health_detail != "public":
+        detailed = rt.api.health_detail == "public"
+        if not detailed:
             try:
                 await key_from_header(request)
+                detailed = True
             except Exception:  # no key, a bad one, or no database to verify it in: liveness only
-                body = public
+                pass
+        body = await run_in_threadpool(_health, rt, detailed)
         return JSONResponse(body, status_code=503 if body["status"] == "unavailable" else 200)
 
     @app.get("/metrics", tags=["operations"], summary="Prometheus metrics", response_class=Response)
@@ -190,12 +191,14 @@ class _QueueCollector(Collector):
         yield family
 
 
-def _health(rt: Runtime) -> dict[str, Any]:
+def _health(rt: Runtime, detailed: bool) -> dict[str, Any]:
+    """Status and reasons for everyone; with ``detailed``, what runs (the queue is read only then)."""
     reasons: list[str] = []  # short and fixed: shown to everyone, so no error text, path or version
     body: dict[str, Any] = {"status": "ok", "reasons": reasons, "auth": rt.api.auth}
     try:
         body["database"] = migrate.database_facts(rt.engine)
-        body["queue"] = queue.queue_depth(rt.engine)
+        if detailed:
+            body["queue"] = queue.queue_depth(rt.engine)
     except Exception as exc:
         body["status"] = "unavailable"
         body["database"] = {"error": str(exc)}
@@ -209,9 +212,11 @@ def _health(rt: Runtime) -> dict[str, Any]:
         body["encoder"].update(rt.encoder.backend.info.as_dict())
     elif rt.encoder.error:
         body["encoder"]["error"] = rt.encoder.error
+    if not detailed:
+        return {"status": body["status"], "reasons": reasons}
     body["workers"] = {
-        "ingest": rt.workers.count,  # running: in-process workers start once the encoder is ready
-        "ingest_configured": rt.notes.get("ingest_workers_configured", 0),
+        "ingest": len(rt.workers.threads),  # running: in-process workers start once the encoder is ready
+        "ingest_configured": rt.workers.configured,
         "alive": sum(t.is_alive() for t in rt.threads()),
         "maintenance": rt.notes.get("maintenance", "off"),
     }

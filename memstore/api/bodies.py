@@ -51,6 +51,10 @@ async def read_json(request: Request, model: type[M]) -> M:
         raise validation_problem(list(exc.errors())) from None
 
 
+class _InvalidTextError(MultiPartException):
+    """A text part that is not valid in its charset."""
+
+
 class _StrictTextParts(MultiPartParser):
     """Starlette's parser reads a text part that is not valid in its charset, or whose charset it does
     not know, as Latin-1, silently. Here such a part is refused instead: a text field is decoded in
@@ -64,7 +68,7 @@ class _StrictTextParts(MultiPartParser):
             try:
                 bytes(part.data).decode(self._charset)
             except (LookupError, UnicodeDecodeError):
-                raise MultiPartException(f"form field {part.field_name!r} is not valid {self._charset} text") from None
+                raise _InvalidTextError(f"form field {part.field_name!r} is not valid {self._charset} text") from None
         super().on_part_end()
 
 
@@ -91,6 +95,8 @@ async def read_form(request: Request, *, max_files: int) -> FormData:
             async with aclosing(request.stream()) as stream:
                 parser = _StrictTextParts(request.headers, stream, max_files=max_files, max_fields=max_files * 2 + 16)
                 request._form = await parser.parse()
+        except _InvalidTextError as exc:
+            raise Problem("invalid-input", exc.message) from None
         except MultiPartException as exc:
             detail = exc.message
             if "Too many files" in detail:
@@ -99,8 +105,6 @@ async def read_form(request: Request, *, max_files: int) -> FormData:
                     f"at most {max_files} files per request (MEMSTORE_API_MAX_FILES_PER_REQUEST); split the upload",
                     limit=max_files,
                 ) from None
-            if "is not valid" in detail:
-                raise Problem("invalid-input", detail) from None
             raise Problem("malformed-request", f"the multipart body could not be parsed: {detail}") from None
     return request._form
 

@@ -40,7 +40,7 @@ class BodyTooLargeError(HTTPException):
     """Raised while a body over the limit is read. An HTTPException, so that FastAPI's body reader
     passes it on (a 413) instead of calling it a parse error (400)."""
 
-    def __init__(self, limit: int, kind: str = "upload") -> None:
+    def __init__(self, limit: int, kind: str) -> None:
         super().__init__(413, f"the request body is over {limit} bytes")
         self.limit = limit
         self.kind = kind
@@ -53,7 +53,7 @@ _LIMIT_SETTINGS = {
 }
 
 
-def too_large_detail(limit: int, kind: str = "upload") -> str:
+def too_large_detail(limit: int, kind: str) -> str:
     return f"the request body is over the limit of {limit} bytes for this route ({_LIMIT_SETTINGS[kind]}); " + (
         "send fewer or smaller items per request" if kind == "upload" else "send a smaller body"
     )
@@ -110,14 +110,13 @@ class BodyLimit:
         await self.app(scope, limited, send)
 
 
-async def send_problem(send: Send, scope: Scope, problem: Problem, *, close: bool = True) -> None:
-    """Answer with a problem document from a plain ASGI layer. ``close``: the body was not read, so
-    the connection must not be reused (the server would have to drain it first)."""
+async def send_problem(send: Send, scope: Scope, problem: Problem) -> None:
+    """Answer with a problem document from a plain ASGI layer, before the body was read: so the
+    connection is closed (reusing it, the server would have to drain the body first)."""
     body = render(problem_body(problem, scope.get("path", "")))
     headers = [(b"content-type", MEDIA_TYPE.encode()), (b"content-length", str(len(body)).encode())]
     headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in problem.headers.items()]
-    if close:
-        headers.append((b"connection", b"close"))
+    headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": problem.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 

@@ -86,10 +86,8 @@ class Runtime:
 
     def start(self, options: RuntimeOptions) -> None:
         """The encoder (its workers start once it is ready), then the background services."""
-        self.notes["ingest_workers_configured"] = options.ingest_workers
-        self.encoder.start(
-            options.encoder_choice(), lambda backend: self.workers.start(backend, options.ingest_workers)
-        )
+        self.workers.configured = options.ingest_workers
+        self.encoder.start(options.encoder_choice(), self.workers.start)
         context = ServiceContext(self.engine, self.settings, self.latency.p99_ms, self.stop_event)
         for service in options.services:
             thread, note = service.start(context)

@@ -37,15 +37,17 @@ class BackgroundService(Protocol):
 
 @dataclass
 class InProcessWorkers:
-    """``count`` ingest worker threads sharing the process's encoder."""
+    """Ingest worker threads sharing the process's encoder: ``configured`` are asked for, and they
+    start once the encoder is ready (``threads``)."""
 
     engine: sa.Engine
     settings: IngestSettings
     stop_event: threading.Event
+    configured: int = 0
     threads: list[threading.Thread] = field(default_factory=list)
-    count: int = 0
 
-    def start(self, backend: EmbeddingBackend | None, count: int) -> None:
+    def start(self, backend: EmbeddingBackend | None) -> None:
+        count = self.configured
         if count <= 0:
             return
         if backend is None:
@@ -57,4 +59,3 @@ class InProcessWorkers:
             t = threading.Thread(target=worker.run, name=f"ingest-{i}", daemon=True)
             t.start()
             self.threads.append(t)
-        self.count += count

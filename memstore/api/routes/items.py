@@ -281,18 +281,14 @@ async def get_content(request: Request, name: str, item_id: ItemId, key: Key) ->
     rt, _ = await _collection(request, name, key, "read")
     original = await run_in_threadpool(lambda: rt.store.get_original(collection=name, id=item_id))
     if original.content is not None:
-        media = original.content_type or "application/octet-stream"
-        name = download_name(original.filename or original.external_id, media)
-        return Response(original.content, media_type=media, headers=download_headers(name, media))
-    if original.text is not None:
-        return Response(
-            original.text.encode(),
-            media_type=queue.TEXT_CONTENT_TYPE,
-            headers=download_headers(
-                download_name(original.external_id, queue.TEXT_CONTENT_TYPE), queue.TEXT_CONTENT_TYPE
-            ),
-        )
-    raise Problem("not-found", f"item {item_id} was stored as a vector only: there is no original to download")
+        body, media = original.content, original.content_type or "application/octet-stream"
+        filename = download_name(original.filename or original.external_id, media)
+    elif original.text is not None:
+        body, media = original.text.encode(), queue.TEXT_CONTENT_TYPE
+        filename = download_name(original.external_id, media)
+    else:
+        raise Problem("not-found", f"item {item_id} was stored as a vector only: there is no original to download")
+    return Response(body, media_type=media, headers=download_headers(filename, media))
 
 
 # Shown in the browser; anything else is a download. Stored bytes are the client's: a PNG with HTML
