@@ -91,12 +91,7 @@ def sample_queries(
     if kept:
         return [v for _, v in kept], "query_samples", tuple(i for i, _ in kept)
     rows = conn.cursor(binary=True).execute(sqlfiles.composed("sample_stored", table=target.table), {"n": n}).fetchall()
-    return [as_numpy(r[0]) for r in rows], "stored", ()
-
-
-def as_numpy(value: Any) -> np.ndarray:
-    """pgvector's loader gives ``Vector`` objects (or arrays, depending on the version)."""
-    return np.asarray(value.to_numpy() if hasattr(value, "to_numpy") else value, dtype=np.float32)
+    return [query_samples.as_numpy(r[0]) for r in rows], "stored", ()
 
 
 def measure_recall(

@@ -29,6 +29,11 @@ def keep(conn: psycopg.Connection[Any], batch: Sequence[tuple[int, np.ndarray]],
         )
 
 
+def as_numpy(value: Any) -> np.ndarray:
+    """pgvector's loader gives ``Vector`` objects (or arrays, depending on the version)."""
+    return np.asarray(value.to_numpy() if hasattr(value, "to_numpy") else value, dtype=np.float32)
+
+
 def draw(
     conn: psycopg.Connection[Any], collection_id: int, n: int, *, dimensions: int, exclude: Sequence[int] = ()
 ) -> list[tuple[int, np.ndarray]]:
@@ -49,7 +54,7 @@ def draw(
     )
     out = []
     for sample_id, value in rows:
-        vector = np.asarray(value.to_numpy() if hasattr(value, "to_numpy") else value, dtype=np.float32)
+        vector = as_numpy(value)
         if vector.shape == (dimensions,):
             out.append((int(sample_id), vector))
     return out
