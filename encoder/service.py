@@ -27,6 +27,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .addresses import route_path
 from .engine import EmbeddingEngine
 from .errors import (
     DecompressionBombError,
@@ -128,10 +129,7 @@ class Gate:
         self.app, self.api_key, self.limit = app, api_key, max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path, root = scope.get("path", ""), scope.get("root_path", "")
-        if root and path.startswith(root):
-            path = path[len(root) :]  # the path the routes match, under a proxy's --root-path
-        if scope["type"] != "http" or not path.startswith("/v1/"):
+        if scope["type"] != "http" or not route_path(scope).startswith("/v1/"):
             await self.app(scope, receive, send)
             return
         headers = scope.get("headers", ())

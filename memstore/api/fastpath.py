@@ -16,8 +16,9 @@ from fastapi import FastAPI
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from encoder.addresses import route_path
 from memstore.api import problems
-from memstore.api.middleware import BodyTooLargeError, route_path, too_large_detail
+from memstore.api.middleware import BodyTooLargeError, too_large_detail
 from memstore.api.problems import Problem
 from memstore.api.rendering import render
 from memstore.api.routes.search import authorize, execute, json_image

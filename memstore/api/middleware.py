@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from encoder.addresses import route_path
 from memstore.api.auth import bearer_secret
 from memstore.api.problems import MEDIA_TYPE, Problem, from_exception, problem_body
 from memstore.api.rendering import render
@@ -26,14 +27,6 @@ from memstore.api.settings import ApiSettings
 _ITEMS_UPLOAD = re.compile(r"^/v1/collections/[^/]+/items/?$")
 _CONTENT_UPLOAD = re.compile(r"^/v1/collections/[^/]+/items/[^/]+/content/?$")
 _SEARCH = re.compile(r"^/v1/collections/[^/]+/search/?$")
-
-
-def route_path(scope: Scope) -> str:
-    """The path the routes match: without the ``root_path`` a proxy mounts the app under (uvicorn's
-    ``--root-path`` puts it in front of ``path``)."""
-    path: str = scope.get("path", "")
-    root: str = scope.get("root_path", "")
-    return path[len(root) :] if root and path.startswith(root) else path
 
 
 class BodyTooLargeError(HTTPException):
