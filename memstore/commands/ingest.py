@@ -30,8 +30,6 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type, retry_if
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
 TEXT_SUFFIXES = {".txt", ".md"}
-# The first bytes of the image formats the API decodes: a single file is an image if it starts so.
-IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a", b"BM", b"II*\x00", b"MM\x00*")
 PATH_HELP = (
     "a folder (its images and .txt/.md files, at any depth), a .jsonl file (one text item per line: "
     '{"text": ..., "external_id"?: ..., "metadata"?: {...}}), or one image or text file'
@@ -73,11 +71,21 @@ class Source:
 
 
 def is_image(path: Path) -> bool:
+    """By its suffix, else by its header: one of the formats the API decodes (Pillow reads the header
+    only)."""
     if path.suffix.lower() in IMAGE_SUFFIXES:
         return True
-    with path.open("rb") as fh:
-        head = fh.read(12)
-    return head.startswith(IMAGE_MAGIC) or (head[:4] == b"RIFF" and head[8:12] == b"WEBP")
+    from PIL import Image, UnidentifiedImageError
+
+    from encoder.images import ALLOWED_FORMATS
+
+    try:
+        with Image.open(path, formats=ALLOWED_FORMATS):
+            return True
+    except Image.DecompressionBombError:
+        return True  # an image, too large: the server says so
+    except (UnidentifiedImageError, OSError):
+        return False
 
 
 def read_text(path: Path, where: str) -> str:
