@@ -42,44 +42,40 @@ class Decision:
 
 
 def decide(p: Probe, config: MaintenanceConfig) -> Decision:
-    decision = _decide(p, config)
-    if decision.action == "nothing" and decision.reason not in ("healthy", "empty", "no valid HNSW index"):
-        return Decision(
-            "nothing",
-            f"{decision.reason}, but VACUUM cannot change that and indexes under "
-            f"{config.small_index_bytes // 1024} kB are not rebuilt",
-            decision.cleanup,
-        )
-    return decision
-
-
-def _decide(p: Probe, config: MaintenanceConfig) -> Decision:
     cleanup = bool(p.leftovers)
     if p.index is None:
         return Decision("nothing", "no valid HNSW index", cleanup)
     if p.live_rows == 0 and p.dead_entries == 0:
         return Decision("nothing", "empty", cleanup)
     small = p.index_bytes < config.small_index_bytes
-    heavy: Action = "vacuum" if small else "rebuild"
-    if small and p.dead_entries <= 0:
-        heavy = "nothing"  # what VACUUM could do here, it has done: see the module's docstring
+
+    def heavy(reason: str) -> Decision:
+        """A rebuild, or VACUUM where a rebuild's fixed costs dominate; nothing where VACUUM has
+        already done all it could (see the module's docstring)."""
+        if not small:
+            return Decision("rebuild", reason, cleanup)
+        if p.dead_entries > 0:
+            return Decision("vacuum", reason, cleanup)
+        return Decision(
+            "nothing",
+            f"{reason}, but VACUUM cannot change that and indexes under {config.small_index_bytes // 1024} kB "
+            "are not rebuilt",
+            cleanup,
+        )
+
     recall = p.recall_value
     if recall is not None:
         if p.fresh_recall is None:
             # Never rebuilt by the worker: the absolute floor; one rebuild then tells what fresh gives.
             if recall < config.recall_floor:
-                return Decision(heavy, f"recall {recall:.3f} below {config.recall_floor:.3f}", cleanup)
+                return heavy(f"recall {recall:.3f} below {config.recall_floor:.3f}")
         elif recall < p.fresh_recall - config.recall_drop and (p.churn_since_rebuild or 0) > 0:
             # Relative to what a fresh build gave: a rebuild cannot beat that, so no rebuild loops.
-            return Decision(
-                heavy, f"recall {recall:.3f} drifted from {p.fresh_recall:.3f} after the last rebuild", cleanup
-            )
+            return heavy(f"recall {recall:.3f} drifted from {p.fresh_recall:.3f} after the last rebuild")
     if p.dead_fraction >= config.compact_dead_fraction:
-        return Decision(
-            heavy, f"dead fraction {p.dead_fraction:.3f} at or over {config.compact_dead_fraction:.3f}", cleanup
-        )
+        return heavy(f"dead fraction {p.dead_fraction:.3f} at or over {config.compact_dead_fraction:.3f}")
     if p.size_ratio >= config.max_size_ratio and p.index_bytes > 4 * 8192:
-        return Decision(heavy, f"index {p.size_ratio:.2f}x a fresh build (limit {config.max_size_ratio:.2f})", cleanup)
+        return heavy(f"index {p.size_ratio:.2f}x a fresh build (limit {config.max_size_ratio:.2f})")
     if p.dead_entries > 0 and p.dead_age_s is not None and p.dead_age_s >= config.max_dead_age_s:
         return Decision("vacuum", f"{p.dead_entries} dead entries older than {config.max_dead_age_s:.0f}s", cleanup)
     return Decision("nothing", "healthy", cleanup)

@@ -95,7 +95,7 @@ def run_search(
 ) -> list[tuple[Any, ...]]:
     """The transaction-local settings, then the search."""
     with conn.cursor() as cur:
-        cur.execute(SETTINGS_SQL, settings.values())
+        apply(cur, settings)
         cur.execute(statement, params)
         return cur.fetchall()
 
