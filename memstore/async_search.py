@@ -21,13 +21,15 @@ import psycopg
 from pgvector.psycopg import register_vector_async
 from psycopg_pool import AsyncConnectionPool
 
+from memstore import search_query
 from memstore.collections import Collection
 from memstore.compact import spec as compact_spec
 from memstore.db import server_went_away
 from memstore.errors import CollectionNotFoundError
 from memstore.models import SearchResult
+from memstore.search_query import SearchQuery
 from memstore.search_sql import SESSION_SETTINGS_SQL, SearchSettings
-from memstore.store import SearchPlan, VectorStore, check_search_args, search_results
+from memstore.store import SearchPlan, VectorStore
 
 log = logging.getLogger(__name__)
 
@@ -75,29 +77,20 @@ class AsyncSearcher:
             self._pool = None
 
     async def search(
-        self,
-        *,
-        collection: str,
-        vector: Any,
-        k: int = 10,
-        filter: dict[str, Any] | None = None,
-        ef_search: int | None = None,
-        exact: bool = False,
+        self, *, collection: str, query: SearchQuery, ef_search: int | None = None, exact: bool = False
     ) -> list[SearchResult] | None:
-        """What `VectorStore.search` answers, or None when the collection needs the blocking path."""
-        checked = check_search_args(k, None, filter)
+        """What `VectorStore.search` answers for ``query`` (``memstore.search_query.check_query``), or
+        None when the collection needs the blocking path (a compact index)."""
         for attempt in range(2):
             c = await self._collection(collection, fresh=attempt > 0)
-            if compact_spec.index_spec(c).compact and not exact:
+            if compact_spec.index_spec(c).compact and not exact and query.mode != "keyword":
                 return None
-            plan = self.store.plain_search(
-                c, vector=vector, k=k, checked_filter=checked, ef_search=ef_search, exact=exact
-            )
+            plan = self.store.plan(c, query, ef_search=ef_search, exact=exact)
             pool = await self._connections()
             try:
                 async with pool.connection() as conn:
                     rows = await self._run(conn, plan)
-                return search_results(c, rows)
+                return search_query.results(c, query, rows)
             except psycopg.errors.UndefinedTable:
                 # The cached registry row names a table that is gone: read the registry afresh.
                 self.store.forget_collection(collection)

@@ -1,7 +1,8 @@
 """Collections: their registry row, naming rules, metrics and the DDL of their tables.
 
 Each collection is a table of its own (``c<id>_<name>``), with an HNSW index on ``embedding``, a GIN
-index on ``metadata`` and a unique ``external_id``. A collection made with ``partitions > 1`` is
+index on ``metadata``, a GIN index on its keywords (``memstore.keywords``) and a unique
+``external_id``. A collection made with ``partitions > 1`` is
 hash-partitioned on ``external_id``: every partition has its own HNSW index, so maintenance can
 vacuum or rebuild one partition at a time and the extra space of a rebuild stays bounded.
 """
@@ -15,6 +16,7 @@ from typing import Any, Literal
 
 from psycopg import sql
 
+from memstore import keywords
 from memstore.compact import spec as compact_spec
 from memstore.errors import InvalidInputError
 
@@ -59,6 +61,14 @@ class Collection:
     model: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
     created_at: datetime | None = None
+    # Keyword search (memstore.keywords): the text-search configuration and the metadata fields
+    # whose values are keywords besides the text and the file name.
+    language: str = "simple"
+    text_fields: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        # The database answers a list; a tuple keeps the row hashable and immutable.
+        object.__setattr__(self, "text_fields", tuple(self.text_fields))
 
     @property
     def spec(self) -> MetricSpec:
@@ -194,6 +204,7 @@ def create_table_statements(c: Collection) -> list[sql.Composed]:
         sql.SQL("CREATE INDEX {i} ON {t} USING gin (metadata jsonb_path_ops)").format(
             i=sql.Identifier(f"{c.table_name}_metadata"), t=table
         ),
+        keywords.create_statement(c),
         sql.SQL("ALTER SEQUENCE {s} OWNED BY {t}.id").format(s=seq, t=table),
     ]
     return out

@@ -13,6 +13,8 @@ MAX_FILTER_DEPTH = 8
 MAX_FILTER_BYTES = 16_384
 MAX_METADATA_BYTES = 65_536
 MAX_METADATA_DEPTH = 32
+# A stored text's keywords are parsed on every write and at every keyword match it ranks in.
+MAX_ITEM_TEXT = 1_000_000
 
 
 def _depth(value: Any, level: int = 0, limit: int = MAX_FILTER_DEPTH) -> int:
@@ -46,6 +48,18 @@ def check_filter(value: Any) -> dict[str, Any] | None:
     encoded = _encode(value, "filter")
     if len(encoded) > MAX_FILTER_BYTES:
         raise InvalidInputError(f"filter is {len(encoded)} bytes; the limit is {MAX_FILTER_BYTES}")
+    return value
+
+
+def check_item_text(value: Any, where: str) -> str | None:
+    """None, or a stored item's text: a string without NUL (PostgreSQL's text cannot hold one) of at
+    most MAX_ITEM_TEXT characters."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or "\x00" in value:
+        raise InvalidInputError(f"{where} must be a string without NUL characters")
+    if len(value) > MAX_ITEM_TEXT:
+        raise InvalidInputError(f"{where} has {len(value)} characters; the limit is {MAX_ITEM_TEXT}")
     return value
 
 

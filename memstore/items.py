@@ -28,19 +28,23 @@ SIZES_SQL = (
 _UPSERT_TAIL = """
     ON CONFLICT (external_id) DO UPDATE SET
         embedding = EXCLUDED.embedding, metadata = EXCLUDED.metadata, status = 'ready', error = NULL,
-        text = NULL, content = NULL, content_type = NULL, updated_at = now()
-    WHERE (t.embedding, t.metadata, t.status, t.text IS NULL AND t.content IS NULL)
-          IS DISTINCT FROM (EXCLUDED.embedding, EXCLUDED.metadata, 'ready', true)
+        text = EXCLUDED.text, content = NULL, content_type = NULL, updated_at = now()
+    WHERE (t.embedding, t.metadata, t.status, t.text, t.content IS NULL)
+          IS DISTINCT FROM (EXCLUDED.embedding, EXCLUDED.metadata, 'ready', EXCLUDED.text, true)
     RETURNING id, external_id, (t.created_at = now()) AS inserted
 """
-_UPSERT_ONE = "INSERT INTO {} AS t (external_id, embedding, metadata, status) VALUES (%s, %s, %s, 'ready')"
+_UPSERT_ONE = (
+    "INSERT INTO {} AS t (external_id, embedding, metadata, text, status) VALUES (%s, %s, %s, %s, 'ready')"
+)
+# memstore_stage2: the staging table's second shape (with the text); a session that made the first
+# one before an upgrade keeps it, so the new shape needs a new name.
 _STAGE = (
-    "CREATE TEMP TABLE IF NOT EXISTS memstore_stage (external_id text, embedding vector, metadata jsonb) "
+    "CREATE TEMP TABLE IF NOT EXISTS memstore_stage2 (external_id text, embedding vector, metadata jsonb, text text) "
     "ON COMMIT DELETE ROWS"
 )
 _UPSERT_FROM_STAGE = (
-    "INSERT INTO {} AS t (external_id, embedding, metadata, status) "
-    "SELECT external_id, embedding, metadata, 'ready' FROM memstore_stage"
+    "INSERT INTO {} AS t (external_id, embedding, metadata, text, status) "
+    "SELECT external_id, embedding, metadata, text, 'ready' FROM memstore_stage2"
 )
 
 Returned = dict[str, tuple[int, Any]]
@@ -68,22 +72,26 @@ def upsert(
     ids: list[str],
     matrix: np.ndarray,
     metas: list[dict[str, Any]],
+    texts: list[str | None],
     unique: list[int],
     *,
     bulk: bool,
 ) -> Returned:
-    """Upsert rows ``unique`` (indices into ids/matrix/metas); ``bulk`` stages them with COPY BINARY first."""
+    """Upsert rows ``unique`` (indices into ids/matrix/metas/texts); ``bulk`` stages them with COPY
+    BINARY first."""
     with conn.cursor() as cur:
         if bulk:
             cur.execute(_STAGE)
-            with cur.copy("COPY memstore_stage (external_id, embedding, metadata) FROM STDIN (FORMAT BINARY)") as copy:
-                copy.set_types(["text", "vector", "jsonb"])
+            with cur.copy(
+                "COPY memstore_stage2 (external_id, embedding, metadata, text) FROM STDIN (FORMAT BINARY)"
+            ) as copy:
+                copy.set_types(["text", "vector", "jsonb", "text"])
                 for i in unique:
-                    copy.write_row((ids[i], matrix[i], Jsonb(metas[i])))
+                    copy.write_row((ids[i], matrix[i], Jsonb(metas[i]), texts[i]))
             rows = cur.execute(sql.SQL(_UPSERT_FROM_STAGE + _UPSERT_TAIL).format(c.table)).fetchall()
         else:
             query = sql.SQL(_UPSERT_ONE + _UPSERT_TAIL).format(c.table)
-            cur.executemany(query, [(ids[i], matrix[i], Jsonb(metas[i])) for i in unique], returning=True)
+            cur.executemany(query, [(ids[i], matrix[i], Jsonb(metas[i]), texts[i]) for i in unique], returning=True)
             rows = []
             while True:
                 rows.extend(cur.fetchall())

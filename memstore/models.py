@@ -26,11 +26,13 @@ class Original:
 
 @dataclass(frozen=True)
 class ItemIn:
-    """One item to upsert: a vector with optional external id and metadata."""
+    """One item to upsert: a vector with optional external id, metadata and text (stored and found by
+    keyword search as it is; the vector is the caller's)."""
 
     vector: Any
     external_id: str | None = None
     metadata: dict[str, Any] | None = None
+    text: str | None = None
 
 
 @dataclass(frozen=True)
@@ -42,11 +44,21 @@ class UpsertResult:
 
 @dataclass(frozen=True, slots=True)
 class SearchResult:
+    """One hit. ``score``: higher is better (the metric's similarity for a vector search, ``ts_rank_cd``
+    for a keyword search, the fused score for a hybrid one); ``distance``: to the query vector (None in
+    a keyword search); the ranks: where each list placed the item (None where it missed it)."""
+
     id: int
     external_id: str
-    distance: float
+    distance: float | None
     score: float
     metadata: dict[str, Any]
+    vector_rank: int | None = None
+    keyword_rank: int | None = None
+
+    @property
+    def ranks(self) -> dict[str, int | None]:
+        return {"vector": self.vector_rank, "keyword": self.keyword_rank}
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from memstore.errors import CollectionExistsError, CollectionNotFoundError
 CACHE_SECONDS = 5.0
 COLUMNS = (
     "id, name, table_name, dimensions, metric, hnsw_m, hnsw_ef_construction, default_ef_search, "
-    "partitions, model, options, created_at"
+    "partitions, model, options, created_at, language, text_fields"
 )
 _SELECT = sql.SQL("SELECT " + COLUMNS + " FROM memstore_collections")
 
@@ -64,6 +64,8 @@ def register(
     partitions: int,
     model: str | None,
     options: dict[str, Any],
+    language: str = "simple",
+    text_fields: tuple[str, ...] = (),
 ) -> Collection:
     """Add a registry row inside the caller's transaction (which then creates the table); the
     collection's id is drawn first because its table name carries it."""
@@ -85,15 +87,17 @@ def register(
         partitions=partitions,
         model=model,
         options=options,
+        language=language,
+        text_fields=text_fields,
     )
     conn.execute(
         """
         INSERT INTO memstore_collections (id, name, table_name, dimensions, metric, hnsw_m,
-            hnsw_ef_construction, default_ef_search, partitions, model, options)
-        OVERRIDING SYSTEM VALUE VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+            hnsw_ef_construction, default_ef_search, partitions, model, options, language, text_fields)
+        OVERRIDING SYSTEM VALUE VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
         """,
         (c.id, name, c.table_name, dimensions, metric, hnsw_m, hnsw_ef_construction, default_ef_search,
-         partitions, model, Jsonb(options)),
+         partitions, model, Jsonb(options), language, list(text_fields)),
     )  # fmt: skip
     return c
 
@@ -102,6 +106,17 @@ def deregister(conn: psycopg.Connection[Any], c: Collection) -> None:
     """Remove the registry row inside the caller's transaction (which then drops the table)."""
     if conn.execute("DELETE FROM memstore_collections WHERE id = %s RETURNING id", (c.id,)).fetchone() is None:
         raise CollectionNotFoundError(c.name)
+
+
+def set_keywords(
+    conn: psycopg.Connection[Any], c: Collection, *, language: str, text_fields: tuple[str, ...]
+) -> Collection:
+    """Record what the collection's keyword index now holds (its index was built for it first)."""
+    conn.execute(
+        "UPDATE memstore_collections SET language = %s, text_fields = %s WHERE id = %s",
+        (language, list(text_fields), c.id),
+    )
+    return replace(c, language=language, text_fields=text_fields)
 
 
 def set_option(conn: psycopg.Connection[Any], c: Collection, key: str, value: Any) -> Collection:

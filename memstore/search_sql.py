@@ -11,10 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
+
+from memstore import keywords
+
+if TYPE_CHECKING:
+    from memstore.collections import Collection
 
 _KNOBS = (
     "hnsw.ef_search",
@@ -65,29 +70,101 @@ class SearchSettings:
         )
 
 
-def search_statement(table: str, operator: str, *, filtered: bool, exact: bool, ids_only: bool = False) -> sql.Composed:
+def search_statement(
+    table: str,
+    operator: str,
+    *,
+    filtered: bool = False,
+    exact: bool,
+    ids_only: bool = False,
+    where: sql.Composable | None = None,
+) -> sql.Composed:
     """The ``%(k)s`` nearest rows of ``table`` (a collection or one partition) to ``%(q)s``, nearest
-    first, among those whose metadata contains ``%(f)s`` when ``filtered``. The MATERIALIZED CTE
-    restores strict order after a relaxed iterative scan. ``ids_only``: id and distance alone (what
-    the recall probes compare)."""
+    first, among those matching ``where`` (a compiled filter, ``memstore.filter_language``) or, when
+    ``filtered``, whose metadata contains ``%(f)s``. The MATERIALIZED CTE restores strict order after
+    a relaxed iterative scan. ``ids_only``: id and distance alone (what the recall probes compare)."""
     if operator not in OPERATORS:
         raise ValueError(f"unknown distance operator {operator!r}")
-    return _statement(table, operator, filtered, exact, ids_only)
+    if where is None and not filtered:
+        return _statement(table, operator, exact, ids_only)
+    return _build(table, operator, where if where is not None else CONTAINS, exact, ids_only)
+
+
+# Today's filter: the rows whose metadata contains %(f)s (served by the GIN index on metadata).
+CONTAINS = sql.SQL("metadata @> %(f)s")
 
 
 @lru_cache(maxsize=1024)
-def _statement(table: str, operator: str, filtered: bool, exact: bool, ids_only: bool) -> sql.Composed:
+def _statement(table: str, operator: str, exact: bool, ids_only: bool) -> sql.Composed:
+    return _build(table, operator, None, exact, ids_only)
+
+
+def _build(table: str, operator: str, where: sql.Composable | None, exact: bool, ids_only: bool) -> sql.Composed:
     op = sql.SQL(operator)
     columns = sql.SQL("id" if ids_only else "id, external_id, metadata")
-    where = sql.SQL("WHERE embedding IS NOT NULL") + (sql.SQL(" AND metadata @> %(f)s") if filtered else sql.SQL(""))
     inner = sql.SQL(
-        "SELECT {columns}, embedding {op} %(q)s AS distance FROM {t} {where} ORDER BY embedding {op} %(q)s LIMIT %(k)s"
-    ).format(columns=columns, op=op, t=sql.Identifier(table), where=where)
+        "SELECT {columns}, embedding {op} %(q)s AS distance FROM {t} WHERE {where} "
+        "ORDER BY embedding {op} %(q)s LIMIT %(k)s"
+    ).format(columns=columns, op=op, t=sql.Identifier(table), where=_rows(where))
     if exact:
         return inner
     return sql.SQL("WITH c AS MATERIALIZED ({inner}) SELECT {columns}, distance FROM c ORDER BY distance").format(
         inner=inner, columns=columns
     )
+
+
+def _rows(where: sql.Composable | None) -> sql.Composable:
+    """The rows a search may answer: those with a vector, matching the filter."""
+    ready = sql.SQL("embedding IS NOT NULL")
+    return ready if where is None else sql.SQL("{} AND ({})").format(ready, where)
+
+
+# Reciprocal Rank Fusion's constant: a hit at rank r of a list adds weight / (RRF_K + r).
+RRF_K = 60
+
+
+def keyword_statement(c: Collection, *, where: sql.Composable | None) -> sql.Composed:
+    """The ``%(k)s`` rows (after ``%(offset)s``) of ``c`` whose keywords best match ``%(text)s``, best
+    first by ``ts_rank_cd``: id, external_id, metadata, NULL distance, rank, NULL vector rank, keyword
+    rank. The GIN index on the keywords finds the matches; only they are ranked."""
+    return sql.SQL(
+        "SELECT id, external_id, metadata, NULL::float8 AS distance, score, NULL::bigint AS vector_rank, "
+        "row_number() OVER (ORDER BY score DESC, id) + %(offset)s AS keyword_rank "
+        "FROM ({matches} ORDER BY score DESC, id LIMIT %(k)s OFFSET %(offset)s) AS m ORDER BY score DESC, id"
+    ).format(matches=_keyword_matches(c, where, sql.SQL("id, external_id, metadata")))
+
+
+def _keyword_matches(c: Collection, where: sql.Composable | None, columns: sql.Composable) -> sql.Composed:
+    words = keywords.expression(c)
+    query = keywords.query(c)
+    return sql.SQL(
+        "SELECT {columns}, ts_rank_cd({words}, {query})::float8 AS score FROM {t} WHERE {words} @@ {query} AND {rows}"
+    ).format(columns=columns, words=words, query=query, t=c.table, rows=_rows(where))
+
+
+def hybrid_statement(c: Collection, *, nearest: sql.Composable, where: sql.Composable | None) -> sql.Composed:
+    """Reciprocal Rank Fusion of two lists, in one statement: ``nearest`` (a vector search of this
+    module or of ``memstore.compact``, its ``%(k)s`` bound to the number of candidates) and the as
+    many best keyword matches of ``%(text)s`` under the same filter. A row scores ``%(wv)s / (60 + its
+    vector rank) + %(wk)s / (60 + its keyword rank)`` (a list that missed it adds nothing); the
+    ``%(hits)s`` best after ``%(offset)s`` are answered like ``keyword_statement``'s rows, with their
+    distance (computed for keyword-only hits too) and both ranks.
+
+    An empty keyword query (only stop words or punctuation) matches nothing, so the answer is the
+    vector list's order: hybrid falls back to vector search without an error."""
+    op = sql.SQL(c.spec.operator)
+    matches = _keyword_matches(c, where, sql.SQL("id"))
+    return sql.SQL(
+        "WITH v AS MATERIALIZED ({nearest}), "
+        "vr AS (SELECT id, row_number() OVER (ORDER BY distance, id) AS r FROM v), "
+        "kw AS MATERIALIZED ({matches} ORDER BY score DESC, id LIMIT %(k)s), "
+        "kr AS (SELECT id, row_number() OVER (ORDER BY score DESC, id) AS r FROM kw), "
+        "fused AS (SELECT coalesce(vr.id, kr.id) AS id, vr.r AS vector_rank, kr.r AS keyword_rank, "
+        "coalesce(%(wv)s / ({rrf} + vr.r), 0) + coalesce(%(wk)s / ({rrf} + kr.r), 0) AS score "
+        "FROM vr FULL JOIN kr ON vr.id = kr.id ORDER BY score DESC, id LIMIT %(hits)s OFFSET %(offset)s) "
+        "SELECT f.id, t.external_id, t.metadata, t.embedding {op} %(q)s AS distance, f.score::float8, "
+        "f.vector_rank, f.keyword_rank FROM fused f JOIN {t} t ON t.id = f.id ORDER BY f.score DESC, f.id"
+    ).format(nearest=nearest, matches=matches, rrf=sql.Literal(RRF_K), op=op, t=c.table)
 
 
 def run_search(

@@ -6,7 +6,6 @@ is refused before anything is written. The REST API, the ingest workers and main
 
 from __future__ import annotations
 
-import math
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from memstore import items as item_sql
-from memstore import queue, search_sql
+from memstore import queue, search_query, search_sql
 from memstore.collections import (
     Collection,
     create_table_statements,
@@ -34,14 +33,14 @@ from memstore.errors import (
     InvalidInputError,
     ItemNotFoundError,
 )
-from memstore.filters import check_external_id, check_filter, check_metadata
+from memstore.filters import check_external_id, check_filter, check_item_text, check_metadata
 from memstore.models import CollectionStats, Item, ItemIn, Original, SearchResult, UpsertResult
 from memstore.registry import Registry, deregister, register
+from memstore.search_query import MAX_K, SearchQuery, Weights, check_query
 from memstore.search_sql import SearchSettings
 from memstore.settings import Settings, get_settings
 from memstore.vectors import as_matrix, as_vector
 
-MAX_K = 1000
 # Above this many items an upsert goes through COPY ... FORMAT BINARY into a staging table.
 COPY_THRESHOLD = 32
 
@@ -188,9 +187,11 @@ class VectorStore:
         vector: Any,
         external_id: str | None = None,
         metadata: dict[str, Any] | None = None,
+        text: str | None = None,
     ) -> UpsertResult:
         return self.upsert_items(
-            collection=collection, items=[ItemIn(vector=vector, external_id=external_id, metadata=metadata)]
+            collection=collection,
+            items=[ItemIn(vector=vector, external_id=external_id, metadata=metadata, text=text)],
         )[0]
 
     def upsert_items(self, *, collection: str, items: Sequence[ItemIn]) -> list[UpsertResult]:
@@ -205,11 +206,14 @@ class VectorStore:
         ids = [_check_external_id(it.external_id) for it in items]
         matrix = as_matrix([it.vector for it in items], dimensions=c.dimensions, metric=c.metric)
         metas = [check_metadata(it.metadata) for it in items]
+        texts = [check_item_text(it.text, f"items[{i}].text") for i, it in enumerate(items)]
         last = {eid: i for i, eid in enumerate(ids)}
         unique = sorted(last.values())
         try:
             with self.db.write() as conn:
-                returned = item_sql.upsert(conn, c, ids, matrix, metas, unique, bulk=len(unique) > COPY_THRESHOLD)
+                returned = item_sql.upsert(
+                    conn, c, ids, matrix, metas, texts, unique, bulk=len(unique) > COPY_THRESHOLD
+                )
                 missing = [ids[i] for i in unique if ids[i] not in returned]
                 if missing:
                     for row_id, eid in conn.execute(
@@ -407,49 +411,123 @@ class VectorStore:
         self,
         *,
         collection: str,
-        vector: Any,
+        vector: Any = None,
+        text: str | None = None,
+        mode: str | None = None,
         k: int = 10,
         filter: dict[str, Any] | None = None,
         ef_search: int | None = None,
         exact: bool = False,
         pool: int | None = None,
+        offset: int = 0,
+        candidates: int | None = None,
+        weights: Weights | dict[str, float] | None = None,
+        score_threshold: float | None = None,
     ) -> list[SearchResult]:
-        """The ``k`` nearest items to ``vector`` (nearest first), among those whose metadata contains ``filter``.
+        """The ``k`` best items for a vector, a text or both, best first (``memstore.search_query``).
 
-        The HNSW index answers unless ``exact``; with ``hnsw.iterative_scan`` a filtered search keeps
-        scanning until it has ``k`` rows (or has visited ``max_scan_tuples``). ``exact`` is the
-        brute-force ground truth. On a compact index (``memstore.compact``) the index gives ``pool``
-        candidates (default: the collection's pool factor times k) and they are re-ranked exactly.
+        ``mode``: ``vector`` (the nearest to ``vector``), ``keyword`` (the best matches of ``text``'s
+        words) or ``hybrid`` (both lists fused); by default hybrid when both are given, else vector.
+        ``filter`` keeps the items whose metadata contains it, in every mode. The HNSW index answers
+        unless ``exact``; with ``hnsw.iterative_scan`` a filtered search keeps scanning until it has
+        enough rows (or has visited ``max_scan_tuples``). ``exact`` is the brute-force ground truth. On
+        a compact index (``memstore.compact``) the index gives ``pool`` candidates (default: the
+        collection's pool factor times k) and they are re-ranked exactly. ``offset`` skips the first
+        hits (offset + k at most 1,000); ``candidates``: how deep each list of a hybrid search goes
+        (default max(50, 4 x (offset + k))); ``weights``: each list's weight in the fusion;
+        ``score_threshold``: leave out hits scoring lower.
         """
-        checked = check_search_args(k, pool, filter)
+        q = check_query(
+            mode=mode,
+            vector=vector,
+            text=text,
+            k=k,
+            filter=filter,
+            offset=offset,
+            candidates=candidates,
+            weights=weights,
+            score_threshold=score_threshold,
+            pool=pool,
+        )
         for attempt in range(2):
             # A switch of representation may drop what a cached collection row still names: the
             # second attempt reads the registry afresh.
             c = self.get_collection(name=collection, fresh=attempt > 0)
-            spec = compact_spec.index_spec(c)
             try:
                 with self.db.read() as conn:
-                    if spec.compact and not exact:
-                        efs = _ef_search(c, ef_search)
-                        params = _search_params(c, vector, k, checked)
-                        params["pool"] = spec.pool(k, pool)
-                        params["c"] = compact_search.compact_query(conn, spec, params["q"])
-                        statement = compact_search.statement(c, spec, filtered=bool(checked))
-                        settings = compact_search.settings(
-                            ef_search=min(1000, max(efs, params["pool"])), max_scan_tuples=self.settings.max_scan_tuples
-                        )
-                        rows = search_sql.run_search(conn, settings, statement, params)
-                    else:
-                        plan = self.plain_search(
-                            c, vector=vector, k=k, checked_filter=checked, ef_search=ef_search, exact=exact
-                        )
-                        rows = search_sql.run_search(conn, plan.settings, plan.statement, plan.params)
+                    plan = self.plan(c, q, ef_search=ef_search, exact=exact, conn=conn)
+                    rows = search_sql.run_search(conn, plan.settings, plan.statement, plan.params)
                 break
             except (psycopg.errors.UndefinedTable, LookupError):
                 self.forget_collection(collection)
                 if attempt:
                     raise CollectionNotFoundError(collection) from None
-        return search_results(c, rows)
+        return search_query.results(c, q, rows)
+
+    def plan(
+        self,
+        c: Collection,
+        q: SearchQuery,
+        *,
+        ef_search: int | None,
+        exact: bool,
+        conn: psycopg.Connection[Any] | None = None,
+    ) -> SearchPlan:
+        """The statement, settings and parameters of one search. ``conn`` (where the search will run)
+        is needed on a compact index only, to project the query vector."""
+        where = search_sql.CONTAINS if q.filter else None
+        if q.mode == "keyword":
+            params: dict[str, Any] = {"text": q.text, "k": q.k, "offset": q.offset}
+            if q.filter:
+                params["f"] = Jsonb(q.filter)
+            settings = SearchSettings(
+                ef_search=_ef_search(c, ef_search), exact=exact, max_scan_tuples=self.settings.max_scan_tuples
+            )
+            return SearchPlan(search_sql.keyword_statement(c, where=where), settings, params)
+        # The vector list: as long as the answer in a vector search, the candidates in a hybrid one.
+        depth = q.window if q.mode == "vector" else q.candidates
+        nearest = self._vector_plan(c, q, depth, ef_search=ef_search, exact=exact, conn=conn)
+        if q.mode == "vector":
+            return nearest
+        params = {
+            **nearest.params,
+            "text": q.text,
+            "hits": q.k,
+            "offset": q.offset,
+            "wv": q.weights.vector,
+            "wk": q.weights.keyword,
+        }
+        statement = search_sql.hybrid_statement(c, nearest=nearest.statement, where=where)
+        return SearchPlan(statement, nearest.settings, params)
+
+    def _vector_plan(
+        self,
+        c: Collection,
+        q: SearchQuery,
+        depth: int,
+        *,
+        ef_search: int | None,
+        exact: bool,
+        conn: psycopg.Connection[Any] | None,
+    ) -> SearchPlan:
+        """The ``depth`` nearest rows to the query vector, on whatever the collection's index holds."""
+        spec = compact_spec.index_spec(c)
+        efs = _ef_search(c, ef_search)
+        if q.mode == "hybrid":
+            # The graph search must reach as deep as the list it feeds into the fusion.
+            efs = min(1000, max(efs, depth))
+        if spec.compact and not exact:
+            if conn is None:
+                raise ValueError("a search on a compact index is planned on its connection")
+            params = _search_params(c, q.vector, depth, q.filter)
+            params["pool"] = spec.pool(depth, q.pool)
+            params["c"] = compact_search.compact_query(conn, spec, params["q"])
+            statement = compact_search.statement(c, spec, filtered=bool(q.filter))
+            settings = compact_search.settings(
+                ef_search=min(1000, max(efs, params["pool"])), max_scan_tuples=self.settings.max_scan_tuples
+            )
+            return SearchPlan(statement, settings, params)
+        return self.plain_search(c, vector=q.vector, k=depth, checked_filter=q.filter, ef_search=efs, exact=exact)
 
     def plain_search(
         self,
@@ -528,14 +606,6 @@ def _count_items(conn: psycopg.Connection[Any], c: Collection, exact_limit: int)
     return estimate, False
 
 
-def check_search_args(k: int, pool: int | None, filter: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Validate what a search asks for before any database work; returns the checked filter."""
-    _check_k(k)
-    if pool is not None and (not isinstance(pool, int) or isinstance(pool, bool) or not 1 <= pool <= MAX_K):
-        raise InvalidInputError(f"pool must be an integer between 1 and {MAX_K}, not {pool!r}")
-    return check_filter(filter)
-
-
 def _search_params(c: Collection, vector: Any, k: int, checked_filter: dict[str, Any] | None) -> dict[str, Any]:
     """The query vector (checked against the collection), k and the filter, as every search binds them."""
     params: dict[str, Any] = {"q": as_vector(vector, dimensions=c.dimensions, metric=c.metric), "k": k}
@@ -549,13 +619,3 @@ def _ef_search(c: Collection, ef_search: int | None) -> int:
     if not isinstance(efs, int) or isinstance(efs, bool) or not 1 <= efs <= 1000:
         raise InvalidInputError(f"ef_search must be an integer between 1 and 1000, not {efs!r}")
     return efs
-
-
-def search_results(c: Collection, rows: list[tuple[Any, ...]]) -> list[SearchResult]:
-    """The rows as results. A row whose distance is not a number (a zero vector stored in a cosine
-    collection before such vectors were refused) is near nothing: it is left out, not answered."""
-    return [
-        SearchResult(id=r[0], external_id=r[1], distance=float(r[3]), score=c.score(float(r[3])), metadata=r[2])
-        for r in rows
-        if math.isfinite(r[3])
-    ]

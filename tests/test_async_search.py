@@ -12,6 +12,7 @@ import pytest
 from memstore.async_search import AsyncSearcher
 from memstore.errors import DimensionMismatchError
 from memstore.models import ItemIn
+from memstore.search_query import SearchQuery, check_query
 from memstore.store import VectorStore
 
 
@@ -22,6 +23,50 @@ async def _settings_of(searcher: AsyncSearcher) -> tuple[str, str]:
         row = await cur.fetchone()
     assert row is not None
     return str(row[0]), str(row[1])
+
+
+def _query(vector: Any, k: int, **more: Any) -> SearchQuery:
+    return check_query(mode=more.pop("mode", None), vector=vector, text=more.pop("text", None), k=k, **more)
+
+
+def test_async_search_answers_keyword_and_hybrid_searches_as_the_store_does(
+    store: VectorStore, collection_name: str
+) -> None:
+    rng = np.random.default_rng(6)
+    base = rng.normal(size=(300, 16)).astype(np.float32)
+    words = ["red", "green", "blue", "copper", "invoice", "ledger"]
+    store.create_collection(name=collection_name, dimensions=16, hnsw_m=4, hnsw_ef_construction=8)
+    store.upsert_items(
+        collection=collection_name,
+        items=[
+            ItemIn(vector=v, external_id=str(i), text=f"{words[i % 6]} {words[(i * 5) % 6]} item-{i}")
+            for i, v in enumerate(base)
+        ],
+    )
+    asks: list[dict[str, Any]] = [
+        {"mode": "keyword", "text": "copper"},
+        {"mode": "keyword", "text": "item-17", "offset": 0},
+        {"mode": "hybrid", "text": "invoice ledger", "vector": base[3]},
+        {"mode": "hybrid", "text": "red", "vector": base[9], "offset": 5, "weights": {"vector": 0.5, "keyword": 2}},
+        {"mode": "vector", "vector": base[4], "offset": 3},
+    ]
+
+    async def scenario() -> None:
+        searcher = AsyncSearcher(store, max_connections=1)
+        try:
+            for ask in asks:
+                ask = dict(ask)
+                vector = ask.pop("vector", None)
+                got = await searcher.search(collection=collection_name, query=_query(vector, 8, **ask))
+                want = store.search(collection=collection_name, vector=vector, k=8, **ask)
+                assert got is not None and want
+                assert [(r.id, r.vector_rank, r.keyword_rank) for r in got] == [
+                    (r.id, r.vector_rank, r.keyword_rank) for r in want
+                ], ask
+        finally:
+            await searcher.close()
+
+    asyncio.run(scenario())
 
 
 def test_async_search_matches_the_store_whatever_the_previous_search_set(
@@ -43,7 +88,7 @@ def test_async_search_matches_the_store_whatever_the_previous_search_set(
         try:
             for case in cases:
                 for q in queries:
-                    got = await searcher.search(collection=collection_name, vector=q, k=10, **case)
+                    got = await searcher.search(collection=collection_name, query=_query(q, 10), **case)
                     want = store.search(collection=collection_name, vector=q, k=10, **case)
                     assert got is not None
                     assert [r.id for r in got] == [r.id for r in want], case
@@ -52,8 +97,8 @@ def test_async_search_matches_the_store_whatever_the_previous_search_set(
                 assert indexscan == ("off" if case.get("exact") else "on")
             # A failed search leaves nothing assumed about its connection.
             with pytest.raises(DimensionMismatchError):
-                await searcher.search(collection=collection_name, vector=np.zeros(3, np.float32), k=5)
-            got = await searcher.search(collection=collection_name, vector=queries[0], k=10, ef_search=5)
+                await searcher.search(collection=collection_name, query=_query(np.zeros(3, np.float32), 5))
+            got = await searcher.search(collection=collection_name, query=_query(queries[0], 10), ef_search=5)
             assert got is not None and await _settings_of(searcher) == ("5", "on")
         finally:
             await searcher.close()

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from memstore.collections import HNSW_MAX_DIMENSIONS, MAX_PARTITIONS
 from memstore.filters import MAX_EXTERNAL_ID_LENGTH
-from memstore.store import MAX_K
+from memstore.search_query import MAX_K, MAX_WEIGHT, MAX_WINDOW
 
 Metric = Literal["cosine", "l2", "inner_product"]
 
@@ -156,33 +156,60 @@ class LookupOut(BaseModel):
     found: dict[str, int] = Field(description="external_id -> id, for those that exist.")
 
 
+class SearchWeights(Strict):
+    vector: float = Field(default=1.0, ge=0, le=MAX_WEIGHT)
+    keyword: float = Field(default=1.0, ge=0, le=MAX_WEIGHT)
+
+
 class SearchRequest(Strict):
     model_config = ConfigDict(
         extra="forbid",
         json_schema_extra={
             "examples": [
                 {"text": "a dog on a beach", "k": 5},
+                {"text": "shutil.copytree", "mode": "keyword", "k": 10},
+                {"text": "invoice 2024", "vector": [0.1, 0.2, 0.3], "mode": "hybrid", "k": 10},
                 {"vector": [0.1, 0.2, 0.3], "k": 10, "filter": {"tag": "cat"}},
                 {"item_id": 42, "k": 10, "exact": True},
             ]
         },
     )
 
-    text: str | None = Field(default=None, min_length=1)
+    text: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Embedded with the collection's model (vector, hybrid) and matched by keyword (keyword, hybrid).",
+    )
     image: str | None = Field(default=None, min_length=1, description="Base64 image (or upload it as multipart).")
     vector: list[float] | None = Field(default=None, min_length=1, max_length=HNSW_MAX_DIMENSIONS)
     item_id: int | None = Field(default=None, ge=1, le=2**63 - 1, description="Search with a stored item's vector.")
+    mode: Literal["vector", "keyword", "hybrid"] | None = Field(
+        default=None,
+        description="Default: hybrid when there is a text and a vector can be had for it, else vector.",
+    )
     k: int = Field(default=10, ge=1, le=MAX_K)
+    offset: int = Field(default=0, ge=0, le=MAX_WINDOW - 1, description="Skip the first hits (offset + k <= 1000).")
+    candidates: int | None = Field(
+        default=None, ge=1, le=MAX_WINDOW, description="How deep each list of a hybrid search goes."
+    )
+    weights: SearchWeights | None = Field(default=None, description="Each list's weight in a hybrid search.")
+    score_threshold: float | None = Field(default=None, description="Leave out hits that score lower.")
     filter: dict[str, Any] | None = Field(default=None, description='Metadata containment, e.g. {"tag": "cat"}.')
     ef_search: int | None = Field(default=None, ge=1, le=1000)
     exact: bool = Field(default=False, description="Brute force: exact, slower.")
+
+
+class HitRanks(BaseModel):
+    vector: int | None = Field(description="Where the vector list placed the item (null: not in it).")
+    keyword: int | None = Field(description="Where the keyword list placed the item (null: not in it).")
 
 
 class SearchHit(BaseModel):
     id: int
     external_id: str
     score: float
-    distance: float
+    distance: float | None = Field(description="To the query vector; null in a keyword search.")
+    ranks: HitRanks
     metadata: dict[str, Any]
     content_url: str
 

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from pgvector import Vector
 from psycopg import sql
 
-from memstore import locks, retrying
+from memstore import locks, online_ddl
 from memstore.collections import Collection
 from memstore.compact import spec as specs
 from memstore.compact.projection import Projection
@@ -28,9 +28,11 @@ from memstore.db import dedicated_connection
 
 log = logging.getLogger(__name__)
 
-LOCK_TIMEOUT = "500ms"
-LOCK_RETRIES = 120
 FILL_BATCH_IDS = 20_000
+
+# The statements' runner and the index builder are the ones every online schema change uses.
+execute = online_ddl.execute
+drop_index = online_ddl.drop_index
 
 
 class CompactBusyError(RuntimeError):
@@ -40,7 +42,7 @@ class CompactBusyError(RuntimeError):
 @contextlib.contextmanager
 def connect(engine: sa.Engine) -> Iterator[psycopg.Connection[Any]]:
     with dedicated_connection(engine, application_name="memstore-compact") as conn:
-        conn.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT)))
+        online_ddl.set_lock_timeout(conn)
         yield conn
 
 
@@ -50,13 +52,6 @@ def collection_lock(conn: psycopg.Connection[Any], c: Collection, *, wait_s: flo
     busy = partial(CompactBusyError, f"another process is changing the index of collection {c.name!r}")
     with locks.session_lock(conn, locks.collection_key(c.id), busy=busy, wait_s=wait_s):
         yield
-
-
-def execute(conn: psycopg.Connection[Any], statement: sql.Composable | str, params: Any = None) -> None:
-    """Run one statement, retrying lock timeouts (the statement waited, nothing was changed)."""
-    for attempt in retrying.lock_timeouts(attempts=LOCK_RETRIES, first_s=0.05, max_s=2.0):
-        with attempt:
-            conn.execute(statement, params)  # type: ignore[arg-type]
 
 
 def _with(c: Collection) -> sql.Composed:
@@ -70,41 +65,14 @@ def _with(c: Collection) -> sql.Composed:
 
 def build_next_index(conn: psycopg.Connection[Any], c: Collection, representation: str) -> None:
     """Build the collection's index for ``representation`` under the ``memstore_next_c<id>`` names."""
-    key = sql.SQL(specs.key_expression(representation, c.dimensions))
-    ops = sql.SQL(specs.opclass(representation, c.metric))
-    if c.partitions == 1:
-        execute(
-            conn,
-            sql.SQL("CREATE INDEX CONCURRENTLY {i} ON {t} USING hnsw ({k} {o}) {w}").format(
-                i=sql.Identifier(specs.next_index(c.id)), t=c.table, k=key, o=ops, w=_with(c)
-            ),
-        )
-        return
-    parent = specs.next_index(c.id)
-    execute(
-        conn,
-        sql.SQL("CREATE INDEX {i} ON ONLY {t} USING hnsw ({k} {o}) {w}").format(
-            i=sql.Identifier(parent), t=c.table, k=key, o=ops, w=_with(c)
-        ),
+    definition = sql.SQL("USING hnsw ({k} {o}) {w}").format(
+        k=sql.SQL(specs.key_expression(representation, c.dimensions)),
+        o=sql.SQL(specs.opclass(representation, c.metric)),
+        w=_with(c),
     )
-    for i, part in enumerate(c.partition_tables()):
-        child = specs.next_index(c.id, i)
-        execute(
-            conn,
-            sql.SQL("CREATE INDEX CONCURRENTLY {i} ON {p} USING hnsw ({k} {o}) {w}").format(
-                i=sql.Identifier(child), p=sql.Identifier(part), k=key, o=ops, w=_with(c)
-            ),
-        )
-        execute(
-            conn,
-            sql.SQL("ALTER INDEX {} ATTACH PARTITION {}").format(sql.Identifier(parent), sql.Identifier(child)),
-        )
-
-
-def drop_index(conn: psycopg.Connection[Any], name: str, *, partitioned: bool) -> None:
-    # A partitioned index cannot be dropped concurrently; the short lock_timeout bounds the stall.
-    concurrently = sql.SQL("") if partitioned else sql.SQL("CONCURRENTLY ")
-    execute(conn, sql.SQL("DROP INDEX {}IF EXISTS {}").format(concurrently, sql.Identifier(name)))
+    online_ddl.build_index(
+        conn, c, specs.next_index(c.id), definition, partition_name=lambda i: specs.next_index(c.id, i)
+    )
 
 
 def promote_next_index(conn: psycopg.Connection[Any], c: Collection) -> None:
@@ -113,7 +81,7 @@ def promote_next_index(conn: psycopg.Connection[Any], c: Collection) -> None:
     if c.partitions > 1:
         renames += [(specs.next_index(c.id, i), f"{part}_hnsw") for i, part in enumerate(c.partition_tables())]
     for old, new in renames:
-        execute(conn, sql.SQL("ALTER INDEX {} RENAME TO {}").format(sql.Identifier(old), sql.Identifier(new)))
+        online_ddl.rename_index(conn, old, new)
 
 
 def main_indexes(conn: psycopg.Connection[Any], c: Collection) -> list[dict[str, Any]]:

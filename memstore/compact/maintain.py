@@ -131,7 +131,10 @@ def probe_compact_recall(
         vectors = [v for v in vectors if v.shape == (c.dimensions,) and np.isfinite(v).all()]
         # The compact search's answers (the index as configured, re-ranked on full vectors), then the
         # true answers of every query from one scan bounded by them, as the maintenance probes do.
-        found = [[(r.id, r.distance) for r in store.search(collection=collection, vector=v, k=k)] for v in vectors]
+        found = [
+            [(r.id, r.distance) for r in store.search(collection=collection, vector=v, k=k) if r.distance is not None]
+            for v in vectors
+        ]
         with conn.transaction(), conn.cursor() as cur:
             apply(
                 cur,

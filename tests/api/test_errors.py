@@ -97,9 +97,17 @@ def test_malformed_and_mistyped_bodies(fake_client: httpx.Client, fake_collectio
 
 def test_search_errors(fake_client: httpx.Client, fake_collection: str) -> None:
     url = f"/v1/collections/{fake_collection}/search"
-    assert "exactly one" in problem(fake_client.post(url, json={"k": 3}), 422, "invalid-input")["detail"]
-    r = fake_client.post(url, json={"text": "a", "vector": [0.0] * 64})
-    assert "text and vector" in problem(r, 422, "invalid-input")["detail"]
+    assert "give a text, an image" in problem(fake_client.post(url, json={"k": 3}), 422, "invalid-input")["detail"]
+    r = fake_client.post(url, json={"item_id": 1, "vector": [0.0] * 64})
+    assert "at most one of image, vector or item_id" in problem(r, 422, "invalid-input")["detail"]
+    r = fake_client.post(url, json={"text": "a", "vector": [0.5] * 64, "mode": "keyword"})
+    assert "keyword search takes a text alone" in problem(r, 422, "invalid-input")["detail"]
+    r = fake_client.post(url, json={"vector": [0.5] * 64, "mode": "hybrid"})
+    assert "needs a text" in problem(r, 422, "invalid-input")["detail"]
+    r = fake_client.post(url, json={"text": "a", "k": 10, "offset": 995})
+    assert "offset + k" in problem(r, 422, "invalid-input")["detail"]
+    r = fake_client.post(url, json={"text": "a", "mode": "keyword", "weights": {"vector": -1}})
+    problem(r, 422, "invalid-input")
     assert (
         "MEMSTORE_API_MAX_K"
         in problem(fake_client.post(url, json={"text": "a", "k": 21}), 422, "invalid-input")["detail"]

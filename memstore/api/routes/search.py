@@ -26,10 +26,25 @@ from memstore.api.schemas import SearchOut, SearchRequest
 from memstore.collections import validate_name
 from memstore.keys import ApiKey
 from memstore.models import SearchResult
+from memstore.search_query import SearchQuery, Weights, check_query
 
 router = APIRouter(prefix="/v1/collections/{name}", tags=["search"], responses=ERROR_RESPONSES)
 
-_FORM_FIELDS = ("text", "vector", "item_id", "k", "filter", "ef_search", "exact")
+_FORM_FIELDS = (
+    "text",
+    "vector",
+    "item_id",
+    "mode",
+    "k",
+    "offset",
+    "candidates",
+    "weights",
+    "score_threshold",
+    "filter",
+    "ef_search",
+    "exact",
+)
+_JSON_FORM_FIELDS = ("vector", "filter", "weights")
 _SEARCH_DOC = {
     "requestBody": {
         "required": True,
@@ -40,6 +55,8 @@ _SEARCH_DOC = {
                     "type": "object",
                     "properties": {
                         "image": {"type": "string", "format": "binary"},
+                        "text": {"type": "string", "description": "keywords to fuse with the image (hybrid)"},
+                        "mode": {"type": "string", "enum": ["vector", "hybrid"]},
                         "k": {"type": "integer", "minimum": 1},
                         "filter": {"type": "string", "description": "a JSON object"},
                         "ef_search": {"type": "integer"},
@@ -74,7 +91,7 @@ async def _parse(request: Request, rt: Runtime) -> tuple[SearchRequest, bytes | 
         values = bodies.text_fields(form, name)
         if values:
             fields[name] = values[-1]
-    for name in ("vector", "filter"):
+    for name in _JSON_FORM_FIELDS:
         if name in fields:
             fields[name] = bodies.json_field(form, name)[-1]
     try:
@@ -87,21 +104,40 @@ async def _parse(request: Request, rt: Runtime) -> tuple[SearchRequest, bytes | 
     return body, image
 
 
-def _query_vector(rt: Runtime, name: str, body: SearchRequest, image: bytes | None) -> tuple[Any, str]:
-    given = [
-        k
-        for k, v in (("text", body.text), ("image", image), ("vector", body.vector), ("item_id", body.item_id))
-        if v is not None
-    ]
-    if len(given) != 1:
+def _sources(body: SearchRequest, image: bytes | None) -> str | None:
+    """Which of image, vector or item_id gives the query vector (at most one); None: the text does."""
+    given = [k for k, v in (("image", image), ("vector", body.vector), ("item_id", body.item_id)) if v is not None]
+    if len(given) > 1:
+        raise Problem("invalid-input", f"give at most one of image, vector or item_id, not {' and '.join(given)}")
+    if not given and body.text is None:
+        raise Problem("invalid-input", "give a text, an image, a vector or an item_id")
+    return given[0] if given else None
+
+
+def _mode(body: SearchRequest, source: str | None) -> str:
+    """The mode as asked, or by default hybrid when the body has a text, else vector."""
+    if body.mode == "keyword":
+        if source is not None:
+            raise Problem("invalid-input", f"a keyword search takes a text alone, not a {source} too")
+        if body.text is None:
+            raise Problem("invalid-input", "a keyword search needs a text")
+        return "keyword"
+    if body.mode == "vector" and source is not None and body.text is not None:
         raise Problem(
-            "invalid-input",
-            f"give exactly one of text, image, vector or item_id, not {' and '.join(given) if given else 'none'}",
+            "invalid-input", f"a vector search takes one of text or {source}; ask for mode 'hybrid' to use both"
         )
-    kind = given[0]
-    if kind == "vector":
-        return body.vector, kind
-    if kind == "item_id":
+    if body.mode == "hybrid" and body.text is None:
+        raise Problem("invalid-input", "a hybrid search needs a text (its keywords)")
+    if body.mode is not None:
+        return body.mode
+    return "hybrid" if body.text is not None else "vector"
+
+
+def _query_vector(rt: Runtime, name: str, body: SearchRequest, image: bytes | None, source: str | None) -> Any:
+    """The query vector of a vector or hybrid search: given, a stored item's, or embedded."""
+    if source == "vector":
+        return body.vector
+    if source == "item_id":
         assert body.item_id is not None
         item = rt.store.get_item(collection=name, id=body.item_id, with_vector=True)
         if item.vector is None:
@@ -109,16 +145,32 @@ def _query_vector(rt: Runtime, name: str, body: SearchRequest, image: bytes | No
                 "conflict",
                 f"item {body.item_id} has no vector yet (status {item.status}); search again once it is ready",
             )
-        return item.vector, kind
-    backend = rt.encoder.require("search by vector or item_id instead")
+        return item.vector
+    purpose = "search with mode 'keyword', or by vector or item_id" if source is None else "search by vector or item_id"
+    backend = rt.encoder.require(purpose)
     check_encodable(rt, rt.store.get_collection(name=name))
-    if kind == "text":
+    if source is None:
         assert body.text is not None
         check_text(rt, body.text, "text")
-        return np.asarray(backend.embed_texts([body.text], priority=Priority.QUERY))[0], kind
+        return np.asarray(backend.embed_texts([body.text], priority=Priority.QUERY))[0]
     assert image is not None
     data, _ = bodies.check_image(image, "image", query_image_options(rt))
-    return np.asarray(backend.embed_images([data], priority=Priority.QUERY))[0], kind
+    return np.asarray(backend.embed_images([data], priority=Priority.QUERY))[0]
+
+
+def check(body: SearchRequest, mode: str, vector: Any) -> SearchQuery:
+    """The search's arguments as the store checks them (bad ones: a 422 naming the argument)."""
+    return check_query(
+        mode=mode,
+        vector=vector,
+        text=body.text if mode != "vector" else None,
+        k=body.k,
+        filter=body.filter,
+        offset=body.offset,
+        candidates=body.candidates,
+        weights=None if body.weights is None else Weights(body.weights.vector, body.weights.keyword),
+        score_threshold=body.score_threshold,
+    )
 
 
 def query_image_options(rt: Runtime) -> ImageOptions:
@@ -129,11 +181,25 @@ def query_image_options(rt: Runtime) -> ImageOptions:
 
 
 def _search(rt: Runtime, name: str, body: SearchRequest, image: bytes | None) -> dict[str, Any]:
-    vector, kind = _query_vector(rt, name, body, image)
+    source = _sources(body, image)
+    mode = _mode(body, source)
+    vector = None if mode == "keyword" else _query_vector(rt, name, body, image, source)
+    q = check(body, mode, vector)
     results = rt.store.search(
-        collection=name, vector=vector, k=body.k, filter=body.filter, ef_search=body.ef_search, exact=body.exact
+        collection=name,
+        vector=q.vector,
+        text=q.text,
+        mode=q.mode,
+        k=q.k,
+        filter=q.filter,
+        ef_search=body.ef_search,
+        exact=body.exact,
+        offset=q.offset,
+        candidates=q.candidates,
+        weights=q.weights,
+        score_threshold=q.score_threshold,
     )
-    return _answer(rt, name, results, vector if kind != "item_id" else None)
+    return _answer(rt, name, results, vector if source != "item_id" else None)
 
 
 def _answer(rt: Runtime, name: str, results: list[SearchResult], query: Any) -> dict[str, Any]:
@@ -149,6 +215,7 @@ def _answer(rt: Runtime, name: str, results: list[SearchResult], query: Any) -> 
                 "external_id": r.external_id,
                 "score": r.score,
                 "distance": r.distance,
+                "ranks": r.ranks,
                 "metadata": r.metadata,
                 "content_url": content_url(name, r.id),
             }
@@ -164,9 +231,12 @@ def _answer(rt: Runtime, name: str, results: list[SearchResult], query: Any) -> 
     response_model=SearchOut,
 )
 async def search(request: Request, name: str) -> JSONResponse:
-    """Exactly one of ``text``, ``image`` (base64 in JSON, or a multipart upload), ``vector`` or ``item_id``.
-    ``filter`` keeps items whose metadata contains it; ``exact`` brute-forces the true nearest items.
-    Each result links to its stored original (``content_url``; 404 for items stored as vectors only)."""
+    """By ``text``, ``image`` (base64 in JSON, or a multipart upload), ``vector`` or ``item_id``, and by
+    a ``text``'s keywords: ``mode`` ``vector``, ``keyword`` or ``hybrid`` (both lists fused; the default
+    when there is a text and a vector can be had for it). ``filter`` keeps items whose metadata
+    contains it; ``exact`` brute-forces the true nearest items. Each hit says where each list ranked
+    it (``ranks``) and links to its stored original (``content_url``; 404 for items stored as vectors
+    only). See docs/search.md."""
     rt = runtime(request)
     authorize(await key_from_header(request), name)
     body, image = await _parse(request, rt)
@@ -184,19 +254,16 @@ async def execute(rt: Runtime, name: str, body: SearchRequest, image: bytes | No
         raise Problem("invalid-input", f"k is {body.k}; the limit is {rt.api.max_k} (MEMSTORE_API_MAX_K)")
     started = time.perf_counter()
     out = None
-    by_vector = body.vector is not None and body.text is None and image is None and body.item_id is None
-    if by_vector and rt.searcher is not None:
-        # A vector search needs no encoder: it stays on the event loop (see memstore.async_search).
-        results = await rt.searcher.search(
-            collection=name,
-            vector=body.vector,
-            k=body.k,
-            filter=body.filter,
-            ef_search=body.ef_search,
-            exact=body.exact,
-        )
-        if results is not None:
-            out = _answer(rt, name, results, body.vector)
+    # A search that needs no model (a vector given, or keywords alone) stays on the event loop (see
+    # memstore.async_search); one that embeds a text or an image goes to the executor.
+    if rt.searcher is not None and image is None and body.item_id is None:
+        source = _sources(body, image)
+        mode = _mode(body, source)
+        if source == "vector" or mode == "keyword":
+            q = check(body, mode, body.vector if mode != "keyword" else None)
+            results = await rt.searcher.search(collection=name, query=q, ef_search=body.ef_search, exact=body.exact)
+            if results is not None:
+                out = _answer(rt, name, results, q.vector)
     if out is None:
         out = await asyncio.get_running_loop().run_in_executor(rt.executor, _search, rt, name, body, image)
     rt.latency.record(time.perf_counter() - started)

@@ -1,0 +1,176 @@
+"""What a search asks for, checked before any database work, and how its rows become results.
+
+Three modes (docs/search.md):
+
+- ``vector``: the nearest items to a vector (the HNSW index);
+- ``keyword``: the items whose keywords (``memstore.keywords``) best match a text, by ``ts_rank_cd``;
+- ``hybrid``: both lists fused by Reciprocal Rank Fusion in one statement (``search_sql.hybrid_statement``).
+
+The store has no model: a hybrid search needs the vector given with the text (the REST API embeds the
+text with the collection's model). With no ``mode``, a text and a vector search ``hybrid``, a vector
+alone ``vector``; ``keyword`` must be asked for.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from memstore.collections import Collection
+from memstore.errors import InvalidInputError
+from memstore.filters import check_filter
+from memstore.models import SearchResult
+
+Mode = Literal["vector", "keyword", "hybrid"]
+MODES: tuple[str, ...] = ("vector", "keyword", "hybrid")
+MAX_K = 1000
+# offset + k: deeper pages are a sign of a scan, not a search (export with the listing instead).
+MAX_WINDOW = 1000
+MAX_QUERY_TEXT = 4096
+MAX_WEIGHT = 100.0
+
+
+@dataclass(frozen=True)
+class Weights:
+    """How much each list counts in a hybrid search's fusion."""
+
+    vector: float = 1.0
+    keyword: float = 1.0
+
+
+@dataclass(frozen=True)
+class SearchQuery:
+    mode: Mode
+    k: int
+    vector: Any
+    text: str | None
+    filter: dict[str, Any] | None
+    offset: int
+    candidates: int
+    weights: Weights
+    score_threshold: float | None
+    pool: int | None
+
+    @property
+    def window(self) -> int:
+        """How many rows of the ranked list the answer reaches down to."""
+        return self.offset + self.k
+
+
+def check_query(
+    *,
+    mode: str | None,
+    vector: Any,
+    text: str | None,
+    k: int,
+    filter: dict[str, Any] | None = None,
+    offset: int = 0,
+    candidates: int | None = None,
+    weights: Weights | dict[str, float] | None = None,
+    score_threshold: float | None = None,
+    pool: int | None = None,
+) -> SearchQuery:
+    """A search's arguments, checked; InvalidInputError names the first that is wrong."""
+    k = _count("k", k, 1, MAX_K)
+    offset = _count("offset", offset, 0, MAX_WINDOW - 1)
+    if offset + k > MAX_WINDOW:
+        raise InvalidInputError(f"offset + k is {offset + k}; the limit is {MAX_WINDOW}")
+    if pool is not None:
+        _count("pool", pool, 1, MAX_K)
+    chosen = resolve_mode(mode, has_text=text is not None, has_vector=vector is not None)
+    if chosen != "vector":
+        if not isinstance(text, str) or not text.strip() or "\x00" in text:
+            raise InvalidInputError("text must be a non-blank string without NUL characters")
+        if len(text) > MAX_QUERY_TEXT:
+            raise InvalidInputError(
+                f"text has {len(text)} characters; the limit for a keyword search is {MAX_QUERY_TEXT}"
+            )
+    if candidates is None:
+        candidates = min(MAX_WINDOW, max(50, 4 * (offset + k)))
+    candidates = _count("candidates", candidates, 1, MAX_WINDOW)
+    if candidates < offset + k:
+        raise InvalidInputError(f"candidates ({candidates}) must be at least offset + k ({offset + k})")
+    if score_threshold is not None and (
+        isinstance(score_threshold, bool)
+        or not isinstance(score_threshold, int | float)
+        or not math.isfinite(score_threshold)
+    ):
+        raise InvalidInputError(f"score_threshold must be a finite number, not {score_threshold!r}")
+    return SearchQuery(
+        mode=chosen,
+        k=k,
+        vector=vector if chosen != "keyword" else None,
+        text=text if chosen != "vector" else None,
+        filter=check_filter(filter),
+        offset=offset,
+        candidates=candidates,
+        weights=_weights(weights),
+        score_threshold=None if score_threshold is None else float(score_threshold),
+        pool=pool,
+    )
+
+
+def resolve_mode(mode: str | None, *, has_text: bool, has_vector: bool) -> Mode:
+    if mode is None:
+        if has_vector:
+            return "hybrid" if has_text else "vector"
+        if has_text:
+            raise InvalidInputError(
+                "a text alone searches by keyword: ask for mode='keyword', or give the text's vector too (hybrid)"
+            )
+        raise InvalidInputError("give a vector, a text, or both")
+    if mode not in MODES:
+        raise InvalidInputError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+    if mode in ("vector", "hybrid") and not has_vector:
+        raise InvalidInputError(f"a {mode} search needs a vector")
+    if mode in ("keyword", "hybrid") and not has_text:
+        raise InvalidInputError(f"a {mode} search needs a text")
+    return mode  # type: ignore[return-value]
+
+
+def _count(name: str, value: Any, low: int, high: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise InvalidInputError(f"{name} must be an integer between {low} and {high}, not {value!r}")
+    return value
+
+
+def _weights(value: Weights | dict[str, float] | None) -> Weights:
+    if value is None:
+        return Weights()
+    if isinstance(value, Weights):
+        given = {"vector": value.vector, "keyword": value.keyword}
+    elif isinstance(value, dict):
+        unknown = set(value) - {"vector", "keyword"}
+        if unknown:
+            raise InvalidInputError(f"weights takes 'vector' and 'keyword', not {', '.join(sorted(unknown))}")
+        given = {"vector": value.get("vector", 1.0), "keyword": value.get("keyword", 1.0)}
+    else:
+        raise InvalidInputError(f"weights must be an object such as {{'vector': 1, 'keyword': 1}}, not {value!r}")
+    for name, w in given.items():
+        if isinstance(w, bool) or not isinstance(w, int | float) or not 0 <= w <= MAX_WEIGHT:
+            raise InvalidInputError(f"weights.{name} must be a number between 0 and {MAX_WEIGHT:g}, not {w!r}")
+    if given["vector"] == 0 and given["keyword"] == 0:
+        raise InvalidInputError("weights cannot both be 0")
+    return Weights(vector=float(given["vector"]), keyword=float(given["keyword"]))
+
+
+def results(c: Collection, q: SearchQuery, rows: list[tuple[Any, ...]]) -> list[SearchResult]:
+    """A search's rows as results, best first.
+
+    Vector rows are (id, external_id, metadata, distance): the first ``offset`` are skipped here and
+    the score is the metric's similarity. Keyword and hybrid rows also carry their score and both
+    ranks. A row whose distance is not a number (a zero vector stored in a cosine collection before
+    such vectors were refused) is near nothing: a vector search leaves it out."""
+    out: list[SearchResult] = []
+    if q.mode == "vector":
+        for rank, r in enumerate(rows[q.offset : q.window], start=q.offset + 1):
+            if math.isfinite(r[3]):
+                out.append(SearchResult(r[0], r[1], float(r[3]), c.score(float(r[3])), r[2], rank, None))
+    else:
+        for r in rows:
+            distance = None if r[3] is None or not math.isfinite(r[3]) else float(r[3])
+            out.append(SearchResult(r[0], r[1], distance, float(r[4]), r[2], r[5], r[6]))
+    if q.score_threshold is not None:
+        out = [r for r in out if r.score >= q.score_threshold]
+    return out
