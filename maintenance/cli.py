@@ -9,156 +9,198 @@ memstore-maint daemon [--interval S]                    passes until SIGTERM/SIG
 memstore-maint history [--json] [--probes] [--limit N]  the recorded actions (or probes)
 memstore-maint report --plot FILE.png                   recall, dead fraction, size over time
 memstore-maint handback                                 give index cleanup back to autovacuum
+
+Every subcommand takes --collection (repeatable), --json, --database-url and -v after its name.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
+import functools
 import logging
-import signal
 import sys
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import click
+
 from maintenance.config import MaintenanceConfig
-from maintenance.progress import Progress
+from maintenance.display import Bars, fmt_bytes, table
 from maintenance.worker import EXIT_FAILED, EXIT_OK, ActionOutcome, MaintenanceWorker
+from memstore.cli_support import CONTEXT_SETTINGS, emit, json_option, run, stop_on_signals
 from memstore.db import get_engine
 from memstore.settings import Settings, get_settings
 
 log = logging.getLogger("memstore-maint")
 
 
-def _parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--collection", action="append", help="only this collection (repeatable)")
-    common.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    common.add_argument("--database-url", help="overrides MEMSTORE_DATABASE_URL")
-    common.add_argument("-v", "--verbose", action="store_true")
-    parser = argparse.ArgumentParser(prog="memstore-maint", description="HNSW index maintenance for memstore")
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("status", parents=[common], help="state of every index, without a recall probe")
-    sub.add_parser("probe", parents=[common], help="probe every index (with sampled recall) and record it")
-    for name, aliases in (("vacuum", []), ("rebuild", ["compact"])):
-        what = "VACUUM" if name == "vacuum" else "rebuild concurrently (REINDEX CONCURRENTLY)"
-        p = sub.add_parser(name, aliases=aliases, parents=[common], help=f"{what} every selected index now")
-        p.add_argument("--partition", type=int, help="only this partition of a partitioned collection")
-    run = sub.add_parser("run", parents=[common], help="one pass of the policy")
-    run.add_argument("--once", action="store_true", help="one pass, then exit (the default; for cron)")
-    daemon = sub.add_parser("daemon", parents=[common], help="a pass every --interval seconds until SIGTERM")
-    daemon.add_argument("--interval", type=float, help="seconds between passes (default MEMSTORE_MAINT_INTERVAL_S)")
-    hist = sub.add_parser("history", parents=[common], help="recorded actions (or probes)")
-    hist.add_argument("--probes", action="store_true")
-    hist.add_argument("--limit", type=int, default=50)
-    hist.add_argument("--since-hours", type=float)
-    report = sub.add_parser("report", parents=[common], help="plot the history")
-    report.add_argument("--plot", type=Path, required=True, metavar="FILE.png")
-    report.add_argument("--since-hours", type=float)
-    sub.add_parser("handback", parents=[common], help="give index cleanup back to autovacuum")
-    return parser
+@dataclass(frozen=True)
+class Common:
+    """The options every subcommand takes."""
+
+    collections: list[str] | None  # None: every collection
+    as_json: bool
+    database_url: str | None
+    verbose: bool
 
 
-class Bars:
-    """tqdm progress bars fed from the progress views, one per target and phase kind."""
+def common_options(command: Callable[..., int]) -> Callable[..., int]:
+    """Add the options every subcommand takes and hand them to ``command`` as one :class:`Common`."""
 
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self.bars: dict[tuple[str, str], Any] = {}
+    @click.option(
+        "--collection", "collections", multiple=True, metavar="NAME", help="only this collection (repeatable)"
+    )
+    @json_option("print JSON instead of a table")
+    @click.option("--database-url", metavar="URL", help="overrides MEMSTORE_DATABASE_URL")
+    @click.option("-v", "--verbose", is_flag=True, help="log more")
+    @functools.wraps(command)
+    def with_common(
+        collections: tuple[str, ...], as_json: bool, database_url: str | None, verbose: bool, **options: Any
+    ) -> int:
+        return command(Common(list(collections) or None, as_json, database_url, verbose), **options)
 
-    def __call__(self, p: Progress) -> None:
-        if not self.enabled:
-            return
-        from tqdm import tqdm
-
-        key = (p.label, p.kind)
-        bar = self.bars.get(key)
-        if p.finished:
-            if bar is not None:
-                bar.close()
-                del self.bars[key]
-            return
-        if bar is None:
-            verb = "rebuild" if p.kind == "create_index" else "vacuum"
-            bar = self.bars[key] = tqdm(total=max(p.total, 1), desc=f"{verb} {p.label}", file=sys.stderr, leave=False)
-        bar.total = max(p.total, 1)
-        bar.n = min(p.done, bar.total)
-        bar.set_postfix_str(p.phase, refresh=False)
-        bar.refresh()
+    return with_common
 
 
-@contextmanager
-def _signals(stop: threading.Event) -> Iterator[None]:
-    """SIGTERM/SIGINT set ``stop``: the running statement is cancelled, recorded, and the pass ends."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, _frame: object) -> None:
-        log.warning("signal %d: stopping after cancelling the running statement", signum)
-        stop.set()
-
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
+@click.group(context_settings=CONTEXT_SETTINGS)
+def cli() -> None:
+    """HNSW index maintenance for memstore."""
 
 
-def _fmt_bytes(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "kB", "MB", "GB"):
-        if abs(n) < 1024 or unit == "GB":
-            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
-        n /= 1024
-    return f"{n:.1f}GB"
+def _run(
+    common: Common, body: Callable[[MaintenanceWorker], int], *, daemon: bool = False, interval: float | None = None
+) -> int:
+    """Set up logging, the settings and the worker, then run ``body`` with SIGTERM/SIGINT stopping it
+    (the running statement is cancelled and recorded, and the pass ends)."""
+    logging.basicConfig(
+        level=logging.INFO if common.verbose or daemon else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    settings: Settings = get_settings()
+    if common.database_url:
+        settings = settings.model_copy(update={"database_url": common.database_url})
+    config = MaintenanceConfig()
+    if interval:
+        config = config.model_copy(update={"interval_s": interval})
+    engine = get_engine(settings)
+    bars = Bars(enabled=not common.as_json and sys.stderr.isatty())
+    worker = MaintenanceWorker(
+        engine, settings=settings, config=config, collections=common.collections, on_progress=bars
+    )
+    with stop_on_signals(worker.stop, on_signal=_announce_stop):
+        return body(worker)
 
 
-def format_duration(seconds: float) -> str:
-    """A duration for people: 3.1 ms, 0.84 s, 12.3 s, 4 min 05 s, 2 h 03 min."""
-    if seconds < 1:
-        return f"{seconds * 1000:.1f} ms" if seconds < 0.1 else f"{seconds:.2f} s"
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    if seconds < 3600:
-        return f"{int(seconds // 60)} min {int(seconds % 60):02d} s"
-    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60):02d} min"
+def _announce_stop(signum: int) -> None:
+    log.warning("signal %d: stopping after cancelling the running statement", signum)
 
 
-def format_cell(column: str, value: Any) -> str:
-    """A table cell: durations (columns ending in _s) in units, other floats to 4 significant digits,
-    times to the second."""
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return format_duration(value) if column.endswith("_s") else f"{value:.4g}"
-    if isinstance(value, datetime):
-        return value.isoformat(sep=" ", timespec="seconds")
-    return str(value)
+@cli.command(short_help="state of every index, without a recall probe")
+@common_options
+def status(common: Common) -> int:
+    """Show the state of every index (size, dead rows, last action, recommendation) without probing recall."""
+    return _run(common, lambda worker: _status(worker, common, with_recall=False))
 
 
-def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    cells = [[format_cell(c, r.get(c)) for c in columns] for r in rows]
-    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
-    return "\n".join(lines)
+@cli.command(short_help="probe every index (with sampled recall) and record it")
+@common_options
+def probe(common: Common) -> int:
+    """Probe every index, with sampled recall, and record the probe."""
+    return _run(common, lambda worker: _status(worker, common, with_recall=True))
 
 
-def _emit(args: argparse.Namespace, payload: Any, table: Callable[[], str]) -> None:
-    if args.json:
-        print(json.dumps(payload, default=str))
-    else:
-        print(table())
+def _index_action(
+    name: str, action: str, summary: str, details: str, *, old_name_of: str | None = None
+) -> click.Command:
+    """``vacuum`` and ``rebuild``; ``old_name_of`` makes a command under a former name, hidden from the
+    help, that says so on stderr and does the same."""
+
+    @click.command(name, short_help=summary, help=details, hidden=old_name_of is not None)
+    @click.option("--partition", type=int, metavar="N", help="only this partition of a partitioned collection")
+    @common_options
+    def command(common: Common, partition: int | None) -> int:
+        if old_name_of:
+            click.echo(
+                f"memstore-maint: '{name}' is now called '{old_name_of}'; the old name goes in the next release",
+                err=True,
+            )
+        requested = old_name_of or name
+        return _run(common, lambda worker: _act(worker, common, action, requested=requested, partition=partition))
+
+    return command
 
 
-def _status(worker: MaintenanceWorker, args: argparse.Namespace, *, with_recall: bool) -> int:
+REBUILD_DETAILS = (
+    "Rebuild every selected index now: REINDEX INDEX CONCURRENTLY (searches and writes go on meanwhile), then VACUUM."
+)
+cli.add_command(
+    _index_action("vacuum", "vacuum", "VACUUM every selected index now", "VACUUM every selected index now.")
+)
+cli.add_command(_index_action("rebuild", "rebuild", "rebuild every selected index concurrently", REBUILD_DETAILS))
+cli.add_command(
+    _index_action(
+        "compact",
+        "rebuild",
+        "the old name of rebuild",
+        "The old name of rebuild, kept for a release. " + REBUILD_DETAILS,
+        old_name_of="rebuild",
+    )
+)
+
+
+@cli.command("run", short_help="one pass of the policy")
+# A pass, then exit, is all `run` does: --once is accepted for the cron lines that spell it out.
+@click.option("--once", is_flag=True, expose_value=False, help="one pass, then exit (the default; for cron)")
+@common_options
+def run_command(common: Common) -> int:
+    """One pass of the policy: probe every index, act where it says so, print what was done. Exits 1
+    when any action failed."""
+
+    def one_pass(worker: MaintenanceWorker) -> int:
+        code = worker.run_once()
+        return max(code, _outcomes(common, worker.last_outcomes))
+
+    return _run(common, one_pass)
+
+
+@cli.command(short_help="a pass every --interval seconds until SIGTERM")
+@click.option("--interval", type=float, metavar="S", help="seconds between passes (default MEMSTORE_MAINT_INTERVAL_S)")
+@common_options
+def daemon(common: Common, interval: float | None) -> int:
+    """Run a pass of the policy every --interval seconds until SIGTERM or SIGINT."""
+    return _run(common, lambda worker: worker.run_forever(), daemon=True, interval=interval)
+
+
+@cli.command(short_help="recorded actions (or probes)")
+@click.option("--probes", is_flag=True, help="list the recorded probes instead of the actions")
+@click.option("--limit", type=int, default=50, metavar="N", help="the most rows shown")
+@click.option("--since-hours", type=float, metavar="H", help="only the last H hours")
+@common_options
+def history(common: Common, probes: bool, limit: int, since_hours: float | None) -> int:
+    """List the recorded actions (what was done, why, how long), or with --probes the probes."""
+    return _run(common, lambda worker: _history(worker, common, probes=probes, limit=limit, since_hours=since_hours))
+
+
+@cli.command(short_help="plot the history")
+@click.option("--plot", type=click.Path(path_type=Path), required=True, metavar="FILE.png", help="where to write it")
+@click.option("--since-hours", type=float, metavar="H", help="only the last H hours")
+@common_options
+def report(common: Common, plot: Path, since_hours: float | None) -> int:
+    """Plot recall, dead fraction and index size over time, with the actions marked."""
+    return _run(common, lambda worker: _report(worker, common, plot=plot, since_hours=since_hours))
+
+
+@cli.command(short_help="give index cleanup back to autovacuum")
+@common_options
+def handback(common: Common) -> int:
+    """Give index cleanup back to autovacuum (do this if you stop running the maintenance worker)."""
+    return _run(common, lambda worker: _act(worker, common, "hand_back", requested="handback"))
+
+
+def _status(worker: MaintenanceWorker, common: Common, *, with_recall: bool) -> int:
     from maintenance.probes import parse_json
 
     rows: list[dict[str, Any]] = []
@@ -190,20 +232,20 @@ def _status(worker: MaintenanceWorker, args: argparse.Namespace, *, with_recall:
         "recommendation",
     ]
 
-    def table() -> str:
-        shown = [
+    def shown() -> str:
+        cells = [
             r
             | {
-                "index": _fmt_bytes(r["index_bytes"]),
-                "fresh": _fmt_bytes(r["fresh_bytes"]),
+                "index": fmt_bytes(r["index_bytes"]),
+                "fresh": fmt_bytes(r["fresh_bytes"]),
                 "ratio": r["size_ratio"],
                 "recall": None if r["last_recall"] is None else round(r["last_recall"], 3),
             }
             for r in rows
         ]
-        return _table(shown, columns) if shown else "no collections"
+        return table(cells, columns) if cells else "no collections"
 
-    _emit(args, rows, table)
+    emit(common.as_json, rows, shown)
     return EXIT_OK
 
 
@@ -213,35 +255,44 @@ def _last_sql() -> str:
     return sqlfiles.text("last_clean")
 
 
-def _outcomes(args: argparse.Namespace, outcomes: list[ActionOutcome]) -> int:
+def _outcomes(common: Common, outcomes: list[ActionOutcome]) -> int:
     payload = [o.__dict__ for o in outcomes]
     columns = ["collection", "table", "decision", "outcome", "duration_s", "reason", "error"]
-    _emit(args, payload, lambda: _table(payload, columns))
+    emit(common.as_json, payload, lambda: table(payload, columns))
     return EXIT_FAILED if any(o.outcome == "failed" for o in outcomes) else EXIT_OK
 
 
-def _act(worker: MaintenanceWorker, args: argparse.Namespace, action: str) -> int:
+def _act(
+    worker: MaintenanceWorker, common: Common, action: str, *, requested: str, partition: int | None = None
+) -> int:
     outcomes: list[ActionOutcome] = []
     with worker.connect() as conn:
         targets = worker.targets(conn)
-    partition = getattr(args, "partition", None)
     for target in targets:
         if partition is not None and target.partition != partition:
             continue
         if worker.stop.is_set():
             break
-        outcomes.append(worker.act(target, action, reason=f"requested: memstore-maint {args.command}"))
-    return _outcomes(args, outcomes)
+        outcomes.append(worker.act(target, action, reason=f"requested: memstore-maint {requested}"))
+    return _outcomes(common, outcomes)
 
 
-def _history(worker: MaintenanceWorker, args: argparse.Namespace) -> int:
+def _since(hours: float | None) -> datetime | None:
+    return datetime.now(UTC) - timedelta(hours=hours) if hours else None
+
+
+def _one_collection(common: Common) -> str | None:
+    """The collection the history query can filter on in SQL: only when exactly one is asked for."""
+    return common.collections[0] if common.collections and len(common.collections) == 1 else None
+
+
+def _history(worker: MaintenanceWorker, common: Common, *, probes: bool, limit: int, since_hours: float | None) -> int:
     from maintenance import history
 
-    since = datetime.now(UTC) - timedelta(hours=args.since_hours) if args.since_hours else None
-    collection = args.collection[0] if args.collection and len(args.collection) == 1 else None
+    since, collection = _since(since_hours), _one_collection(common)
     with worker.connect() as conn:
-        if args.probes:
-            rows = history.list_probes(conn, collection=collection, since=since, limit=args.limit)
+        if probes:
+            rows = history.list_probes(conn, collection=collection, since=since, limit=limit)
             columns = [
                 "taken_at",
                 "collection",
@@ -254,79 +305,42 @@ def _history(worker: MaintenanceWorker, args: argparse.Namespace) -> int:
                 "recommendation",
             ]
         else:
-            rows = history.list_actions(conn, collection=collection, since=since, limit=args.limit)
+            rows = history.list_actions(conn, collection=collection, since=since, limit=limit)
             columns = ["started_at", "collection", "partition_table", "action", "outcome", "duration_s", "reason"]
-    if args.collection:
-        rows = [r for r in rows if r["collection"] in args.collection]
-    _emit(args, rows, lambda: _table(rows, columns) if rows else "no history")
+    if common.collections:
+        rows = [r for r in rows if r["collection"] in common.collections]
+    emit(common.as_json, rows, lambda: table(rows, columns) if rows else "no history")
     return EXIT_OK
 
 
-def _report(worker: MaintenanceWorker, args: argparse.Namespace) -> int:
+def _report(worker: MaintenanceWorker, common: Common, *, plot: Path, since_hours: float | None) -> int:
     from maintenance import history
     from maintenance.report import plot_history
 
-    since = datetime.now(UTC) - timedelta(hours=args.since_hours) if args.since_hours else None
-    collection = args.collection[0] if args.collection and len(args.collection) == 1 else None
+    since, collection = _since(since_hours), _one_collection(common)
     with worker.connect() as conn:
         probes = history.list_probes(conn, collection=collection, since=since, limit=100_000)
         actions = history.list_actions(conn, collection=collection, since=since, limit=10_000)
     if not probes:
-        print("no probes recorded yet: run `memstore-maint probe` or `run --once` first", file=sys.stderr)
+        click.echo("no probes recorded yet: run `memstore-maint probe` or `run --once` first", err=True)
         return EXIT_FAILED
-    path = plot_history(probes, actions, args.plot)
-    _emit(args, {"plot": str(path), "probes": len(probes), "actions": len(actions)}, lambda: f"wrote {path}")
+    path = plot_history(probes, actions, plot)
+    emit(common.as_json, {"plot": str(path), "probes": len(probes), "actions": len(actions)}, lambda: f"wrote {path}")
     return EXIT_OK
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    if args.command == "compact":
-        print(
-            "memstore-maint: 'compact' is now called 'rebuild'; the old name goes in the next release", file=sys.stderr
-        )
-        args.command = "rebuild"
-    logging.basicConfig(
-        level=logging.INFO if args.verbose or args.command == "daemon" else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    settings: Settings = get_settings()
-    if args.database_url:
-        settings = settings.model_copy(update={"database_url": args.database_url})
-    config = MaintenanceConfig()
-    if getattr(args, "interval", None):
-        config = config.model_copy(update={"interval_s": args.interval})
-    try:
-        engine = get_engine(settings)
-        bars = Bars(enabled=not args.json and sys.stderr.isatty())
-        worker = MaintenanceWorker(
-            engine, settings=settings, config=config, collections=args.collection, on_progress=bars
-        )
-        with _signals(worker.stop):
-            if args.command in ("status", "probe"):
-                return _status(worker, args, with_recall=args.command == "probe")
-            if args.command in ("vacuum", "rebuild"):
-                return _act(worker, args, args.command)
-            if args.command == "handback":
-                return _act(worker, args, "hand_back")
-            if args.command == "run":
-                code = worker.run_once()
-                return max(code, _outcomes(args, worker.last_outcomes))
-            if args.command == "daemon":
-                return worker.run_forever()
-            if args.command == "history":
-                return _history(worker, args)
-            if args.command == "report":
-                return _report(worker, args)
-    except LookupError as exc:
-        print(f"memstore-maint: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    except Exception as exc:  # cron wants a short line and a non-zero exit, not a traceback
-        log.debug("failed", exc_info=True)
-        print(f"memstore-maint: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+def report_error(exc: Exception) -> int:
+    """Cron wants a short line and a non-zero exit, not a traceback (logged at debug level)."""
+    if isinstance(exc, LookupError):
+        click.echo(f"memstore-maint: {exc}", err=True)
+    else:
+        log.debug("failed", exc_info=exc)
+        click.echo(f"memstore-maint: {type(exc).__name__}: {exc}", err=True)
     return EXIT_FAILED
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run(cli, argv, prog="memstore-maint", on_error=report_error)
 
 
 if __name__ == "__main__":

@@ -1,19 +1,20 @@
-"""The ``memstore`` command: ``serve``, ``db``, and the subcommands of memstore.commands.*."""
+"""The ``memstore`` command: one click group; each subcommand lives in a module of memstore.commands."""
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import logging
 import sys
 from collections.abc import Sequence
 
+import click
 import psycopg
 import sqlalchemy as sa
 
+from memstore.cli_support import CONTEXT_SETTINGS, EXIT_USAGE, run
 from memstore.errors import MemstoreError
 
-# Each module defines register(subparsers) and gives its parsers a ``func(args) -> int``.
+# Each module defines ``command``: a click command or group, added here under its own name.
 COMMAND_MODULES = (
     "memstore.commands.serve",
     "memstore.commands.db",
@@ -23,32 +24,33 @@ COMMAND_MODULES = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="memstore", description="A multimodal vector memory in PostgreSQL.")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log more")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
-    return parser
+@click.group(context_settings=CONTEXT_SETTINGS)
+@click.option("-v", "--verbose", is_flag=True, help="log more")
+def cli(verbose: bool) -> None:
+    """A multimodal vector memory in PostgreSQL."""
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+
+
+for _module in COMMAND_MODULES:
+    cli.add_command(importlib.import_module(_module).command)
+
+
+def report_error(exc: Exception) -> int | None:
+    """What a user can act on becomes one line and exit code 2; anything else keeps its traceback."""
+    if isinstance(exc, MemstoreError):
+        click.echo(f"memstore: {exc}", err=True)
+        return EXIT_USAGE
+    if isinstance(exc, psycopg.OperationalError | sa.exc.OperationalError):
+        reason = str(getattr(exc, "orig", None) or exc).strip()
+        click.echo(f"memstore: cannot reach the database ({reason}); check MEMSTORE_DATABASE_URL", err=True)
+        return EXIT_USAGE
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
-    try:
-        code: int = args.func(args)
-    except MemstoreError as exc:
-        print(f"memstore: {exc}", file=sys.stderr)
-        return 2
-    except (psycopg.OperationalError, sa.exc.OperationalError) as exc:
-        reason = str(getattr(exc, "orig", None) or exc).strip()
-        print(f"memstore: cannot reach the database ({reason}); check MEMSTORE_DATABASE_URL", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    return code
+    return run(cli, argv, prog="memstore", on_error=report_error)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import threading
 import warnings
 from contextlib import suppress
@@ -78,20 +77,6 @@ def _forget_dead_handles(server_class: Any, pgdata: Path) -> None:
         alive = [pid for pid in pids if psutil.pid_exists(pid)]
         if alive != pids:
             handles.write_text(json.dumps(alive))
-
-
-def exit_cleanly_on_sigterm() -> None:
-    """Turn SIGTERM into SystemExit so atexit handlers run and the last process stops the server.
-
-    uvicorn re-raises the signals it caught once it has shut down; with this handler in place that
-    becomes a normal interpreter exit instead of death by signal. A requested stop is a success: 0.
-    """
-
-    def _exit(_signum: int, _frame: object) -> None:
-        raise SystemExit(0)
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _exit)
 
 
 def _ensure_database(admin_url: str, database: str) -> None:

@@ -18,7 +18,8 @@ from memstore.db import libpq_url
 HOLDER = textwrap.dedent(
     """
     import sys, time
-    from memstore.embedded import exit_cleanly_on_sigterm, start_embedded_server
+    from memstore.cli_support import exit_cleanly_on_sigterm
+    from memstore.embedded import start_embedded_server
     exit_cleanly_on_sigterm()
     url = start_embedded_server(sys.argv[1], maintenance_work_mem="64MB", max_parallel_maintenance_workers=1)
     print(url, flush=True)

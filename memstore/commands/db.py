@@ -2,45 +2,45 @@
 
 from __future__ import annotations
 
-import argparse
-import json
+import click
 
 from memstore import migrate
+from memstore.cli_support import emit, json_option
 from memstore.db import libpq_url, resolve_database_url
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    db = sub.add_parser("db", help="database migrations and facts")
-    dbsub = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
-    up = dbsub.add_parser("upgrade", help="apply migrations (starts the embedded server when no URL is set)")
-    up.add_argument("--revision", default="head")
-    up.add_argument("--json", action="store_true", help="print the result as JSON")
-    up.set_defaults(func=_upgrade)
-    cur = dbsub.add_parser("current", help="print the applied revision")
-    cur.add_argument("--json", action="store_true")
-    cur.set_defaults(func=_current)
-    url = dbsub.add_parser("url", help="print a libpq URL for psql and other tools")
-    url.set_defaults(func=_url)
+@click.group("db", short_help="database migrations and facts")
+def command() -> None:
+    """Migrations and connection facts, for the configured database (MEMSTORE_DATABASE_URL) or,
+    without one, the embedded server."""
 
 
-def _upgrade(args: argparse.Namespace) -> int:
+@command.command(short_help="apply migrations")
+@click.option("--revision", default="head", metavar="REV", help="the revision to reach")
+@json_option()
+def upgrade(revision: str, as_json: bool) -> int:
+    """Apply migrations (starts the embedded server when no URL is set)."""
     url = resolve_database_url()
     before = migrate.current_revision(url)
-    migrate.upgrade(url, args.revision)
+    migrate.upgrade(url, revision)
     after = migrate.current_revision(url)
-    if args.json:
-        print(json.dumps({"before": before, "after": after}))
-    else:
-        print(f"database at revision {after} (was {before})")
+    emit(as_json, {"before": before, "after": after}, lambda: f"database at revision {after} (was {before})")
     return 0
 
 
-def _current(args: argparse.Namespace) -> int:
+@command.command(short_help="print the applied revision")
+@json_option()
+def current(as_json: bool) -> int:
+    """Print the applied revision."""
     revision = migrate.current_revision(resolve_database_url())
-    print(json.dumps({"revision": revision}) if args.json else revision)
+    emit(as_json, {"revision": revision}, lambda: str(revision))
     return 0
 
 
-def _url(args: argparse.Namespace) -> int:
-    print(libpq_url(resolve_database_url()))
+@command.command(short_help="print a libpq URL for psql and other tools")
+@json_option()
+def url(as_json: bool) -> int:
+    """Print a libpq URL for psql and other tools."""
+    address = libpq_url(resolve_database_url())
+    emit(as_json, {"url": address}, lambda: address)
     return 0

@@ -14,9 +14,7 @@ already holds and re-sending never duplicates.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 import time
 from collections.abc import Iterator
@@ -25,41 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import click
 import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, retry_if_result, stop_after_attempt
 
+from memstore.cli_support import EXIT_USAGE, SettingDefault, json_option, print_json
+
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
 TEXT_SUFFIXES = {".txt", ".md"}
-PATH_HELP = (
-    "a folder (its images and .txt/.md files, at any depth), a .jsonl file (one text item per line: "
-    '{"text": ..., "external_id"?: ..., "metadata"?: {...}}), or one image or text file'
-)
-
-
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from memstore.settings import get_settings
-
-    s = get_settings()
-    p = sub.add_parser(
-        "ingest",
-        help="upload a folder, a JSONL of texts or one file (resumable)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("path", type=Path, help=PATH_HELP)
-    p.add_argument("--collection", required=True, help="target collection (created if missing)")
-    p.add_argument(
-        "--url",
-        default=os.environ.get("MEMSTORE_API_URL", f"http://{s.host}:{s.port}"),
-        help="the API (default $MEMSTORE_API_URL or %(default)s)",
-    )
-    p.add_argument("--key", default=os.environ.get("MEMSTORE_API_KEY"), help="API key (default $MEMSTORE_API_KEY)")
-    p.add_argument("--batch", type=int, default=16, help="items per request (default %(default)s)")
-    p.add_argument("--concurrency", type=int, default=2, help="requests in flight (default %(default)s)")
-    p.add_argument("--wait", action="store_true", help="after uploading, wait until every vector is written")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.set_defaults(func=_ingest)
 
 
 @dataclass(frozen=True)
@@ -229,15 +200,59 @@ def problem(r: httpx.Response) -> str:
         return f"{r.status_code} {r.text[:200]}"
 
 
-def _ingest(args: argparse.Namespace) -> int:
+def _default_url() -> str:
+    from memstore.settings import get_settings
+
+    s = get_settings()
+    return f"http://{s.host}:{s.port}"
+
+
+@click.command("ingest", short_help="upload a folder, a JSONL of texts or one file (resumable)")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--collection", required=True, metavar="NAME", help="target collection (created if missing)")
+@click.option(
+    "--url",
+    metavar="URL",
+    cls=SettingDefault,
+    envvar="MEMSTORE_API_URL",
+    show_envvar=True,
+    default=_default_url,
+    help="the API",
+)
+@click.option("--key", metavar="KEY", envvar="MEMSTORE_API_KEY", show_envvar=True, help="API key")
+@click.option("--batch", type=int, metavar="N", default=16, help="items per request")
+@click.option("--concurrency", type=int, metavar="N", default=2, help="requests in flight")
+@click.option("--wait", is_flag=True, help="after uploading, wait until every vector is written")
+@click.option("--no-progress", is_flag=True, help="no progress bar")
+@json_option("print the summary as JSON")
+def command(
+    path: Path,
+    collection: str,
+    url: str,
+    key: str | None,
+    batch: int,
+    concurrency: int,
+    wait: bool,
+    no_progress: bool,
+    as_json: bool,
+) -> int:
+    """Upload PATH into a collection through the API's durable queue.
+
+    PATH is a folder (its images and .txt/.md files, at any depth), a .jsonl file (one text item per
+    line: {"text": ..., "external_id"?: ..., "metadata"?: {...}}), or one image or text file.
+
+    Each item's external id is its path relative to the folder (a single file: its name; a JSONL
+    line: its external_id, else line-N), so a run started again skips what the server already holds
+    and sending again never duplicates.
+    """
     from tqdm import tqdm
 
-    if not args.path.exists():
-        print(f"memstore ingest: {args.path} does not exist", file=sys.stderr)
-        return 2
+    if not path.exists():
+        click.echo(f"memstore ingest: {path} does not exist", err=True)
+        return EXIT_USAGE
     ignored: list[Path] = []
-    sources = list(walk(args.path, ignored))
-    client = Client(args.url, args.key, args.collection)
+    sources = list(walk(path, ignored))
+    client = Client(url, key, collection)
     created = client.ensure_collection()
     started = time.monotonic()
     todo: list[Source] = []
@@ -247,28 +262,28 @@ def _ingest(args: argparse.Namespace) -> int:
         todo.extend(s for s in chunk if s.external_id not in have)
     counts = {"created": 0, "updated": 0, "metadata": 0, "unchanged": 0, "rejected": 0}
     errors: list[str] = []
-    batches = batches_of(todo, max(1, args.batch))
-    bar = tqdm(total=len(todo), unit="item", disable=args.no_progress, desc="upload", file=sys.stderr)
-    with ThreadPoolExecutor(max(1, args.concurrency)) as pool:
-        for batch, r in zip(batches, pool.map(client.send, batches), strict=True):
+    batches = batches_of(todo, max(1, batch))
+    bar = tqdm(total=len(todo), unit="item", disable=no_progress, desc="upload", file=sys.stderr)
+    with ThreadPoolExecutor(max(1, concurrency)) as pool:
+        for sent, r in zip(batches, pool.map(client.send, batches), strict=True):
             if r.status_code in (201, 202):
                 for item in r.json()["items"]:
                     counts[item["change"]] = counts.get(item["change"], 0) + 1
             elif r.status_code in (401, 403):  # the key, not the items: no other batch would pass
                 raise SystemExit(f"memstore ingest: {problem(r)}")
             else:
-                counts["rejected"] += len(batch)
-                rest = f" and {len(batch) - 1} more in its batch" if len(batch) > 1 else ""
-                errors.append(f"{batch[0].external_id}{rest}: {problem(r)}")
-            bar.update(len(batch))
+                counts["rejected"] += len(sent)
+                rest = f" and {len(sent) - 1} more in its batch" if len(sent) > 1 else ""
+                errors.append(f"{sent[0].external_id}{rest}: {problem(r)}")
+            bar.update(len(sent))
     bar.close()
     pending = 0
-    if args.wait:
-        pending = _wait(client, args.no_progress)
+    if wait:
+        pending = _wait(client, no_progress)
     stats = client.call("GET", client.base).json()
     seconds = time.monotonic() - started
     summary = {
-        "collection": args.collection,
+        "collection": collection,
         "collection_created": created,
         "found": len(sources),
         "ignored": len(ignored),
@@ -281,17 +296,17 @@ def _ingest(args: argparse.Namespace) -> int:
         "items_per_s": round(len(todo) / seconds, 2) if seconds > 0 else None,
         "errors": errors[:20],
     }
-    if args.json:
-        print(json.dumps(summary))
+    if as_json:
+        print_json(summary)
     else:
-        print(
-            f"{args.collection}: {len(todo)} sent ({counts['created']} new, {counts['updated']} changed, "
+        click.echo(
+            f"{collection}: {len(todo)} sent ({counts['created']} new, {counts['updated']} changed, "
             f"{counts['unchanged']} unchanged, {counts['rejected']} rejected), {summary['skipped']} already there; "
             f"{summary['pending']} pending, {summary['failed']} failed in the collection; {seconds:.1f} s"
             + (f"; ignored {len(ignored)} file(s) that are neither images nor .txt/.md" if ignored else "")
         )
         for e in errors[:20]:
-            print(f"  {e}", file=sys.stderr)
+            click.echo(f"  {e}", err=True)
     return 1 if counts["rejected"] else 0
 
 

@@ -2,35 +2,63 @@
 
 from __future__ import annotations
 
-import argparse
-import json
+from typing import TYPE_CHECKING
 
+import click
 import sqlalchemy as sa
 
+from memstore.cli_support import emit, json_option
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    keys = sub.add_parser("keys", help="API keys and their scopes")
-    ksub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
-    create = ksub.add_parser(
-        "create",
-        help="create a key and print it (once)",
-        description="Scopes: ROLE or ROLE:COLLECTION, ROLE one of read, write, admin (each includes the ones "
-        "before it). Without a collection the scope covers every collection.",
-    )
-    create.add_argument("name", help="a label for the key, unique among active keys")
-    create.add_argument(
-        "--scope", action="append", required=True, metavar="SCOPE", help="e.g. admin, read:photos (repeatable)"
-    )
-    create.add_argument("--json", action="store_true", help="print the result as JSON")
-    create.set_defaults(func=_create)
-    lst = ksub.add_parser("list", help="list keys (never their secrets)")
-    lst.add_argument("--all", action="store_true", help="include revoked keys")
-    lst.add_argument("--json", action="store_true")
-    lst.set_defaults(func=_list)
-    revoke = ksub.add_parser("revoke", help="revoke a key by name or id")
-    revoke.add_argument("key", metavar="NAME_OR_ID")
-    revoke.add_argument("--json", action="store_true")
-    revoke.set_defaults(func=_revoke)
+if TYPE_CHECKING:
+    from memstore.keys import ApiKey
+
+
+@click.group("keys", short_help="API keys and their scopes")
+def command() -> None:
+    """Create, list and revoke API keys. A key's secret is printed once, when it is created."""
+
+
+@command.command(short_help="create a key and print it (once)")
+@click.argument("name")
+@click.option(
+    "--scope", "scopes", multiple=True, required=True, metavar="SCOPE", help="e.g. admin, read:photos (repeatable)"
+)
+@json_option()
+def create(name: str, scopes: tuple[str, ...], as_json: bool) -> int:
+    """Create a key named NAME (a label, unique among active keys) and print its secret.
+
+    Scopes: ROLE or ROLE:COLLECTION, ROLE one of read, write, admin (each includes the ones before
+    it). Without a collection the scope covers every collection.
+    """
+    from memstore.keys import create_key
+
+    key, secret = create_key(_engine(), name=name, scopes=list(scopes))
+    emit(as_json, {**key.as_dict(), "key": secret}, lambda: _created(key, secret))
+    return 0
+
+
+@command.command("list", short_help="list keys (never their secrets)")
+@click.option("--all", "include_revoked", is_flag=True, help="include revoked keys")
+@json_option()
+def list_command(include_revoked: bool, as_json: bool) -> int:
+    """List keys (never their secrets)."""
+    from memstore.keys import list_keys
+
+    found = list_keys(_engine(), include_revoked=include_revoked)
+    emit(as_json, [k.as_dict() for k in found], lambda: _table(found))
+    return 0
+
+
+@command.command(short_help="revoke a key by name or id")
+@click.argument("key", metavar="NAME_OR_ID")
+@json_option()
+def revoke(key: str, as_json: bool) -> int:
+    """Revoke a key by its name or id."""
+    from memstore.keys import revoke_key
+
+    revoked = revoke_key(_engine(), name_or_id=key)
+    emit(as_json, revoked.as_dict(), lambda: f"revoked key {revoked.name!r} (id {revoked.id})")
+    return 0
 
 
 def _engine() -> sa.Engine:
@@ -39,38 +67,22 @@ def _engine() -> sa.Engine:
     return get_engine()
 
 
-def _create(args: argparse.Namespace) -> int:
-    from memstore.keys import create_key
-
-    key, secret = create_key(_engine(), name=args.name, scopes=args.scope)
-    if args.json:
-        print(json.dumps({**key.as_dict(), "key": secret}))
-    else:
-        print(f"created key {key.name!r} (id {key.id}) with scopes {', '.join(str(s) for s in key.scopes)}")
-        print(f"\n    {secret}\n")
-        print("This is the only time it is shown. Send it as 'Authorization: Bearer KEY'.")
-    return 0
+def _created(key: ApiKey, secret: str) -> str:
+    scopes = ", ".join(str(s) for s in key.scopes)
+    return (
+        f"created key {key.name!r} (id {key.id}) with scopes {scopes}\n\n    {secret}\n\n"
+        "This is the only time it is shown. Send it as 'Authorization: Bearer KEY'."
+    )
 
 
-def _list(args: argparse.Namespace) -> int:
-    from memstore.keys import list_keys
-
-    found = list_keys(_engine(), include_revoked=args.all)
-    if args.json:
-        print(json.dumps([k.as_dict() for k in found]))
-        return 0
+def _table(found: list[ApiKey]) -> str:
+    if not found:
+        return "no keys; create one with `memstore keys create NAME --scope admin`"
+    lines = []
     for k in found:
         state = f"revoked {k.revoked_at:%Y-%m-%d}" if k.revoked_at else "active"
         used = f"{k.last_used_at:%Y-%m-%d %H:%M}" if k.last_used_at else "never"
-        print(f"{k.id:>5}  {k.name:<24} {k.prefix}…  {' '.join(str(s) for s in k.scopes):<30} used {used}  {state}")
-    if not found:
-        print("no keys; create one with `memstore keys create NAME --scope admin`")
-    return 0
-
-
-def _revoke(args: argparse.Namespace) -> int:
-    from memstore.keys import revoke_key
-
-    key = revoke_key(_engine(), name_or_id=args.key)
-    print(json.dumps(key.as_dict()) if args.json else f"revoked key {key.name!r} (id {key.id})")
-    return 0
+        lines.append(
+            f"{k.id:>5}  {k.name:<24} {k.prefix}…  {' '.join(str(s) for s in k.scopes):<30} used {used}  {state}"
+        )
+    return "\n".join(lines)

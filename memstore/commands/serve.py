@@ -2,41 +2,20 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
-import sys
 import threading
 from typing import TYPE_CHECKING
 
+import click
+
 from encoder.addresses import is_loopback
+from memstore.cli_support import EXIT_USAGE, SettingDefault, exit_cleanly_on_sigterm
 from memstore.settings import get_settings
 
 if TYPE_CHECKING:
     from memstore.services.workers import ServiceContext
 
 log = logging.getLogger(__name__)
-
-
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    settings = get_settings()
-    serve = sub.add_parser(
-        "serve",
-        help="run the HTTP API (migrations are applied first)",
-        description="Run the REST API. By default the encoder model and one ingest worker run in this process "
-        "on the embedded database; flags turn each part off or point at a remote encoder.",
-    )
-    serve.add_argument("--host", default=settings.host, help="address to listen on (default %(default)s)")
-    serve.add_argument("--port", type=int, default=settings.port, help="port (default %(default)s)")
-    serve.add_argument("--no-migrate", action="store_true", help="do not apply migrations at start")
-    serve.add_argument(
-        "--no-auth", action="store_true", help="accept requests without API keys (local use only: loopback hosts)"
-    )
-    serve.add_argument("--no-encoder", action="store_true", help="load no model: vector-only API, no worker")
-    serve.add_argument("--encoder-url", metavar="URL", help="use the encoder service at URL instead of a local model")
-    serve.add_argument("--no-worker", action="store_true", help="run no ingest worker (run `memstore worker` instead)")
-    serve.add_argument("--workers", type=int, default=1, metavar="N", help="in-process ingest workers (default 1)")
-    serve.add_argument("--maintenance", action="store_true", help="also run the index maintenance worker")
-    serve.set_defaults(func=_serve)
 
 
 class MaintenanceService:
@@ -57,7 +36,42 @@ class MaintenanceService:
         return t, "running"
 
 
-def _serve(args: argparse.Namespace) -> int:
+@click.command("serve", short_help="run the HTTP API (migrations are applied first)")
+@click.option(
+    "--host",
+    metavar="ADDRESS",
+    cls=SettingDefault,
+    default=lambda: get_settings().host,
+    help="address to listen on (MEMSTORE_HOST)",
+)
+@click.option(
+    "--port",
+    metavar="PORT",
+    cls=SettingDefault,
+    type=int,
+    default=lambda: get_settings().port,
+    help="port (MEMSTORE_PORT)",
+)
+@click.option("--no-migrate", is_flag=True, help="do not apply migrations at start")
+@click.option("--no-auth", is_flag=True, help="accept requests without API keys (local use only: loopback hosts)")
+@click.option("--no-encoder", is_flag=True, help="load no model: vector-only API, no worker")
+@click.option("--encoder-url", metavar="URL", help="use the encoder service at URL instead of a local model")
+@click.option("--no-worker", is_flag=True, help="run no ingest worker (run `memstore worker` instead)")
+@click.option("--workers", type=int, default=1, metavar="N", help="in-process ingest workers")
+@click.option("--maintenance", is_flag=True, help="also run the index maintenance worker")
+def command(
+    host: str,
+    port: int,
+    no_migrate: bool,
+    no_auth: bool,
+    no_encoder: bool,
+    encoder_url: str | None,
+    no_worker: bool,
+    workers: int,
+    maintenance: bool,
+) -> int:
+    """Run the REST API. By default the encoder model and one ingest worker run in this process on
+    the embedded database; flags turn each part off or point at a remote encoder."""
     import uvicorn
 
     from memstore import migrate
@@ -65,39 +79,38 @@ def _serve(args: argparse.Namespace) -> int:
     from memstore.api.runtime import RuntimeOptions
     from memstore.api.settings import ApiSettings
     from memstore.db import resolve_database_url
-    from memstore.embedded import exit_cleanly_on_sigterm
 
     api = ApiSettings()
-    if args.no_auth:
+    if no_auth:
         api = api.model_copy(update={"auth": "off"})
-    if api.auth == "off" and not is_loopback(args.host):
-        print(
-            f"memstore: refusing to serve without API keys on {args.host}: auth off is for loopback hosts only; "
+    if api.auth == "off" and not is_loopback(host):
+        click.echo(
+            f"memstore: refusing to serve without API keys on {host}: auth off is for loopback hosts only; "
             "create a key with `memstore keys create NAME --scope admin`",
-            file=sys.stderr,
+            err=True,
         )
-        return 2
-    if args.no_encoder and args.encoder_url:
-        print("memstore: --no-encoder and --encoder-url contradict each other", file=sys.stderr)
-        return 2
-    workers = 0 if args.no_worker or args.no_encoder else max(0, args.workers)
+        return EXIT_USAGE
+    if no_encoder and encoder_url:
+        click.echo("memstore: --no-encoder and --encoder-url contradict each other", err=True)
+        return EXIT_USAGE
+    ingest_workers = 0 if no_worker or no_encoder else max(0, workers)
     options = RuntimeOptions(
-        encoder="none" if args.no_encoder else ("remote" if args.encoder_url else None),
-        encoder_url=args.encoder_url,
-        ingest_workers=workers,
-        services=(MaintenanceService(),) if args.maintenance else (),
+        encoder="none" if no_encoder else ("remote" if encoder_url else None),
+        encoder_url=encoder_url,
+        ingest_workers=ingest_workers,
+        services=(MaintenanceService(),) if maintenance else (),
     )
     exit_cleanly_on_sigterm()
     url = resolve_database_url()
-    if not args.no_migrate:
+    if not no_migrate:
         migrate.upgrade(url)
     parts = [
         "auth " + ("OFF (local use)" if api.auth == "off" else "by API key"),
-        "encoder " + ("none" if args.no_encoder else (args.encoder_url or "in process")),
-        f"{workers} ingest worker(s)",
+        "encoder " + ("none" if no_encoder else (encoder_url or "in process")),
+        f"{ingest_workers} ingest worker(s)",
     ]
-    if args.maintenance:
+    if maintenance:
         parts.append("maintenance")
-    print(f"memstore: serving on http://{args.host}:{args.port} ({', '.join(parts)}; docs at /docs)", flush=True)
-    uvicorn.run(create_app(api_settings=api, options=options), host=args.host, port=args.port, log_level="info")
+    click.echo(f"memstore: serving on http://{host}:{port} ({', '.join(parts)}; docs at /docs)")
+    uvicorn.run(create_app(api_settings=api, options=options), host=host, port=port, log_level="info")
     return 0

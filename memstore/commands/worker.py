@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
-import signal
-import sys
 import threading
 import time
 from typing import TYPE_CHECKING
+
+import click
+
+from memstore.cli_support import EXIT_USAGE, exit_cleanly_on_sigterm, json_option, print_json, stop_on_signals
 
 if TYPE_CHECKING:
     from memstore.ingest_worker import Report
@@ -17,84 +17,76 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    worker = sub.add_parser(
-        "worker",
-        help="embed queued items (until stopped, or --once)",
-        description="Claims pending items from the durable queue, embeds them and writes the vectors. "
-        "Any number of these may run against one database. SIGTERM finishes the batch in hand, then exits.",
-    )
-    worker.add_argument("--once", action="store_true", help="drain what is due now, then exit (for cron)")
-    worker.add_argument("--threads", type=int, default=1, metavar="N", help="worker threads sharing the model")
-    worker.add_argument("--encoder-url", metavar="URL", help="use the encoder service at URL instead of a local model")
-    worker.add_argument("--batch-size", type=int, metavar="N", help="items claimed at a time (MEMSTORE_INGEST_*)")
-    worker.add_argument("--no-migrate", action="store_true", help="do not apply migrations at start")
-    worker.add_argument("--json", action="store_true", help="print a JSON summary at exit")
-    worker.set_defaults(func=_worker)
-
-
-def _worker(args: argparse.Namespace) -> int:
+@click.command("worker", short_help="embed queued items (until stopped, or --once)")
+@click.option("--once", is_flag=True, help="drain what is due now, then exit (for cron)")
+@click.option("--threads", type=int, default=1, metavar="N", help="worker threads sharing the model")
+@click.option("--encoder-url", metavar="URL", help="use the encoder service at URL instead of a local model")
+@click.option(
+    "--batch-size", type=int, metavar="N", help="items claimed at a time (default MEMSTORE_INGEST_BATCH_SIZE)"
+)
+@click.option("--no-migrate", is_flag=True, help="do not apply migrations at start")
+@json_option("print a JSON summary at exit")
+def command(
+    once: bool, threads: int, encoder_url: str | None, batch_size: int | None, no_migrate: bool, as_json: bool
+) -> int:
+    """Claim pending items from the durable queue, embed them and write the vectors. Any number of
+    these may run against one database. SIGTERM finishes the batch in hand, then exits."""
     from memstore import claims, migrate
     from memstore.db import get_engine, resolve_database_url
-    from memstore.embedded import exit_cleanly_on_sigterm
     from memstore.ingest_worker import IngestWorker, Report
     from memstore.queue import IngestSettings
     from memstore.services.encoder_host import EncoderChoice, open_backend
 
     exit_cleanly_on_sigterm()
-    if not args.no_migrate:
+    if not no_migrate:
         migrate.upgrade(resolve_database_url())
     settings = IngestSettings()
-    if args.batch_size:
-        settings = settings.model_copy(update={"batch_size": args.batch_size})
+    if batch_size:
+        settings = settings.model_copy(update={"batch_size": batch_size})
     engine = get_engine()
     started = time.monotonic()
-    if args.once and claims.next_due_in(engine) != 0:
+    if once and claims.next_due_in(engine) != 0:
         # Nothing is due: no model to load (seconds to minutes) for a run that would claim nothing.
-        if not args.json:
-            print("memstore worker: nothing is due in the queue; the model was not loaded", file=sys.stderr)
-        return _report(args, Report(), started, 0)
+        if not as_json:
+            click.echo("memstore worker: nothing is due in the queue; the model was not loaded", err=True)
+        return _report(as_json, Report(), started, 0)
     try:
-        backend, close = open_backend(EncoderChoice(mode="remote" if args.encoder_url else None, url=args.encoder_url))
+        backend, close = open_backend(EncoderChoice(mode="remote" if encoder_url else None, url=encoder_url))
         assert backend is not None
         _ = backend.info
     except Exception as exc:  # missing weights, unknown model, unreachable encoder service
-        print(f"memstore worker: the encoder did not start: {exc}", file=sys.stderr)
-        return 2
+        click.echo(f"memstore worker: the encoder did not start: {exc}", err=True)
+        return EXIT_USAGE
     stop = threading.Event()
     workers = [
         IngestWorker(engine, backend, settings=settings, stop_event=stop, name=f"worker-{i}")
-        for i in range(max(1, args.threads))
+        for i in range(max(1, threads))
     ]
-    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    for s in previous:
-        signal.signal(s, lambda signum, _frame: stop.set())
     codes = [0] * len(workers)
 
     def run(i: int) -> None:
-        codes[i] = workers[i].run(once=args.once)
+        codes[i] = workers[i].run(once=once)
 
-    threads = [threading.Thread(target=run, args=(i,), name=w.name) for i, w in enumerate(workers)]
-    if not args.json:
-        print(f"memstore worker: {len(threads)} thread(s), model {backend.info.model}", file=sys.stderr, flush=True)
+    running = [threading.Thread(target=run, args=(i,), name=w.name) for i, w in enumerate(workers)]
+    if not as_json:
+        click.echo(f"memstore worker: {len(running)} thread(s), model {backend.info.model}", err=True)
     try:
-        for t in threads:
-            t.start()
-        while any(t.is_alive() for t in threads):
-            for t in threads:
-                t.join(0.5)
+        with stop_on_signals(stop):
+            for t in running:
+                t.start()
+            while any(t.is_alive() for t in running):
+                for t in running:
+                    t.join(0.5)
     finally:
         stop.set()
-        for s, h in previous.items():
-            signal.signal(s, h)
         close()
     total = Report()
     for w in workers:
         total.add(w.totals)
-    return _report(args, total, started, max(codes))
+    return _report(as_json, total, started, max(codes))
 
 
-def _report(args: argparse.Namespace, total: Report, started: float, exit_code: int) -> int:
+def _report(as_json: bool, total: Report, started: float, exit_code: int) -> int:
     summary = {
         "claimed": total.claimed,
         "written": total.written,
@@ -105,11 +97,10 @@ def _report(args: argparse.Namespace, total: Report, started: float, exit_code: 
         "seconds": round(time.monotonic() - started, 3),
         "exit_code": exit_code,
     }
-    if args.json:
-        print(json.dumps(summary))
+    if as_json:
+        print_json(summary)
     else:
-        print(
-            f"memstore worker: wrote {total.written} vectors, {total.failed} failed, {total.retried} to retry",
-            file=sys.stderr,
+        click.echo(
+            f"memstore worker: wrote {total.written} vectors, {total.failed} failed, {total.retried} to retry", err=True
         )
     return exit_code

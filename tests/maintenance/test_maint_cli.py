@@ -131,6 +131,6 @@ def test_daemon_stops_cleanly_on_sigterm(
     ],
 )
 def test_durations_are_formatted_for_people(seconds: float, text: str) -> None:
-    from maintenance.cli import format_duration
+    from maintenance.display import format_duration
 
     assert format_duration(seconds) == text
