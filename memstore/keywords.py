@@ -22,6 +22,9 @@ planner to use it.
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -89,6 +92,40 @@ def build_index(conn: psycopg.Connection[Any], c: Collection) -> None:
         definition(c.language, c.text_fields),
         partition_name=lambda i: partition_index_name(c, i),
     )
+
+
+def change(
+    conn: psycopg.Connection[Any],
+    c: Collection,
+    *,
+    language: str,
+    text_fields: tuple[str, ...],
+    record: Callable[[], Collection],
+    grace_s: float,
+) -> None:
+    """Change what the collection's keyword index holds, online, on an autocommit connection that
+    holds the collection's lock: the new index is built concurrently under its own names while
+    searches use the old one; ``record()`` then makes searches use the new expression; once every
+    process has seen that (``grace_s``, the registry's cache time) the old index is dropped and the
+    new one takes the usual names."""
+    changed = replace(c, language=language, text_fields=text_fields)
+    online_ddl.build_index(
+        conn,
+        changed,
+        next_index_name(c),
+        definition(language, text_fields),
+        partition_name=lambda i: next_index_name(c, i),
+    )
+    record()
+    time.sleep(grace_s)
+    partitioned = c.partitions > 1
+    online_ddl.drop_index(conn, index_name(c), partitioned=partitioned)
+    if partitioned:  # the parent's drop took the attached partitions' indexes with it
+        for i in range(c.partitions):
+            online_ddl.drop_index(conn, partition_index_name(c, i), partitioned=False)
+    online_ddl.rename_index(conn, next_index_name(c), index_name(c))
+    for i in range(c.partitions if partitioned else 0):
+        online_ddl.rename_index(conn, next_index_name(c, i), partition_index_name(c, i))
 
 
 def check_language(conn: psycopg.Connection[Any], language: Any) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -18,7 +19,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from memstore import items as item_sql
-from memstore import queue, search_query, search_sql
+from memstore import keywords, locks, online_ddl, queue, search_query, search_sql
 from memstore.collections import (
     Collection,
     create_table_statements,
@@ -30,12 +31,13 @@ from memstore.compact import spec as compact_spec
 from memstore.db import Database, as_database
 from memstore.errors import (
     CollectionNotFoundError,
+    ConflictError,
     InvalidInputError,
     ItemNotFoundError,
 )
 from memstore.filters import check_external_id, check_filter, check_item_text, check_metadata
 from memstore.models import CollectionStats, Item, ItemIn, Original, SearchResult, UpsertResult
-from memstore.registry import Registry, deregister, register
+from memstore.registry import CACHE_SECONDS, Registry, deregister, register, set_keywords
 from memstore.search_query import MAX_K, SearchQuery, Weights, check_query
 from memstore.search_sql import SearchSettings
 from memstore.settings import Settings, get_settings
@@ -85,6 +87,8 @@ class VectorStore:
         representation: str = "full",
         rank: int | None = None,
         pool_factor: float | None = None,
+        language: str = keywords.DEFAULT_LANGUAGE,
+        text_fields: Sequence[str] = (),
     ) -> Collection:
         """A new, empty collection. ``representation`` picks what its HNSW index holds (see
         ``memstore.compact``); ``lowrank`` needs rows to fit on, so it starts with the full index and
@@ -112,7 +116,9 @@ class VectorStore:
         else:
             index = compact_spec.IndexSpec(representation=representation, pool_factor=pool_factor)
         options = {compact_spec.OPTIONS_KEY: index.to_json()}
+        fields = keywords.check_text_fields(list(text_fields))
         with self.db.write() as conn:
+            keywords.check_language(conn, language)
             collection = register(
                 conn,
                 name=name,
@@ -124,6 +130,8 @@ class VectorStore:
                 partitions=partitions,
                 model=model,
                 options=options,
+                language=language,
+                text_fields=fields,
             )
             for statement in create_table_statements(collection):
                 conn.execute(statement)
@@ -134,6 +142,35 @@ class VectorStore:
 
     def get_collection(self, *, name: str, fresh: bool = False) -> Collection:
         return self.registry.get(name, fresh=fresh)
+
+    def set_keywords(
+        self,
+        *,
+        collection: str,
+        language: str | None = None,
+        text_fields: Sequence[str] | None = None,
+        grace_s: float = CACHE_SECONDS + 1.0,
+    ) -> Collection:
+        """Change the collection's text-search configuration or keyword fields, online: searches go on
+        while its keyword index is rebuilt (``memstore.keywords.change``); returns the collection."""
+        c = self.get_collection(name=collection, fresh=True)
+        fields = c.text_fields if text_fields is None else keywords.check_text_fields(list(text_fields))
+        with self.db.dedicated(application_name="memstore-keywords") as conn:
+            chosen = c.language if language is None else keywords.check_language(conn, language)
+            if (chosen, fields) == (c.language, c.text_fields):
+                return c
+            online_ddl.set_lock_timeout(conn)
+            busy = partial(ConflictError, f"another process is changing the indexes of collection {c.name!r}")
+            with locks.session_lock(conn, locks.collection_key(c.id), busy=busy):
+
+                def record() -> Collection:
+                    with conn.transaction():
+                        changed = set_keywords(conn, c, language=chosen, text_fields=fields)
+                    self.forget_collection(collection)
+                    return changed
+
+                keywords.change(conn, c, language=chosen, text_fields=fields, record=record, grace_s=grace_s)
+        return self.get_collection(name=collection, fresh=True)
 
     def drop_collection(self, *, name: str) -> None:
         collection = self.get_collection(name=name, fresh=True)

@@ -49,7 +49,8 @@ def check_encodable(rt: Runtime, c: Collection) -> None:
 
 
 def split_json_items(rt: Runtime, c: Collection, items: Sequence[ItemBody]) -> tuple[list[int], list[int]]:
-    """Check every item before anything is written; returns the indices of vector and of text items."""
+    """Check every item before anything is written; returns the indices of the items that bring their
+    vector (and maybe a text, stored for keyword search as it is) and of the texts to embed."""
     if len(items) > rt.api.max_items_per_request:
         raise Problem(
             "payload-too-large",
@@ -59,11 +60,13 @@ def split_json_items(rt: Runtime, c: Collection, items: Sequence[ItemBody]) -> t
         )
     vectors, texts = [], []
     for i, it in enumerate(items):
-        if (it.text is None) == (it.vector is None):
-            raise Problem("invalid-input", f"items[{i}]: give exactly one of text or vector")
+        if it.text is None and it.vector is None:
+            raise Problem("invalid-input", f"items[{i}]: give a text, a vector, or both")
         check_metadata(it.metadata)
         if it.vector is not None:
             as_vector(it.vector, dimensions=c.dimensions, where=f"items[{i}].vector", metric=c.metric)
+            if it.text is not None:
+                check_text(rt, it.text, f"items[{i}].text")
             vectors.append(i)
         else:
             assert it.text is not None
@@ -90,7 +93,9 @@ async def store_json_items(rt: Runtime, c: Collection, items: Sequence[ItemBody]
     acks: dict[int, ItemAck] = {}
     if vector_idx:
         batch = [
-            ItemIn(vector=items[i].vector, external_id=items[i].external_id, metadata=items[i].metadata)
+            ItemIn(
+                vector=items[i].vector, external_id=items[i].external_id, metadata=items[i].metadata, text=items[i].text
+            )
             for i in vector_idx
         ]
         results = await run_in_threadpool(lambda: rt.store.upsert_items(collection=c.name, items=batch))

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from memstore.collections import HNSW_MAX_DIMENSIONS, MAX_PARTITIONS
 from memstore.filters import MAX_EXTERNAL_ID_LENGTH
+from memstore.keywords import DEFAULT_LANGUAGE, MAX_TEXT_FIELDS
 from memstore.search_query import MAX_K, MAX_WEIGHT, MAX_WINDOW
 
 Metric = Literal["cosine", "l2", "inner_product"]
@@ -39,6 +40,25 @@ class CollectionCreate(Strict):
     hnsw_ef_construction: int | None = Field(default=None, ge=4, le=1000)
     ef_search: int | None = Field(default=None, ge=1, le=1000, description="Default ef_search of searches.")
     partitions: int = Field(default=1, ge=1, le=MAX_PARTITIONS)
+    language: str = Field(
+        default=DEFAULT_LANGUAGE,
+        max_length=63,
+        description="Text-search configuration of keyword search: simple (as written, any language), english...",
+    )
+    text_fields: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_TEXT_FIELDS,
+        description="Metadata fields whose values are keywords too (besides the text and the file name).",
+    )
+
+
+class CollectionPatch(Strict):
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"text_fields": ["title", "sku"]}, {"language": "english"}]}
+    )
+
+    language: str | None = Field(default=None, max_length=63)
+    text_fields: list[str] | None = Field(default=None, max_length=MAX_TEXT_FIELDS)
 
 
 class CollectionOut(BaseModel):
@@ -50,6 +70,8 @@ class CollectionOut(BaseModel):
     hnsw_ef_construction: int
     ef_search: int
     partitions: int
+    language: str
+    text_fields: list[str]
     created_at: datetime | None = None
     items: int | None = Field(default=None, description="All items (only when fetched one at a time).")
     ready: int | None = None
@@ -75,7 +97,11 @@ class ItemBody(Strict):
         max_length=MAX_EXTERNAL_ID_LENGTH,
         description="Your id; re-sending it updates the item. Default: derived from the content (texts) or random.",
     )
-    text: str | None = Field(default=None, min_length=1, description="Text to embed (exclusive with vector).")
+    text: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Text to embed; with a vector, stored and found by keyword search as it is (not embedded).",
+    )
     vector: list[float] | None = Field(default=None, min_length=1, max_length=HNSW_MAX_DIMENSIONS)
     metadata: dict[str, Any] | None = None
 

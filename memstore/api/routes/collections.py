@@ -1,4 +1,4 @@
-"""/v1/collections: create, list, get (with counts and index size), delete."""
+"""/v1/collections: create, list, get (with counts and index size), change keyword search, delete."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from memstore.api.auth import Key, require, runtime
 from memstore.api.problems import ERROR_RESPONSES, Problem
-from memstore.api.schemas import CollectionCreate, CollectionList, CollectionOut
+from memstore.api.schemas import CollectionCreate, CollectionList, CollectionOut, CollectionPatch
 from memstore.collections import Collection, validate_name
 from memstore.models import CollectionStats
 
@@ -24,6 +24,8 @@ def collection_out(c: Collection, stats: CollectionStats | None = None) -> Colle
         hnsw_ef_construction=c.hnsw_ef_construction,
         ef_search=c.default_ef_search,
         partitions=c.partitions,
+        language=c.language,
+        text_fields=list(c.text_fields),
         created_at=c.created_at,
     )
     if stats is not None:
@@ -80,6 +82,8 @@ async def create_collection(request: Request, body: CollectionCreate, response: 
             ef_search=body.ef_search,
             partitions=body.partitions,
             model=model,
+            language=body.language,
+            text_fields=body.text_fields,
         )
     )
     response.headers["Location"] = f"/v1/collections/{c.name}"
@@ -99,6 +103,20 @@ async def get_collection(request: Request, name: str, key: Key) -> CollectionOut
     store = runtime(request).store
     stats = await run_in_threadpool(lambda: store.collection_stats(name=name))
     return collection_out(stats.collection, stats)
+
+
+@router.patch("/{name}", summary="Change a collection's keyword search", response_model=CollectionOut)
+async def patch_collection(request: Request, name: str, body: CollectionPatch, key: Key) -> CollectionOut:
+    """``language`` and ``text_fields`` of keyword search. The keyword index is rebuilt online (searches
+    and writes go on; the answer comes once the new index serves, which on a large collection takes
+    as long as building a GIN index over it)."""
+    validate_name(name)
+    require(key, "admin", name)
+    store = runtime(request).store
+    c = await run_in_threadpool(
+        lambda: store.set_keywords(collection=name, language=body.language, text_fields=body.text_fields)
+    )
+    return collection_out(c)
 
 
 @router.delete("/{name}", status_code=204, summary="Drop a collection and all its items")

@@ -1,0 +1,142 @@
+"""Keyword and hybrid search through the REST API: modes, ranks, the collection's keyword settings,
+and the abuse cases (a read key cannot change them; bad input is a problem document)."""
+
+from __future__ import annotations
+
+import uuid
+
+import httpx
+import numpy as np
+import sqlalchemy as sa
+
+from memstore import keys
+
+PRODUCTS = {
+    "p1": ("Stainless kettle, 1.7 litres", "KT-1700-S"),
+    "p2": ("Cast iron pan for the oven", "PN-2600-C"),
+    "p3": ("Electric kettle with a glass body", "KT-2200-G"),
+    "p4": ("Chef's knife, forged steel", "KN-0210-F"),
+}
+
+
+def _problem(r: httpx.Response, status: int) -> dict:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"] == "application/problem+json"
+    return r.json()
+
+
+def _products(client: httpx.Client, name: str) -> dict[str, list[float]]:
+    r = client.post("/v1/collections", json={"name": name, "dimensions": 8, "text_fields": ["sku"]})
+    assert r.status_code == 201, r.text
+    assert r.json()["text_fields"] == ["sku"] and r.json()["language"] == "simple"
+    rng = np.random.default_rng(1)
+    vectors = {eid: rng.normal(size=8).tolist() for eid in PRODUCTS}
+    items = [
+        {"external_id": eid, "text": text, "vector": vectors[eid], "metadata": {"sku": sku, "n": i}}
+        for i, (eid, (text, sku)) in enumerate(PRODUCTS.items())
+    ]
+    r = client.post(f"/v1/collections/{name}/items", json={"items": items})
+    assert r.status_code in (200, 201), r.text
+    assert all(a["status"] == "ready" for a in r.json()["items"])  # a text with its vector is not embedded
+    r = client.get(f"/v1/collections/{name}/items/{r.json()['items'][0]['id']}")
+    assert r.json()["text"] == PRODUCTS["p1"][0]
+    return vectors
+
+
+def test_keyword_and_hybrid_modes(client: httpx.Client, collection_name: str) -> None:
+    vectors = _products(client, collection_name)
+    url = f"/v1/collections/{collection_name}/search"
+
+    r = client.post(url, json={"text": "KT-2200-G", "mode": "keyword", "k": 3})
+    assert r.status_code == 200, r.text
+    hits = r.json()["results"]
+    assert [h["external_id"] for h in hits] == ["p3"]
+    assert hits[0]["ranks"] == {"vector": None, "keyword": 1} and hits[0]["distance"] is None
+
+    r = client.post(url, json={"text": "kettle", "mode": "keyword", "k": 3})
+    assert sorted(h["external_id"] for h in r.json()["results"]) == ["p1", "p3"]
+
+    # Hybrid with the client's vector (p4's): both lists show in the ranks.
+    r = client.post(url, json={"text": "KN-0210-F", "vector": vectors["p4"], "k": 4})
+    hits = r.json()["results"]
+    assert hits[0]["external_id"] == "p4" and hits[0]["ranks"] == {"vector": 1, "keyword": 1}
+    assert all(h["distance"] is not None for h in hits)
+
+    # A vector search ranks by the vector list alone.
+    r = client.post(url, json={"vector": vectors["p2"], "k": 2})
+    assert r.json()["results"][0]["ranks"] == {"vector": 1, "keyword": None}
+
+    # Paging and a threshold.
+    whole = client.post(url, json={"vector": vectors["p2"], "k": 4, "exact": True}).json()["results"]
+    page = client.post(url, json={"vector": vectors["p2"], "k": 2, "offset": 2, "exact": True}).json()["results"]
+    assert [h["id"] for h in page] == [h["id"] for h in whole[2:]]
+    cut = whole[1]["score"]
+    kept = client.post(url, json={"vector": vectors["p2"], "k": 4, "exact": True, "score_threshold": cut}).json()
+    assert [h["id"] for h in kept["results"]] == [h["id"] for h in whole if h["score"] >= cut]
+
+
+def test_a_text_alone_searches_hybrid_with_the_model(client: httpx.Client, collection_name: str) -> None:
+    """The server's model (the tiny one) embeds the text; its keywords find the item whatever the
+    untrained model makes of it."""
+    r = client.post("/v1/collections", json={"name": collection_name})
+    assert r.status_code == 201, r.text
+    texts = [f"note number {i} about topic-{i}" for i in range(12)]
+    r = client.post(
+        f"/v1/collections/{collection_name}/items?wait=true",
+        json={"items": [{"external_id": f"n{i}", "text": t} for i, t in enumerate(texts)]},
+    )
+    assert r.status_code in (200, 201), r.text
+    r = client.post(f"/v1/collections/{collection_name}/search", json={"text": "topic-7", "k": 3})
+    assert r.status_code == 200, r.text
+    hits = r.json()["results"]
+    assert hits[0]["external_id"] == "n7" and hits[0]["ranks"]["keyword"] == 1
+    assert hits[0]["ranks"]["vector"] is not None  # the model's list ranked it too (it holds every note)
+
+
+def test_keyword_settings_change_online_and_only_for_admins(
+    client: httpx.Client, server, engine: sa.Engine, collection_name: str
+) -> None:
+    _products(client, collection_name)
+    url = f"/v1/collections/{collection_name}"
+    _, reader = keys.create_key(engine, name=f"r-{uuid.uuid4().hex[:8]}", scopes=[f"read:{collection_name}"])
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {reader}"}, timeout=30) as c:
+        _problem(c.patch(url, json={"text_fields": []}), 403)
+    with httpx.Client(base_url=server.url, timeout=30) as anonymous:
+        _problem(anonymous.patch(url, json={"text_fields": []}), 401)
+    _problem(client.patch(url, json={"language": "klingon"}), 422)
+    _problem(client.patch(url, json={"text_fields": ["a"] * 33}), 422)
+    _problem(client.patch(url, json={"text_fields": "sku"}), 422)
+    _problem(client.patch(url, json={"unknown": 1}), 422)
+    _problem(client.patch("/v1/collections/nope_" + uuid.uuid4().hex[:6], json={"text_fields": []}), 404)
+
+    search = f"{url}/search"
+    assert [
+        h["external_id"] for h in client.post(search, json={"text": "PN-2600-C", "mode": "keyword"}).json()["results"]
+    ] == ["p2"]
+    r = client.patch(url, json={"text_fields": [], "language": "english"})
+    assert r.status_code == 200, r.text
+    assert r.json()["text_fields"] == [] and r.json()["language"] == "english"
+    assert client.post(search, json={"text": "PN-2600-C", "mode": "keyword"}).json()["results"] == []
+    # english stems: "kettles" finds "kettle".
+    found = client.post(search, json={"text": "kettles", "mode": "keyword"}).json()["results"]
+    assert sorted(h["external_id"] for h in found) == ["p1", "p3"]
+
+
+def test_bad_searches_are_problem_documents(client: httpx.Client, collection_name: str) -> None:
+    _products(client, collection_name)
+    url = f"/v1/collections/{collection_name}/search"
+    for body in (
+        {"text": "x", "mode": "semantic"},
+        {"text": "x", "mode": "keyword", "vector": [0.0] * 8},
+        {"text": "x", "mode": "keyword", "offset": -1},
+        {"text": "x", "mode": "keyword", "k": 10, "offset": 991},
+        {"text": "x", "mode": "keyword", "weights": {"vector": 1, "sparse": 1}},
+        {"text": "x", "mode": "keyword", "candidates": 0},
+        {"text": "x" * 5000, "mode": "keyword"},
+        {"text": "x", "mode": "keyword", "score_threshold": "high"},
+    ):
+        _problem(client.post(url, json=body), 422)
+    # Hostile query texts are words, not syntax: none fails.
+    for text in ("'; DROP TABLE x; --", "a & | ! ( ) :* <->", "\\", "\u202e\u0000x".replace("\u0000", ""), "🙂" * 50):
+        r = client.post(url, json={"text": text, "mode": "keyword"})
+        assert r.status_code == 200, (text, r.text)

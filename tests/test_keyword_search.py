@@ -1,0 +1,297 @@
+"""Keyword and hybrid search on a real PostgreSQL: what is found, how it ranks, and that no text breaks it."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+import psycopg
+import pytest
+import sqlalchemy as sa
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from psycopg import sql
+
+from memstore import search_sql
+from memstore.db import raw_connection
+from memstore.errors import InvalidInputError
+from memstore.models import ItemIn
+from memstore.search_query import check_query
+from memstore.store import VectorStore
+
+TEXTS = [
+    "Use shutil.copytree to copy a whole folder with its files",
+    "shutil.copytree copies a directory tree; see also copytree in the os docs",
+    "Invoice SKU-88121-B was paid in March",
+    "A cat sleeping on the red sofa",
+    "parse_args() reads the command line",
+    "The quick brown fox jumps over the lazy dog",
+]
+
+
+def _fill(store: VectorStore, name: str, *, partitions: int = 1, text_fields: tuple[str, ...] = ()) -> np.ndarray:
+    rng = np.random.default_rng(11)
+    vectors = rng.normal(size=(len(TEXTS) + 60, 16)).astype(np.float32)
+    store.create_collection(name=name, dimensions=16, partitions=partitions, text_fields=text_fields)
+    items = [
+        ItemIn(vector=vectors[i], external_id=f"t{i}", text=t, metadata={"kind": "doc", "n": i})
+        for i, t in enumerate(TEXTS)
+    ]
+    # Filler without text: found by vector only.
+    items += [
+        ItemIn(vector=vectors[j], external_id=f"v{j}", metadata={"kind": "filler", "n": j})
+        for j in range(len(TEXTS), len(vectors))
+    ]
+    store.upsert_items(collection=name, items=items)
+    return vectors
+
+
+@pytest.mark.parametrize("partitions", [1, 3])
+def test_keyword_search_finds_identifiers_and_their_parts(
+    store: VectorStore, collection_name: str, partitions: int
+) -> None:
+    _fill(store, collection_name, partitions=partitions)
+
+    def found(text: str) -> list[str]:
+        return [r.external_id for r in store.search(collection=collection_name, text=text, mode="keyword", k=5)]
+
+    # The exact identifier first: the item that holds it as written outranks one that has its parts.
+    assert set(found("shutil.copytree")) == {"t0", "t1"}
+    assert set(found("copytree")) == {"t0", "t1"}
+    assert found("SKU-88121-B") == ["t2"]
+    assert found("88121") == ["t2"]
+    assert found("parse_args") == ["t4"]
+    assert found("sofa cat") == ["t3"]
+    assert found('"red sofa"') == ["t3"]
+    assert found("sofa -cat") == []
+    assert found("nothing-like-this") == []
+    hits = store.search(collection=collection_name, text="copytree", mode="keyword", k=5)
+    assert all(r.distance is None and r.vector_rank is None for r in hits)
+    assert [r.keyword_rank for r in hits] == list(range(1, len(hits) + 1))
+    assert all(a.score >= b.score for a, b in itertools.pairwise(hits))
+
+
+def test_an_exact_token_outranks_a_part_of_one(store: VectorStore, collection_name: str) -> None:
+    rng = np.random.default_rng(3)
+    store.create_collection(name=collection_name, dimensions=4)
+    store.upsert_items(
+        collection=collection_name,
+        items=[
+            ItemIn(vector=rng.normal(size=4), external_id="part", text="see pkg.loader.copytree for details"),
+            ItemIn(vector=rng.normal(size=4), external_id="exact", text="copytree copies folders"),
+        ],
+    )
+    hits = store.search(collection=collection_name, text="copytree", mode="keyword", k=2)
+    assert [r.external_id for r in hits] == ["exact", "part"]
+
+
+def test_file_names_and_listed_fields_are_keywords(store: VectorStore, collection_name: str) -> None:
+    rng = np.random.default_rng(4)
+    store.create_collection(name=collection_name, dimensions=4, text_fields=["title", "tags"])
+    store.upsert_items(
+        collection=collection_name,
+        items=[
+            ItemIn(vector=rng.normal(size=4), external_id="a", metadata={"filename": "IMG_20240501_0042.jpg"}),
+            ItemIn(vector=rng.normal(size=4), external_id="b", metadata={"title": "Quarterly report", "tags": ["q3"]}),
+            ItemIn(vector=rng.normal(size=4), external_id="c", metadata={"note": "quarterly"}),  # not a listed field
+            ItemIn(vector=rng.normal(size=4), external_id="d", metadata={"tags": {"deep": ["nested-q3"], "n": 7}}),
+        ],
+    )
+
+    def found(text: str) -> list[str]:
+        return sorted(r.external_id for r in store.search(collection=collection_name, text=text, mode="keyword", k=5))
+
+    assert found("IMG_20240501_0042.jpg") == ["a"]
+    assert found("quarterly") == ["b"]
+    assert found("q3") == ["b", "d"]
+    assert found("7") == ["d"]
+
+
+def test_hybrid_fuses_both_lists_and_says_where_each_hit_came_from(store: VectorStore, collection_name: str) -> None:
+    vectors = _fill(store, collection_name)
+    # The query vector is the filler v10's own: the vector list puts it first; the keywords find t2.
+    hits = store.search(collection=collection_name, text="SKU-88121-B", vector=vectors[10], k=5)
+    by_id = {r.external_id: r for r in hits}
+    assert hits[0].external_id in ("v10", "t2")
+    assert by_id["v10"].vector_rank == 1 and by_id["v10"].keyword_rank is None
+    assert by_id["t2"].keyword_rank == 1  # one keyword hit and the vector list's first tie at 1 / 61
+    assert all(r.distance is not None for r in hits)  # keyword-only hits get their distance too
+    # The fused score is RRF's: weight / (60 + rank) summed over the lists that found the hit.
+    for r in hits:
+        expected = sum(1.0 / (60 + rank) for rank in (r.vector_rank, r.keyword_rank) if rank is not None)
+        assert r.score == pytest.approx(expected)
+    # Weights: with the keyword list weighted 0, the order is the vector list's.
+    vector_only = store.search(collection=collection_name, vector=vectors[10], k=5)
+    weighted = store.search(
+        collection=collection_name, text="SKU-88121-B", vector=vectors[10], k=5, weights={"vector": 1, "keyword": 0}
+    )
+    assert [r.id for r in weighted] == [r.id for r in vector_only]
+
+
+def test_a_keyword_query_of_stop_words_or_punctuation_falls_back_to_vector_order(
+    store: VectorStore, collection_name: str
+) -> None:
+    rng = np.random.default_rng(8)
+    store.create_collection(name=collection_name, dimensions=8, language="english")
+    vectors = rng.normal(size=(30, 8))
+    store.upsert_items(
+        collection=collection_name,
+        items=[ItemIn(vector=v, external_id=str(i), text=f"the {i} of and") for i, v in enumerate(vectors)],
+    )
+    vector_only = [r.id for r in store.search(collection=collection_name, vector=vectors[0], k=5)]
+    for text in ("the of and", "!!! ( ) & | :*", "'"):
+        hits = store.search(collection=collection_name, text=text, vector=vectors[0], k=5, mode="hybrid")
+        assert [r.id for r in hits] == vector_only, text
+        assert all(r.keyword_rank is None for r in hits)
+        assert store.search(collection=collection_name, text=text, mode="keyword", k=5) == []
+
+
+def test_filters_apply_to_both_halves_and_k_rows_come_back_when_k_match(
+    store: VectorStore, collection_name: str
+) -> None:
+    rng = np.random.default_rng(9)
+    store.create_collection(name=collection_name, dimensions=8, hnsw_m=4, hnsw_ef_construction=8)
+    vectors = rng.normal(size=(600, 8))
+    store.upsert_items(
+        collection=collection_name,
+        items=[
+            ItemIn(vector=v, external_id=str(i), text=f"common word{i % 7}", metadata={"bucket": i % 50})
+            for i, v in enumerate(vectors)
+        ],
+    )
+    # 12 rows have bucket 3; the query vector is far from most of them.
+    hits = store.search(
+        collection=collection_name, text="common", vector=vectors[0], k=10, filter={"bucket": 3}, mode="hybrid"
+    )
+    assert len(hits) == 10 and all(r.metadata["bucket"] == 3 for r in hits)
+    keyword = store.search(collection=collection_name, text="word3", mode="keyword", k=20, filter={"bucket": 3})
+    assert keyword and all(r.metadata["bucket"] == 3 for r in keyword)
+    assert {int(r.external_id) for r in keyword} == {i for i in range(600) if i % 50 == 3 and i % 7 == 3}
+
+
+def test_paging_and_score_threshold(store: VectorStore, collection_name: str) -> None:
+    vectors = _fill(store, collection_name)
+    for mode, args in (
+        ("vector", {"vector": vectors[0]}),
+        ("hybrid", {"vector": vectors[0], "text": "copytree sofa invoice"}),
+        ("keyword", {"text": "the"}),
+    ):
+        whole = store.search(collection=collection_name, mode=mode, k=6, exact=True, **args)
+        first = store.search(collection=collection_name, mode=mode, k=3, exact=True, **args)
+        second = store.search(collection=collection_name, mode=mode, k=3, offset=3, exact=True, **args)
+        assert [r.id for r in first + second] == [r.id for r in whole], mode
+        if whole:
+            cut = whole[len(whole) // 2].score
+            kept = store.search(collection=collection_name, mode=mode, k=6, exact=True, score_threshold=cut, **args)
+            assert kept and all(r.score >= cut for r in kept)
+            assert [r.id for r in kept] == [r.id for r in whole if r.score >= cut]
+
+
+def test_search_arguments_are_checked_before_any_work() -> None:
+    v = [0.1, 0.2]
+    bad: list[dict[str, Any]] = [
+        {"mode": "keyword", "vector": None, "text": None},
+        {"mode": "hybrid", "vector": v, "text": None},
+        {"mode": "vector", "vector": None, "text": "x"},
+        {"mode": None, "vector": None, "text": "x"},
+        {"mode": "fuzzy", "vector": v, "text": "x"},
+        {"mode": "keyword", "vector": None, "text": "x\x00"},
+        {"mode": "keyword", "vector": None, "text": "x" * 5000},
+        {"mode": "vector", "vector": v, "text": None, "offset": 995},
+        {"mode": "hybrid", "vector": v, "text": "x", "candidates": 5},
+        {"mode": "hybrid", "vector": v, "text": "x", "weights": {"vector": 0, "keyword": 0}},
+        {"mode": "hybrid", "vector": v, "text": "x", "weights": {"other": 1}},
+        {"mode": "vector", "vector": v, "text": None, "score_threshold": float("nan")},
+    ]
+    for args in bad:
+        with pytest.raises(InvalidInputError):
+            check_query(k=10, **args)
+    assert check_query(mode=None, vector=v, text="x", k=10).mode == "hybrid"
+    assert check_query(mode=None, vector=v, text=None, k=10).mode == "vector"
+    assert check_query(mode=None, vector=v, text="x", k=10, offset=20).candidates == 120
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(min_size=1, max_size=80).filter(lambda t: t.strip() and "\x00" not in t))
+def test_no_text_breaks_the_keyword_query(store: VectorStore, text: str) -> None:
+    name = "kw_fuzz"
+    if store.cached_collection(name) is None:
+        try:
+            store.get_collection(name=name)
+        except LookupError:
+            _fill(store, name)
+    hits = store.search(collection=name, text=text, mode="keyword", k=5)
+    assert len(hits) <= 5
+    hybrid = store.search(collection=name, text=text, vector=np.ones(16, np.float32), k=5)
+    assert len(hybrid) == 5
+
+
+def test_the_keyword_index_serves_keyword_searches(store: VectorStore, engine: sa.Engine, collection_name: str) -> None:
+    rng = np.random.default_rng(12)
+    store.create_collection(name=collection_name, dimensions=8)
+    store.upsert_items(
+        collection=collection_name,
+        items=[ItemIn(vector=rng.normal(size=8), external_id=str(i), text=f"row {i} code-{i}") for i in range(3000)],
+    )
+    c = store.get_collection(name=collection_name)
+    with raw_connection(engine) as conn:
+        conn.execute(sql.SQL("ANALYZE {}").format(c.table))
+        for mode in ("keyword", "hybrid"):
+            q = check_query(mode=mode, vector=rng.normal(size=8) if mode == "hybrid" else None, text="code-1234", k=5)
+            plan = store.plan(c, q, ef_search=None, exact=False, conn=conn)
+            with conn.cursor() as cur:
+                search_sql.apply(cur, plan.settings)
+                rows = cur.execute(sql.SQL("EXPLAIN ") + plan.statement, plan.params).fetchall()
+            assert f"{c.table_name}_keywords" in "\n".join(r[0] for r in rows), mode
+
+
+def test_changing_the_keyword_fields_rebuilds_the_index_online(
+    store: VectorStore, engine: sa.Engine, collection_name: str
+) -> None:
+    rng = np.random.default_rng(13)
+    store.create_collection(name=collection_name, dimensions=4, partitions=2)
+    store.upsert_items(
+        collection=collection_name,
+        items=[ItemIn(vector=rng.normal(size=4), external_id=str(i), metadata={"sku": f"A-{i}"}) for i in range(20)],
+    )
+    assert store.search(collection=collection_name, text="A-7", mode="keyword", k=3) == []
+    changed = store.set_keywords(collection=collection_name, text_fields=["sku"], grace_s=0)
+    assert changed.text_fields == ("sku",)
+    assert [r.external_id for r in store.search(collection=collection_name, text="A-7", mode="keyword", k=3)] == ["7"]
+    with raw_connection(engine) as conn:
+        indexes = conn.execute(
+            "SELECT c.relname, x.indisvalid FROM pg_index x JOIN pg_class c ON c.oid = x.indexrelid "
+            "WHERE c.relname LIKE %s ORDER BY 1",
+            (f"%{changed.table_name}%keywords",),
+        ).fetchall()
+        left = conn.execute(
+            "SELECT count(*) FROM pg_class WHERE relname LIKE %s", (f"memstore_next_kw_c{changed.id}%",)
+        )
+        assert left.fetchone() == (0,)
+    assert [name for name, _ in indexes] == sorted(
+        [f"{changed.table_name}_keywords", f"{changed.table_name}_p0_keywords", f"{changed.table_name}_p1_keywords"]
+    )
+    assert all(valid for _, valid in indexes)
+    with pytest.raises(InvalidInputError):
+        store.set_keywords(collection=collection_name, language="klingon")
+    with pytest.raises(InvalidInputError):
+        store.set_keywords(collection=collection_name, text_fields=["a", "a"])
+
+
+def test_a_keyword_index_is_built_for_collections_made_before_it(
+    store: VectorStore, database_url: str, engine: sa.Engine, collection_name: str
+) -> None:
+    """The migration builds each existing collection's keyword index (concurrently): simulated by
+    dropping it and running the migration's step again."""
+    from memstore import keywords, online_ddl
+
+    _fill(store, collection_name, partitions=2)
+    c = store.get_collection(name=collection_name)
+    with psycopg.connect(database_url.replace("postgresql+psycopg", "postgresql"), autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(keywords.index_name(c))))
+        online_ddl.set_lock_timeout(conn)
+        keywords.build_index(conn, c)
+        keywords.build_index(conn, c)  # idempotent
+    hits = store.search(collection=collection_name, text="SKU-88121-B", mode="keyword", k=3)
+    assert [r.external_id for r in hits] == ["t2"]
