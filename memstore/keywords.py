@@ -72,7 +72,11 @@ def next_index_name(c: Collection, i: int | None = None) -> str:
 
 
 def definition(language: str, text_fields: tuple[str, ...] | list[str]) -> sql.Composed:
-    return sql.SQL("USING gin (({}))").format(keywords_expression(language, text_fields))
+    """The index after its table. ``fastupdate = off``: GIN's default parks new entries in a pending
+    list that every search then reads through linearly until a vacuum merges it, so a collection
+    searched right after a load runs its keyword matches several times slower; writing the entries
+    into the tree at once costs an insert far less than its HNSW insert does."""
+    return sql.SQL("USING gin (({})) WITH (fastupdate = off)").format(keywords_expression(language, text_fields))
 
 
 def create_statement(c: Collection) -> sql.Composed:

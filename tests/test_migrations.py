@@ -59,3 +59,48 @@ def test_downgrade_to_base_removes_registry_tables(empty_database: str) -> None:
     assert left == []
     migrate.upgrade(empty_database)
     assert migrate.current_revision(empty_database) is not None
+
+
+def test_keyword_search_reaches_collections_made_before_it(empty_database: str) -> None:
+    """Revision 0006 builds the keyword index of every existing collection (concurrently) and takes
+    the pending list off its GIN indexes; searches by keyword work on the old rows at once."""
+    import numpy as np
+
+    from alembic import command
+    from memstore.db import create_engine
+    from memstore.models import ItemIn
+    from memstore.settings import Settings
+    from memstore.store import VectorStore
+
+    migrate.upgrade(empty_database)
+    engine = create_engine(empty_database)
+    try:
+        store = VectorStore(engine, settings=Settings(database_url=empty_database))
+        rng = np.random.default_rng(0)
+        for name, partitions in (("before_plain", 1), ("before_parts", 2)):
+            store.create_collection(name=name, dimensions=4, partitions=partitions)
+            store.upsert_items(
+                collection=name,
+                items=[ItemIn(vector=rng.normal(size=4), external_id=str(i), text=f"row code-{i}") for i in range(50)],
+            )
+        engine.dispose()
+        command.downgrade(migrate.alembic_config(empty_database), "0005")
+        with psycopg.connect(libpq_url(empty_database)) as conn:
+            assert conn.execute("SELECT count(*) FROM pg_class WHERE relname LIKE '%%_keywords'").fetchone() == (0,)
+        migrate.upgrade(empty_database)
+        store = VectorStore(engine, settings=Settings(database_url=empty_database))
+        for name in ("before_plain", "before_parts"):
+            hits = store.search(collection=name, text="code-17", mode="keyword", k=3)
+            assert [h.external_id for h in hits] == ["17"], name
+        with psycopg.connect(libpq_url(empty_database)) as conn:
+            rows = conn.execute(
+                "SELECT c.relname, x.indisvalid, coalesce(c.reloptions, '{}') FROM pg_index x "
+                "JOIN pg_class c ON c.oid = x.indexrelid JOIN pg_am am ON am.oid = c.relam "
+                "WHERE am.amname = 'gin' AND c.relkind = 'i'"
+            ).fetchall()
+        keyword_indexes = [r for r in rows if r[0].endswith("_keywords")]
+        assert len(keyword_indexes) == 3  # the plain table's, and each partition's
+        assert all(valid for _, valid, _ in rows)
+        assert all("fastupdate=off" in options for _, _, options in rows), rows
+    finally:
+        engine.dispose()

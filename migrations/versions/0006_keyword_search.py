@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg
 from alembic import op
+from psycopg import sql
 
 from memstore import keywords, online_ddl
 from memstore.collections import Collection
@@ -54,6 +55,7 @@ def upgrade() -> None:
         online_ddl.set_lock_timeout(conn)
         for c in collections:
             keywords.build_index(conn, c)
+            _no_pending_list(conn, c)
 
 
 def downgrade() -> None:
@@ -68,6 +70,19 @@ def downgrade() -> None:
     op.execute("DROP FUNCTION IF EXISTS memstore_keywords(text, jsonb, text[], regconfig) CASCADE")
     op.execute("ALTER TABLE memstore_collections DROP COLUMN IF EXISTS text_fields")
     op.execute("ALTER TABLE memstore_collections DROP COLUMN IF EXISTS language")
+
+
+def _no_pending_list(conn: psycopg.Connection[Any], c: Collection) -> None:
+    """The metadata index without GIN's pending list, as new collections have it (see
+    ``memstore.keywords.definition``): a quick catalog change, then the list merged into the tree."""
+    for (index,) in conn.execute(
+        "SELECT i.indexrelid::regclass::text FROM pg_index i JOIN pg_class x ON x.oid = i.indexrelid "
+        "JOIN pg_am am ON am.oid = x.relam WHERE am.amname = 'gin' AND x.relkind = 'i' "
+        "AND i.indrelid = ANY(%s::regclass[])",
+        (c.partition_tables(),),
+    ).fetchall():
+        online_ddl.execute(conn, sql.SQL("ALTER INDEX {} SET (fastupdate = off)").format(sql.SQL(index)))
+        conn.execute("SELECT gin_clean_pending_list(%s::regclass)", (index,))
 
 
 def _collections(conn: psycopg.Connection[Any]) -> list[Collection]:
