@@ -200,7 +200,7 @@ def problem(r: httpx.Response) -> str:
         return f"{r.status_code} {r.text[:200]}"
 
 
-def _default_url() -> str:
+def default_url() -> str:
     from memstore.settings import get_settings
 
     s = get_settings()
@@ -216,7 +216,7 @@ def _default_url() -> str:
     cls=SettingDefault,
     envvar="MEMSTORE_API_URL",
     show_envvar=True,
-    default=_default_url,
+    default=default_url,
     help="the API",
 )
 @click.option("--key", metavar="KEY", envvar="MEMSTORE_API_KEY", show_envvar=True, help="API key")

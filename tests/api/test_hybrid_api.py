@@ -3,6 +3,7 @@ and the abuse cases (a read key cannot change them; bad input is a problem docum
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import httpx
@@ -140,3 +141,24 @@ def test_bad_searches_are_problem_documents(client: httpx.Client, collection_nam
     for text in ("'; DROP TABLE x; --", "a & | ! ( ) :* <->", "\\", "\u202e\u0000x".replace("\u0000", ""), "🙂" * 50):
         r = client.post(url, json={"text": text, "mode": "keyword"})
         assert r.status_code == 200, (text, r.text)
+
+
+def test_memstore_search_prints_a_table_and_json(
+    client: httpx.Client, server, admin_key: str, collection_name: str, capsys
+) -> None:
+    from memstore.cli import main
+
+    _products(client, collection_name)
+    common = [collection_name, "--url", server.url, "--key", admin_key]
+    assert main(["search", *common[:1], "KT-2200-G", *common[1:], "--mode", "keyword"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:4] == ["#", "score", "vector", "keyword"]
+    assert len(out) == 2 and " p3 " in out[1] and out[1].split()[2:4] == ["-", "1"]
+    assert main(["search", collection_name, "kettle", "--mode", "keyword", "--json", *common[1:]]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert sorted(h["external_id"] for h in answer["results"]) == ["p1", "p3"]
+    assert main(["search", collection_name, "kettle", "--filter", "[1]", *common[1:]]) == 2
+    assert "JSON object" in capsys.readouterr().err
+    assert main(["search", collection_name, "x", "--mode", "semantic", *common[1:]]) == 2
+    assert main(["search", "no_such_" + uuid.uuid4().hex[:6], "x", *common[1:]]) == 2
+    assert "404" in capsys.readouterr().err

@@ -1,0 +1,98 @@
+"""``memstore search COLLECTION QUERY``: search through the API and print a readable table."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from typing import Any
+
+import click
+import httpx
+
+from memstore.cli_support import EXIT_USAGE, SettingDefault, json_option, print_json
+from memstore.commands.ingest import default_url, problem
+
+
+def _filter(_ctx: click.Context, _param: click.Parameter, value: str | None) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    try:
+        parsed = json.loads(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON ({exc})") from None
+    if not isinstance(parsed, dict):
+        raise click.BadParameter('a JSON object, e.g. {"tag": "cat"}')
+    return parsed
+
+
+@click.command("search", short_help="search a collection by words (hybrid, keyword or vector)")
+@click.argument("collection")
+@click.argument("query")
+@click.option(
+    "--mode",
+    type=click.Choice(["hybrid", "keyword", "vector"]),
+    help="default: hybrid when the server can embed the query, else vector",
+)
+@click.option("--filter", "filter_", metavar="JSON", callback=_filter, help='metadata filter, e.g. {"tag": "cat"}')
+@click.option("-k", "k", type=click.IntRange(1, 1000), default=10, help="hits to show")
+@click.option("--offset", type=click.IntRange(0, 999), default=0, help="hits to skip (the next page)")
+@click.option(
+    "--url",
+    metavar="URL",
+    cls=SettingDefault,
+    envvar="MEMSTORE_API_URL",
+    show_envvar=True,
+    default=default_url,
+    help="the API",
+)
+@click.option("--key", metavar="KEY", envvar="MEMSTORE_API_KEY", show_envvar=True, help="API key")
+@json_option("print the API's answer as JSON")
+def command(
+    collection: str,
+    query: str,
+    mode: str | None,
+    filter_: dict[str, Any] | None,
+    k: int,
+    offset: int,
+    url: str,
+    key: str | None,
+    as_json: bool,
+) -> int:
+    """Search COLLECTION for QUERY: the words are matched as keywords and, in a vector or hybrid
+    search, embedded by the server's model. Each hit shows where the vector and keyword lists ranked
+    it (see docs/search.md)."""
+    body: dict[str, Any] = {"text": query, "k": k, "offset": offset}
+    if mode:
+        body["mode"] = mode
+    if filter_ is not None:
+        body["filter"] = filter_
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        r = httpx.post(f"{url}/v1/collections/{collection}/search", json=body, headers=headers, timeout=60)
+    except httpx.TransportError as exc:
+        click.echo(f"memstore search: cannot reach {url} ({exc}); is `memstore serve` running?", err=True)
+        return EXIT_USAGE
+    if r.status_code != 200:
+        click.echo(f"memstore search: {problem(r)}", err=True)
+        return EXIT_USAGE
+    hits = r.json()["results"]
+    if as_json:
+        print_json(r.json())
+        return 0
+    click.echo(table(hits, offset, shutil.get_terminal_size((120, 20)).columns))
+    return 0
+
+
+def table(hits: list[dict[str, Any]], offset: int, width: int) -> str:
+    """One line per hit: rank, score, the two lists' ranks, external id and the metadata, cut to ``width``."""
+    if not hits:
+        return "no hits"
+    lines = [f"{'#':>4}  {'score':>8}  {'vector':>6}  {'keyword':>7}  external_id / metadata"]
+    for i, h in enumerate(hits, start=offset + 1):
+        ranks = h.get("ranks") or {}
+        vr = "-" if ranks.get("vector") is None else str(ranks["vector"])
+        kr = "-" if ranks.get("keyword") is None else str(ranks["keyword"])
+        meta = json.dumps(h.get("metadata") or {}, ensure_ascii=False)
+        line = f"{i:>4}  {h['score']:>8.4f}  {vr:>6}  {kr:>7}  {h['external_id']}  {meta}"
+        lines.append(line if len(line) <= width else line[: max(width - 1, 40)] + "…")
+    return "\n".join(lines)
