@@ -20,7 +20,7 @@ COPY pyproject.toml README.md ./
 RUN if [ -n "$TORCH_INDEX_URL" ]; then \
         pip install --index-url "$TORCH_INDEX_URL" torch==2.14.1 torchvision==0.29.1; \
     fi \
- && for d in memstore memstore/api memstore/api/routes memstore/commands memstore/compact memstore/services \
+ && for d in memstore memstore/api memstore/api/routes memstore/commands memstore/compact memstore/services memstore/ui \
              sql migrations migrations/versions encoder encoder/model_configs maintenance; do \
         mkdir -p "$d" && touch "$d/__init__.py"; \
     done \

@@ -107,7 +107,7 @@ def qps_ratio(store: VectorStore, queries: list[str], vectors: np.ndarray, round
 
 def filtered_k(store: VectorStore, vectors: np.ndarray, texts: list[str], k: int) -> dict[str, Any]:
     """Each filter with each mode: does every search return k rows (at least k rows match)?"""
-    filters = {"1%": {"bucket": 7}, "10%": {"tenth": True}, "50%": {"half": True}}
+    filters: dict[str, dict[str, Any]] = {"1%": {"bucket": 7}, "10%": {"tenth": True}, "50%": {"half": True}}
     short: list[str] = []
     for label, f in filters.items():
         for mode in ("vector", "hybrid"):

@@ -24,6 +24,7 @@ from maintenance.policy import Decision, decide
 from maintenance.probes import Probe, attach_recall, probe, record_probe
 from maintenance.progress import ProgressCallback
 from maintenance.targets import Target, every_target
+from memstore import history as core_history
 from memstore.collections import Collection
 from memstore.compact.maintain import maintain_compact_index
 from memstore.compact.spec import index_spec
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 
 EXIT_OK = 0
 EXIT_FAILED = 1
+REQUEST_POLL_S = 2.0  # how soon a requested pass starts (one small DELETE per look)
 
 LatencySource = Callable[[], float | None]
 
@@ -313,5 +315,18 @@ class MaintenanceWorker:
         while not self.stop.is_set():
             started = time.monotonic()
             code = self.run_once()
-            self.stop.wait(max(0.0, self.config.interval_s - (time.monotonic() - started)))
+            self._wait_for_next_pass(started + self.config.interval_s)
         return code
+
+    def _wait_for_next_pass(self, deadline: float) -> None:
+        """Until ``deadline``, or until a pass is asked for (the web pages' "probe now")."""
+        while not self.stop.is_set() and time.monotonic() < deadline:
+            try:
+                if core_history.take_requests(self.session(), self.collections):
+                    return
+            except psycopg.errors.UndefinedTable:  # a schema from before the requests: just wait
+                self.stop.wait(max(0.0, deadline - time.monotonic()))
+                return
+            except psycopg.Error as exc:  # the next look reconnects
+                log.warning("maintenance: could not read pass requests: %s", exc)
+            self.stop.wait(max(0.0, min(REQUEST_POLL_S, deadline - time.monotonic())))

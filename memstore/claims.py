@@ -117,8 +117,15 @@ def claim(
     return [Claim(int(r[0]), int(r[1]), int(r[2]), int(r[3]), claimer.number) for r in rows]
 
 
-def complete(engine: sa.Engine, collection: Collection, claims: Sequence[Claim], vectors: dict[int, Any]) -> list[int]:
-    """Write the vectors of still-held claims and drop their queue rows; returns the item ids written."""
+def complete(
+    engine: sa.Engine,
+    collection: Collection,
+    claims: Sequence[Claim],
+    vectors: dict[int, Any],
+    thumbnails: dict[int, bytes | None] | None = None,
+) -> list[int]:
+    """Write the vectors (and the thumbnails of images, in the same row version) of still-held claims
+    and drop their queue rows; returns the item ids written."""
     if not claims:
         return []
     by_queue = {c.queue_id: c for c in claims}
@@ -136,9 +143,10 @@ def complete(engine: sa.Engine, collection: Collection, claims: Sequence[Claim],
             with conn.cursor() as cur:
                 cur.executemany(
                     sql.SQL(
-                        "UPDATE {} SET embedding = %s, status = 'ready', error = NULL, updated_at = now() WHERE id = %s"
+                        "UPDATE {} SET embedding = %s, thumbnail = %s, status = 'ready', error = NULL, "
+                        "updated_at = now() WHERE id = %s"
                     ).format(collection.table),
-                    [(vectors[i], i) for i in items],
+                    [(vectors[i], (thumbnails or {}).get(i), i) for i in items],
                 )
     return items
 

@@ -145,6 +145,7 @@ def create_table_statements(c: Collection) -> list[sql.Composed]:
         text         text,
         content      bytea,
         content_type text,
+        thumbnail    bytea,
         created_at   timestamptz NOT NULL DEFAULT now(),
         updated_at   timestamptz NOT NULL DEFAULT now()
         """

@@ -23,6 +23,7 @@ from psycopg import sql
 from encoder.errors import ImageRejectedError, QueueFullError, RequestTooLargeError
 from encoder.types import EmbeddingBackend, Priority
 from memstore import claims as queue_claims
+from memstore import thumbnails
 from memstore.claims import Claim, Claimer
 from memstore.collections import Collection
 from memstore.db import raw_connection
@@ -194,8 +195,15 @@ class Processor:
             for it in group.items:
                 report.add(self._encode_group(EncodeGroup(group.collection_id, group.modality, (it,)), priority))
             return report
+        thumbs = None
+        if group.modality == "image":  # the bytes are in hand: the web pages' thumbnails cost no extra read
+            thumbs = thumbnails.make_many({it.claim.item_id: it.content for it in group.items})
         written = queue_claims.complete(
-            self.engine, collection, claims, {it.claim.item_id: vectors[i] for i, it in enumerate(group.items)}
+            self.engine,
+            collection,
+            claims,
+            {it.claim.item_id: vectors[i] for i, it in enumerate(group.items)},
+            thumbs,
         )
         report.written += len(written)
         return report

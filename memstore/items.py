@@ -28,7 +28,7 @@ SIZES_SQL = (
 _UPSERT_TAIL = """
     ON CONFLICT (external_id) DO UPDATE SET
         embedding = EXCLUDED.embedding, metadata = EXCLUDED.metadata, status = 'ready', error = NULL,
-        text = EXCLUDED.text, content = NULL, content_type = NULL, updated_at = now()
+        text = EXCLUDED.text, content = NULL, content_type = NULL, thumbnail = NULL, updated_at = now()
     WHERE (t.embedding, t.metadata, t.status, t.text, t.content IS NULL)
           IS DISTINCT FROM (EXCLUDED.embedding, EXCLUDED.metadata, 'ready', EXCLUDED.text, true)
     RETURNING id, external_id, (t.created_at = now()) AS inserted

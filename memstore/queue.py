@@ -144,7 +144,7 @@ def _enqueue(
             conn.execute(
                 sql.SQL(
                     "UPDATE {} SET metadata = %s, text = %s, content = %s, content_type = %s, embedding = NULL, "
-                    "status = 'pending', error = NULL, updated_at = now() WHERE id = %s"
+                    "thumbnail = NULL, status = 'pending', error = NULL, updated_at = now() WHERE id = %s"
                 ).format(c.table),
                 (Jsonb(new_meta), item.text, item.content, _content_type(item), rid),
             )

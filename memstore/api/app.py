@@ -17,7 +17,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from memstore import migrate, queue
+from memstore import migrate, queue, ui
 from memstore.api import problems
 from memstore.api.auth import authenticate_runtime, key_from_header
 from memstore.api.fastpath import SearchFastPath
@@ -98,7 +98,8 @@ def create_app(
 
     # The key first (a stranger learns nothing, not even the limits), then the route's body limit.
     limited = BodyLimit(SearchFastPath(app.dispatch, fastapi_app=app), api)
-    app.front = Metrics(AuthGate(limited, authenticate), registry=registry)
+    # The web pages (/ui) check their session cookie in their own gate, also before any body.
+    app.front = Metrics(AuthGate(ui.install(app, limited), authenticate), registry=registry)
     # Routes are matched in order: the hot path (search) first.
     app.include_router(search.router)
     app.include_router(collections.router)

@@ -27,6 +27,9 @@ from memstore.api.settings import ApiSettings
 _ITEMS_UPLOAD = re.compile(r"^/v1/collections/[^/]+/items/?$")
 _CONTENT_UPLOAD = re.compile(r"^/v1/collections/[^/]+/items/[^/]+/content/?$")
 _SEARCH = re.compile(r"^/v1/collections/[^/]+/search/?$")
+# The web pages' upload (one file) and search by image (memstore.ui) take the same limits.
+_UI_UPLOAD = re.compile(r"^/ui/c/[^/]+/upload/?$")
+_UI_SEARCH = re.compile(r"^/ui/c/[^/]+/search/image/?$")
 
 
 class BodyTooLargeError(HTTPException):
@@ -55,9 +58,11 @@ def too_large_detail(limit: int, kind: str) -> str:
 def body_kind(scope: Scope) -> str:
     """Which body limit a request falls under: ``upload``, ``search`` or ``json``."""
     path, method = route_path(scope), scope.get("method")
-    if (method == "POST" and _ITEMS_UPLOAD.match(path)) or (method == "PUT" and _CONTENT_UPLOAD.match(path)):
+    if (method == "POST" and (_ITEMS_UPLOAD.match(path) or _UI_UPLOAD.match(path))) or (
+        method == "PUT" and _CONTENT_UPLOAD.match(path)
+    ):
         return "upload"
-    if _SEARCH.match(path):
+    if _SEARCH.match(path) or _UI_SEARCH.match(path):
         return "search"
     return "json"
 

@@ -1,0 +1,179 @@
+"""The collections page (``/ui/``) and a collection's search page (``/ui/c/{name}``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from starlette.responses import Response
+
+from encoder.errors import EncoderError
+from memstore import history
+from memstore.api import bodies
+from memstore.api.problems import Problem, from_exception
+from memstore.api.runtime import Runtime
+from memstore.collections import Collection
+from memstore.errors import MemstoreError
+from memstore.models import CollectionStats
+from memstore.ui import search
+from memstore.ui.access import collection_for, runtime
+from memstore.ui.identity import CSRF_FIELD, Identity, check_csrf_field, current
+from memstore.ui.render import PageRoute, base_path, page
+from memstore.ui.settings import ui_settings
+
+router = APIRouter(prefix="/ui", route_class=PageRoute, include_in_schema=False)
+BROWSE_PAGE = 48
+LOW_RECALL = 0.9
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A collection's line on the collections page."""
+
+    collection: Collection
+    stats: CollectionStats | None
+    health: str
+    tone: str  # good, busy, warn or bad: the badge's colour
+
+
+def health_of(stats: CollectionStats | None, probe: dict[str, Any] | None) -> tuple[str, str]:
+    """One word for the badge: failures first, then ingest in progress, then the index's last probe."""
+    if stats is None:
+        return "unavailable", "bad"
+    if stats.failed:
+        return f"{stats.failed} failed", "bad"
+    if stats.pending:
+        return "ingesting", "busy"
+    if probe is not None:
+        if probe.get("recall") is not None and probe["recall"] < LOW_RECALL:
+            return "low recall", "warn"
+        if probe.get("recommendation") not in (None, "", "nothing"):
+            return f"{probe['recommendation']} due", "warn"
+    return "healthy", "good"
+
+
+def _summaries(rt: Runtime, identity: Identity) -> list[Summary]:
+    out = []
+    for c in rt.store.list_collections():
+        if not identity.key.allows("read", c.name):
+            continue
+        try:
+            stats: CollectionStats | None = rt.store.collection_stats(name=c.name)
+            probes = history.recent_probes(rt.engine, collection=c.name, limit=1)
+        except MemstoreError:  # dropped meanwhile
+            stats, probes = None, []
+        health, tone = health_of(stats, probes[0] if probes else None)
+        out.append(Summary(c, stats, health, tone))
+    return out
+
+
+@router.get("/")
+async def collections_page(request: Request) -> Response:
+    identity = current(request)
+    rt = runtime(request)
+    summaries = await run_in_threadpool(_summaries, rt, identity)
+    return page(request, "collections.html", identity=identity, summaries=summaries)
+
+
+@router.get("/c/{name}")
+async def collection_page(
+    request: Request,
+    name: str,
+    q: Annotated[str, Query(max_length=10_000)] = "",
+    like: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
+    f: Annotated[list[str], Query(max_length=32)] = [],  # noqa: B006 (FastAPI copies defaults)
+    after: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
+) -> Response:
+    rt, identity, c = await collection_for(request, name)
+    view = search.SearchView(base_path(request), c.name, q.strip(), like, tuple(search.parse_chips(f)))
+    context = await run_in_threadpool(_search_context, rt, c, view, after)
+    return _collection_response(request, identity, c, view, context)
+
+
+def _collection_response(
+    request: Request, identity: Identity, c: Collection, view: search.SearchView, context: dict[str, Any]
+) -> Response:
+    problem: Problem | None = context.pop("problem", None)
+    return page(
+        request,
+        "collection.html",
+        identity=identity,
+        status_code=problem.status if problem else 200,
+        collection=c,
+        view=view,
+        can_write=identity.key.allows("write", c.name),
+        error=problem.detail if problem else None,
+        **context,
+    )
+
+
+def _search_context(rt: Runtime, c: Collection, view: search.SearchView, after: int) -> dict[str, Any]:
+    """Results for a typed query or "more like this", else a page of the collection's items. A query
+    the encoder or the store refuses is shown on the page, with what to do, not as an error page."""
+    k = ui_settings().results
+    context: dict[str, Any] = {"stats": rt.store.collection_stats(name=c.name), "mode": "browse", "next_url": None}
+    try:
+        if view.like is not None:
+            vector = search.item_vector(rt, c, view.like)
+            results = search.nearest(rt, c, vector, k=k, chips=list(view.chips), sample=False)
+            context["mode"] = "like"
+        elif view.query:
+            query_vector = search.text_vector(rt, c, view.query)
+            results = search.nearest(rt, c, query_vector, k=k, chips=list(view.chips), text=view.query)
+            context["mode"] = "text" if query_vector is not None else "keyword"
+        else:
+            items, more = rt.store.page_items(collection=c.name, after_id=after, limit=BROWSE_PAGE)
+            rows = [(i.id, i.external_id, i.metadata, None) for i in items]
+            context["cards"] = search.cards(rt, c, view, rows)
+            if more:
+                context["next_url"] = f"{view.page}?after={items[-1].id}"
+            return context
+    except (Problem, MemstoreError, EncoderError) as exc:
+        context.update(cards=[], problem=from_exception(exc))
+        return context
+    context["cards"] = search.cards(rt, c, view, [(r.id, r.external_id, r.metadata, r.score) for r in results])
+    return context
+
+
+@router.post("/c/{name}/search/image")
+async def image_search(request: Request, name: str) -> Response:
+    """Search by an image (dropped, pasted or picked). Scripts get the results grid alone
+    (``X-Fragment: 1``) to put in place; a form posted without scripts gets the whole page."""
+    rt, identity, c = await collection_for(request, name)  # before the body is read
+    form = await bodies.read_form(request, max_files=1)
+    check_csrf_field(request, identity, form.get(CSRF_FIELD))
+    images = bodies.uploads(form, "image") if "image" in form else []
+    if not images:
+        raise Problem("invalid-input", "no image: pick, drop or paste one")
+    data = await images[0].read(rt.encoder.image_options.max_bytes + 1)
+    view = search.SearchView(
+        base_path(request), c.name, chips=tuple(search.parse_chips(request.query_params.getlist("f")))
+    )
+
+    def run() -> dict[str, Any]:
+        context: dict[str, Any] = {"stats": None, "mode": "image", "next_url": None}
+        try:
+            vector = search.image_vector(rt, c, data)
+            results = search.nearest(rt, c, vector, k=ui_settings().results, chips=list(view.chips))
+        except (Problem, MemstoreError, EncoderError) as exc:
+            context.update(cards=[], problem=from_exception(exc))
+            return context
+        context["cards"] = search.cards(rt, c, view, [(r.id, r.external_id, r.metadata, r.score) for r in results])
+        return context
+
+    context = await run_in_threadpool(run)
+    if request.headers.get("x-fragment") == "1":
+        problem = context.pop("problem", None)
+        return page(
+            request,
+            "_results.html",
+            identity=identity,
+            status_code=problem.status if problem else 200,
+            view=view,
+            error=problem.detail if problem else None,
+            **context,
+        )
+    context["stats"] = await run_in_threadpool(lambda: rt.store.collection_stats(name=c.name))
+    return _collection_response(request, identity, c, view, context)

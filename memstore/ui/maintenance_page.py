@@ -1,0 +1,127 @@
+"""``/ui/maintenance``: per collection, the maintenance worker's probes as charts (sampled recall,
+dead fraction, index size against a fresh build), its action log (what, why, how long), and "probe
+now" for an admin: a request the maintenance worker takes between passes (``memstore.history``), so
+that this package never imports ``maintenance`` and a worker in another process answers it too."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
+from starlette.responses import RedirectResponse, Response
+
+from memstore import history
+from memstore.api.runtime import Runtime
+from memstore.ui.access import collection_for, runtime
+from memstore.ui.charts import Chart, Series, compact_bytes, line_chart
+from memstore.ui.identity import CSRF_FIELD, Identity, check_csrf_field, current
+from memstore.ui.render import PageRoute, base_path, page
+
+router = APIRouter(prefix="/ui", route_class=PageRoute, include_in_schema=False)
+PROBES_SHOWN = 500
+ACTIONS_SHOWN = 25
+KNOWN_ACTIONS = ("rebuild", "compact", "vacuum", "cleanup")
+
+
+@dataclass(frozen=True)
+class CollectionHistory:
+    name: str
+    charts: tuple[Chart, ...]
+    actions: list[dict[str, Any]]
+    probes: int
+    requested_at: datetime | None  # a "probe now" no worker has taken yet
+    can_probe: bool
+
+
+def _series(
+    probes: list[dict[str, Any]], value: Any, colours: dict[str, int], *, dashed: bool = False, suffix: str = ""
+) -> list[Series]:
+    by_table: dict[str, list[tuple[Any, float]]] = {}
+    for p in probes:
+        v = value(p)
+        if v is not None:
+            by_table.setdefault(p["partition_table"], []).append((p["taken_at"], float(v)))
+    return [Series(table + suffix, points, dashed, colours[table]) for table, points in sorted(by_table.items())]
+
+
+def charts_of(probes: list[dict[str, Any]], actions: list[dict[str, Any]]) -> tuple[Chart, ...]:
+    colours = {table: i for i, table in enumerate(sorted({p["partition_table"] for p in probes}))}
+    events = [
+        (a["started_at"], a["action"], f"action-{a['action'] if a['action'] in KNOWN_ACTIONS else 'other'}")
+        for a in actions
+    ]
+    recall = line_chart(
+        "Sampled recall",
+        _series(probes, lambda p: p["recall"], colours),
+        fmt=lambda v: f"{v:.2f}",
+        high=1.0,
+        events=events,
+    )
+    dead = line_chart(
+        "Dead entries per live row",
+        _series(probes, lambda p: (p["dead_rows"] or 0) / max(p["live_rows"] or 1, 1), colours),
+        fmt=lambda v: f"{v:.0%}",
+        low=0.0,
+        events=events,
+    )
+    size = line_chart(
+        "Index size (dashed: a fresh build)",
+        [
+            *_series(probes, lambda p: p["index_bytes"], colours),
+            *_series(probes, lambda p: p["fresh_index_bytes"], colours, dashed=True, suffix=" (fresh build)"),
+        ],
+        fmt=compact_bytes,
+        low=0.0,
+        events=events,
+    )
+    return recall, dead, size
+
+
+def _histories(rt: Runtime, identity: Identity, only: str | None) -> list[CollectionHistory]:
+    out = []
+    requested = history.pending_requests(rt.engine)
+    for c in rt.store.list_collections():
+        if not identity.key.allows("read", c.name) or (only and c.name != only):
+            continue
+        probes = history.recent_probes(rt.engine, collection=c.name, limit=PROBES_SHOWN)
+        actions = history.recent_actions(rt.engine, collection=c.name, limit=ACTIONS_SHOWN)
+        out.append(
+            CollectionHistory(
+                c.name,
+                charts_of(probes, actions),
+                actions,
+                len(probes),
+                requested.get(c.name),
+                identity.key.allows("admin", c.name),
+            )
+        )
+    return out
+
+
+@router.get("/maintenance")
+async def maintenance_page(request: Request, c: str | None = None) -> Response:
+    identity = current(request)
+    rt = runtime(request)
+    collections = await run_in_threadpool(_histories, rt, identity, c)
+    return page(
+        request,
+        "maintenance.html",
+        identity=identity,
+        collections=collections,
+        only=c,
+        worker_here=rt.notes.get("maintenance") == "running",
+    )
+
+
+@router.post("/maintenance/{name}/probe")
+async def probe_now(request: Request, name: str) -> Response:
+    rt, identity, c = await collection_for(request, name, "admin")  # before the body is read
+    form = await request.form(max_files=0, max_fields=4)
+    check_csrf_field(request, identity, form.get(CSRF_FIELD))
+    await run_in_threadpool(lambda: history.request_pass(rt.engine, collection=c.name, requested_by=identity.key.name))
+    target = f"{base_path(request)}/maintenance?{urlencode({'c': c.name, 'notice': 'probe'})}"
+    return RedirectResponse(target, status_code=303)

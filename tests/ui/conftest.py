@@ -1,0 +1,116 @@
+"""Fixtures for the web pages' tests: a live server with the tiny model, keys, signed-in clients,
+and headless Chromium for the browser tests."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import sqlalchemy as sa
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "api"))  # the API tests' helpers
+
+from api_helpers import TINY, LiveServer, start_server
+from ui_helpers import sign_in
+
+from encoder.settings import EncoderSettings
+from memstore import keys
+from memstore.settings import Settings
+
+
+@pytest.fixture(scope="session")
+def tiny_engine() -> Iterator[Any]:
+    """The real encoder engine with the tiny untrained model (64 dimensions, CPU)."""
+    from encoder.engine import EmbeddingEngine
+    from encoder.models import create_encoder
+
+    es = EncoderSettings(model=TINY, pretrained=None, device="cpu", batch_size=8, preprocess_workers=1)
+    enc = create_encoder(TINY, pretrained=None, device="cpu", batch_size=8, image_options=es.image_options())
+    engine = EmbeddingEngine(enc, es).start()
+    yield engine
+    engine.stop()
+
+
+@pytest.fixture(scope="session")
+def ui_server(settings: Settings, tiny_engine: Any) -> Iterator[LiveServer]:
+    """memstore serve as it runs by default: keys required, the encoder and one ingest worker in process."""
+    with start_server(settings, backend=tiny_engine) as live:
+        yield live
+
+
+@pytest.fixture(scope="session")
+def new_key(engine: sa.Engine) -> Callable[..., str]:
+    """A key with these scopes (a fresh name each time); returns its secret."""
+
+    def make(*scopes: str) -> str:
+        return keys.create_key(engine, name=f"ui-{uuid.uuid4().hex[:8]}", scopes=list(scopes))[1]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def admin_secret(new_key: Callable[..., str]) -> str:
+    return new_key("admin")
+
+
+@pytest.fixture
+def api(ui_server: LiveServer, admin_secret: str) -> Iterator[httpx.Client]:
+    """The REST API with an admin key (to set up what the pages show)."""
+    headers = {"Authorization": f"Bearer {admin_secret}"}
+    with httpx.Client(base_url=ui_server.url, headers=headers, timeout=60) as client:
+        yield client
+
+
+@pytest.fixture
+def admin_page(ui_server: LiveServer, admin_secret: str) -> Iterator[httpx.Client]:
+    """A browser-like client signed in with the admin key (the session cookie, no API key)."""
+    with httpx.Client(base_url=ui_server.url, timeout=60) as client:
+        sign_in(client, admin_secret)
+        yield client
+
+
+@pytest.fixture
+def ui_collection(api: httpx.Client, collection_name: str) -> str:
+    r = api.post("/v1/collections", json={"name": collection_name})
+    assert r.status_code == 201, r.text
+    return collection_name
+
+
+def _chromium() -> tuple[str, str] | None:
+    browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    driver = shutil.which("chromedriver")
+    return (browser, driver) if browser and driver else None
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    """Headless Chromium through selenium. Missing Chromium fails the tests in CI (CI is set there, and
+    .ci/run installs it) and skips them elsewhere, saying how to install it: a developer without it
+    still runs the rest of the suite, CI can never pass without the browser tests."""
+    found = _chromium()
+    if found is None:
+        message = "Chromium and chromedriver are needed: apt-get install -y chromium chromium-driver"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    options.binary_location = found[0]
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,1000"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(executable_path=found[1]), options=options)
+    driver.implicitly_wait(0)
+    try:
+        yield driver
+    finally:
+        driver.quit()

@@ -1,0 +1,197 @@
+"""The pages over HTTP, signed in with a session cookie: what each shows and each change they make."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+from api_helpers import make_image, wait_ready
+from ui_helpers import csrf_of, wait_until
+
+
+def _add_texts(api: httpx.Client, name: str, texts: dict[str, str], metadata: dict | None = None) -> dict[str, int]:
+    items = [{"external_id": eid, "text": text, "metadata": metadata or {}} for eid, text in texts.items()]
+    r = api.post(f"/v1/collections/{name}/items?wait=true", json={"items": items})
+    assert r.status_code == 201, r.text
+    return {it["external_id"]: it["id"] for it in r.json()["items"]}
+
+
+def _add_images(api: httpx.Client, name: str, count: int, seed: int = 0) -> list[int]:
+    files = [("files", (f"photo-{i}.jpg", make_image(seed + i), "image/jpeg")) for i in range(count)]
+    r = api.post(f"/v1/collections/{name}/items?wait=true", files=files)
+    assert r.status_code == 201, r.text
+    return [it["id"] for it in r.json()["items"]]
+
+
+def test_the_collections_page_lists_counts_index_size_and_health(admin_page, api, ui_collection) -> None:
+    _add_texts(api, ui_collection, {"a": "a red bicycle", "b": "a blue boat"})
+    page = admin_page.get("/ui/")
+    assert page.status_code == 200
+    row = re.search(rf'<tr data-collection="{ui_collection}">(.*?)</tr>', page.text, re.S)
+    assert row, page.text
+    cells = re.findall(r'<td class="num">([^<]*)', row[1])
+    assert cells[:3] == ["2", "0", "0"]  # items, pending, failed
+    assert cells[3].endswith(("KiB", "MiB"))  # the index size, readable
+    assert "healthy" in row[1]
+
+
+def test_a_text_query_in_the_address_opens_with_its_results(admin_page, api, ui_collection) -> None:
+    ids = _add_texts(api, ui_collection, {"bike": "a red bicycle", "boat": "a blue boat", "cat": "a cat"})
+    page = admin_page.get(f"/ui/c/{ui_collection}", params={"q": "a red bicycle"})
+    assert page.status_code == 200
+    shown = [int(i) for i in re.findall(r'<li class="result" data-item="(\d+)"', page.text)]
+    assert sorted(shown) == sorted(ids.values())
+    assert shown[0] == ids["bike"]  # the same text embeds to the same vector: the nearest
+    assert "Results for “a red bicycle”" in page.text
+    assert f'href="/ui/c/{ui_collection}?like={ids["bike"]}"' in page.text  # more like this
+
+
+def test_a_typed_query_finds_by_keyword_what_the_model_cannot_embed(admin_page, api, collection_name) -> None:
+    """A collection of 8-dimensional vectors the server's model does not make: the words of the query
+    still find items by keyword (a hybrid search where the model can embed, keyword search here)."""
+    r = api.post("/v1/collections", json={"name": collection_name, "dimensions": 8, "text_fields": ["sku"]})
+    assert r.status_code == 201, r.text
+    items = [
+        {"external_id": "kettle", "vector": [0.1] * 7 + [1.0], "text": "Stainless kettle", "metadata": {"sku": "KT-1"}},
+        {"external_id": "pan", "vector": [1.0] + [0.1] * 7, "text": "Cast iron pan", "metadata": {"sku": "PN-2"}},
+    ]
+    r = api.post(f"/v1/collections/{collection_name}/items", json={"items": items})
+    assert r.status_code == 201, r.text
+    ids = {it["external_id"]: it["id"] for it in r.json()["items"]}
+    page = admin_page.get(f"/ui/c/{collection_name}", params={"q": "PN-2"})
+    assert page.status_code == 200, page.text
+    assert [int(i) for i in re.findall(r'<li class="result" data-item="(\d+)"', page.text)] == [ids["pan"]]
+
+
+def test_filter_chips_narrow_the_results_and_keep_value_types(admin_page, api, ui_collection) -> None:
+    _add_texts(api, ui_collection, {"x": "one"}, {"year": 2020, "album": "paris"})
+    _add_texts(api, ui_collection, {"y": "two"}, {"year": "2020", "album": "rome"})
+    number = admin_page.get(f"/ui/c/{ui_collection}", params={"q": "one", "f": "year=2020"})
+    assert len(re.findall(r'class="result"', number.text)) == 1
+    assert "year: 2020" in number.text
+    string = admin_page.get(f"/ui/c/{ui_collection}", params={"q": "one", "f": 'year="2020"'})
+    assert len(re.findall(r'class="result"', string.text)) == 1
+    both = admin_page.get(f"/ui/c/{ui_collection}", params=[("q", "one"), ("f", "year=2020"), ("f", "album=rome")])
+    assert "Nothing matches." in both.text
+
+
+def test_more_like_this_searches_by_the_stored_item(admin_page, api, ui_collection) -> None:
+    ids = _add_texts(api, ui_collection, {"a": "first", "b": "second"})
+    page = admin_page.get(f"/ui/c/{ui_collection}", params={"like": ids["a"]})
+    shown = [int(i) for i in re.findall(r'data-item="(\d+)"', page.text)]
+    assert shown[0] == ids["a"]
+    assert "More like" in page.text
+
+
+def test_an_item_page_shows_the_original_metadata_and_neighbours(admin_page, api, ui_collection) -> None:
+    [first, second] = _add_images(api, ui_collection, 2)
+    page = admin_page.get(f"/ui/c/{ui_collection}/items/{first}")
+    assert page.status_code == 200
+    assert f'src="/ui/c/{ui_collection}/items/{first}/original"' in page.text
+    assert "photo-0.jpg" in page.text  # the file name, kept as metadata
+    neighbours = re.search(r'<ul class="results compact" id="neighbours">(.*?)</ul>', page.text, re.S)
+    assert neighbours and f'data-item="{second}"' in neighbours[1]
+    assert f'data-item="{first}"' not in neighbours[1]  # not its own neighbour
+    original = admin_page.get(f"/ui/c/{ui_collection}/items/{first}/original")
+    assert original.status_code == 200 and original.content[:2] == b"\xff\xd8"
+    assert original.headers["content-security-policy"].startswith("sandbox")
+
+
+def test_metadata_edits_are_saved_and_bad_json_is_explained(admin_page, api, ui_collection) -> None:
+    ids = _add_texts(api, ui_collection, {"a": "some text"}, {"old": 1})
+    url = f"/ui/c/{ui_collection}/items/{ids['a']}"
+    csrf = csrf_of(admin_page.get(url).text)
+    saved = admin_page.post(f"{url}/metadata", data={"csrf": csrf, "metadata": '{"new": "value"}'})
+    assert saved.status_code == 303 and saved.headers["location"].endswith("?notice=saved")
+    assert api.get(f"/v1/collections/{ui_collection}/items/{ids['a']}").json()["metadata"] == {"new": "value"}
+    bad = admin_page.post(f"{url}/metadata", data={"csrf": csrf, "metadata": '{"unclosed": '})
+    assert bad.status_code == 422
+    assert "not valid JSON" in bad.text
+    assert "{&#34;unclosed&#34;: " in bad.text  # what was typed is kept in the form (escaped)
+    listed = admin_page.post(f"{url}/metadata", data={"csrf": csrf, "metadata": "[1, 2]"})
+    assert listed.status_code == 422 and "must be a JSON object" in listed.text
+    assert api.get(f"/v1/collections/{ui_collection}/items/{ids['a']}").json()["metadata"] == {"new": "value"}
+
+
+def test_deleting_an_item_takes_the_confirmation_form(admin_page, api, ui_collection) -> None:
+    ids = _add_texts(api, ui_collection, {"a": "doomed"})
+    url = f"/ui/c/{ui_collection}/items/{ids['a']}"
+    page = admin_page.get(url).text
+    assert 'id="confirm-delete"' in page and "cannot be undone" in page
+    done = admin_page.post(f"{url}/delete", data={"csrf": csrf_of(page)})
+    assert done.status_code == 303 and done.headers["location"] == f"/ui/c/{ui_collection}?notice=deleted"
+    assert api.get(f"/v1/collections/{ui_collection}/items/{ids['a']}").status_code == 404
+    gone = admin_page.get(url)
+    assert gone.status_code == 404 and "Not found" in gone.text
+
+
+def test_thumbnails_are_made_at_ingest_and_served_with_etag_and_cache_control(admin_page, api, ui_collection) -> None:
+    [item] = _add_images(api, ui_collection, 1, seed=7)
+    url = f"/ui/c/{ui_collection}/items/{item}/thumbnail"
+    first = admin_page.get(url)
+    assert first.status_code == 200
+    assert first.headers["content-type"] == "image/webp"
+    assert first.content[:4] == b"RIFF" and first.content[8:12] == b"WEBP"
+    assert first.headers["cache-control"] == "private, max-age=300"
+    again = admin_page.get(url, headers={"If-None-Match": first.headers["etag"]})
+    assert again.status_code == 304 and again.content == b""
+    assert admin_page.get(url, headers={"If-None-Match": '"other"'}).status_code == 200
+
+
+def test_new_content_replaces_the_thumbnail(admin_page, api, ui_collection) -> None:
+    files = [("files", ("a.jpg", make_image(1), "image/jpeg"))]
+    [item] = api.post(
+        f"/v1/collections/{ui_collection}/items?wait=true", files=files, data={"external_id": "x"}
+    ).json()["items"]
+    url = f"/ui/c/{ui_collection}/items/{item['id']}/thumbnail"
+    before = admin_page.get(url).headers["etag"]
+    replaced = api.put(
+        f"/v1/collections/{ui_collection}/items/{item['id']}/content?wait=true",
+        files={"file": ("b.png", make_image(99, size=(120, 40), fmt="PNG"), "image/png")},
+    )
+    assert replaced.status_code in (201, 202), replaced.text
+    wait_ready(api, ui_collection)
+    after = wait_until(lambda: admin_page.get(url), what="the new thumbnail")
+    assert after.status_code == 200 and after.headers["etag"] != before
+
+
+def test_text_items_show_their_text_as_a_card_and_have_no_thumbnail(admin_page, api, ui_collection) -> None:
+    ids = _add_texts(api, ui_collection, {"t": "a note about tides"})
+    page = admin_page.get(f"/ui/c/{ui_collection}")
+    assert '<span class="snippet">a note about tides</span>' in page.text
+    assert admin_page.get(f"/ui/c/{ui_collection}/items/{ids['t']}/thumbnail").status_code == 404
+
+
+def test_the_maintenance_page_draws_its_charts_from_the_history(admin_page, ui_collection, engine) -> None:
+    from memstore.db import raw_connection
+
+    with raw_connection(engine) as conn:
+        for minutes, recall, dead, size in (
+            (30, 0.97, 10, 1_000_000),
+            (20, 0.91, 400, 1_400_000),
+            (10, 0.99, 0, 900_000),
+        ):
+            conn.execute(
+                "INSERT INTO memstore_maintenance_probes (collection, partition_table, taken_at, live_rows, dead_rows, "
+                "index_bytes, fresh_index_bytes, recall, recommendation) VALUES "
+                "(%s, %s, now() - make_interval(mins => %s), 1000, %s, %s, 900000, %s, 'nothing')",
+                (ui_collection, f"c_{ui_collection}", minutes, dead, size, recall),
+            )
+        conn.execute(
+            "INSERT INTO memstore_maintenance_actions (collection, partition_table, action, reason, started_at, "
+            "finished_at, duration_s, outcome) VALUES (%s, %s, 'rebuild', %s, now() - interval '15 minutes', "
+            "now() - interval '14 minutes', 42.5, 'ok')",
+            (ui_collection, f"c_{ui_collection}", "recall 0.91 < 0.95 <b>"),
+        )
+    page = admin_page.get("/ui/maintenance", params={"c": ui_collection})
+    assert page.status_code == 200
+    section = re.search(
+        rf'<section class="card maint" data-collection="{ui_collection}">(.*?)</section>', page.text, re.S
+    )
+    assert section, page.text
+    charts = re.findall(r'<svg viewBox="0 0 480 190" role="img" aria-label="([^"]+)"', section[1])
+    assert charts == ["Sampled recall", "Dead entries per live row", "Index size (dashed: a fresh build)"]
+    assert section[1].count("<polyline") == 4  # recall, dead, size and the fresh build's size
+    assert len(re.findall(r'<circle cx="[\d.]+" cy="[\d.]+" r="2.5" class="dot series-0"/>', section[1])) >= 9
+    assert 'class="marker action-rebuild"' in section[1]
+    assert "42.5 s" in section[1] and "recall 0.91 &lt; 0.95 &lt;b&gt;" in section[1]

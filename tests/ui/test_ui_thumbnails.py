@@ -1,0 +1,135 @@
+"""Thumbnails: how they are made, made up for on first view, and backfilled by the migration."""
+
+from __future__ import annotations
+
+import io
+import uuid
+from collections.abc import Iterator
+
+import numpy as np
+import psycopg
+import pytest
+import sqlalchemy as sa
+from alembic import command
+from api_helpers import make_image
+from PIL import Image
+from psycopg import sql
+
+from memstore import migrate, queue, thumbnails
+from memstore.db import create_engine, libpq_url
+from memstore.queue import PendingItem
+from memstore.store import VectorStore
+
+
+def _decoded(data: bytes | None) -> Image.Image:
+    assert data is not None
+    img = Image.open(io.BytesIO(data))
+    img.load()
+    return img
+
+
+def test_a_thumbnail_is_a_webp_at_most_256_pixels_keeping_the_aspect() -> None:
+    img = _decoded(thumbnails.make(make_image(1, size=(1600, 900))))
+    assert img.format == "WEBP" and img.size == (256, 144)
+    small = _decoded(thumbnails.make(make_image(2, size=(100, 50), fmt="PNG")))
+    assert small.size == (100, 50)  # never enlarged
+
+
+def test_transparency_is_kept_and_exif_rotation_applied() -> None:
+    clear = Image.new("RGBA", (300, 300), (255, 0, 0, 0))
+    buf = io.BytesIO()
+    clear.save(buf, format="PNG")
+    assert _decoded(thumbnails.make(buf.getvalue())).mode == "RGBA"
+    wide = Image.new("RGB", (800, 400), (0, 128, 255))
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotated 90 degrees: shown upright, it is tall
+    buf = io.BytesIO()
+    wide.save(buf, format="JPEG", exif=exif)
+    assert _decoded(thumbnails.make(buf.getvalue())).size == (128, 256)
+
+
+def test_what_is_not_a_decodable_image_has_no_thumbnail() -> None:
+    assert thumbnails.make(b"plain text, not a picture") is None
+    whole = make_image(3, size=(400, 300))
+    assert thumbnails.make(whole[: len(whole) // 3]) is None  # truncated
+    bomb = io.BytesIO()
+    Image.new("1", (9000, 8000)).save(bomb, format="PNG")  # 72 million pixels, a few KiB
+    assert thumbnails.make(bomb.getvalue()) is None
+
+
+def test_a_ready_image_without_one_gets_it_on_first_view(store: VectorStore, engine, collection_name) -> None:
+    """A vector written by hand over a queued image: ready, yet no worker made its thumbnail."""
+    c = store.create_collection(name=collection_name, dimensions=4)
+    [pending] = queue.enqueue(engine, c, [PendingItem(content=make_image(4), content_type="image/jpeg")])
+    assert thumbnails.read(engine, c, pending.id) is None  # pending: nothing to show yet
+    store.update_item(collection=c.name, id=pending.id, vector=np.ones(4))
+    assert thumbnails.previews(engine, c, [pending.id])[pending.id].has_thumbnail is False
+    made = thumbnails.read(engine, c, pending.id)
+    assert _decoded(made).format == "WEBP"
+    assert thumbnails.previews(engine, c, [pending.id])[pending.id].has_thumbnail is True  # stored
+    assert thumbnails.read(engine, c, pending.id) == made
+
+
+@pytest.fixture
+def scratch_url(server_url: str) -> Iterator[str]:
+    """A database of its own, to move between revisions."""
+    name = f"memstore_ui_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(libpq_url(server_url), autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    url = sa.make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    yield url
+    with psycopg.connect(libpq_url(server_url), autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def _column_exists(engine: sa.Engine, table: str) -> bool:
+    with engine.connect() as conn:
+        found = conn.exec_driver_sql(
+            "SELECT 1 FROM information_schema.columns WHERE table_name = %(t)s AND column_name = 'thumbnail'",
+            {"t": table},
+        ).fetchone()
+    return found is not None
+
+
+def test_the_migration_adds_the_column_and_backfills_existing_images(scratch_url: str, settings) -> None:
+    migrate.upgrade(scratch_url)
+    engine = create_engine(scratch_url)
+    try:
+        store = VectorStore(engine, settings=settings.model_copy(update={"database_url": scratch_url}))
+        made = {}
+        for name, partitions in (("plain", 1), ("parted", 2)):
+            c = store.create_collection(name=name, dimensions=4, partitions=partitions)
+            images = [PendingItem(content=make_image(10 + i), content_type="image/jpeg") for i in range(3)]
+            broken = make_image(20)
+            items = [*images, PendingItem(content=broken[:200], content_type="image/jpeg"), PendingItem(text="a note")]
+            done = queue.enqueue(engine, c, items)
+            for d in done:
+                store.update_item(collection=name, id=d.id, vector=np.ones(4))
+            made[name] = (c, [d.id for d in done])
+        command.downgrade(migrate.alembic_config(scratch_url), "0006")
+        assert not _column_exists(engine, "c1_plain")
+        migrate.upgrade(scratch_url)
+        for c, ids in made.values():
+            assert all(_column_exists(engine, t) for t in c.partition_tables())
+            shown = thumbnails.previews(engine, c, ids)
+            assert [shown[i].has_thumbnail for i in ids] == [True, True, True, False, False]
+    finally:
+        engine.dispose()
+
+
+def test_the_backfill_works_in_batches_and_resumes(store: VectorStore, engine, collection_name) -> None:
+    from memstore.db import dedicated_connection
+
+    c = store.create_collection(name=collection_name, dimensions=4)
+    done = queue.enqueue(
+        engine, c, [PendingItem(content=make_image(30 + i), content_type="image/jpeg") for i in range(5)]
+    )
+    for d in done:
+        store.update_item(collection=c.name, id=d.id, vector=np.ones(4))
+    conn = dedicated_connection(engine, application_name="test-backfill")
+    try:
+        assert thumbnails.backfill_table(conn, c.table_name, batch=2) == 5  # three batches
+        assert thumbnails.backfill_table(conn, c.table_name, batch=2) == 0  # nothing left to make
+    finally:
+        conn.close()
+    assert all(p.has_thumbnail for p in thumbnails.previews(engine, c, [d.id for d in done]).values())
