@@ -14,6 +14,7 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psycopg
@@ -108,6 +109,22 @@ def store(engine: sa.Engine, settings: Settings) -> VectorStore:
 @pytest.fixture
 def collection_name() -> str:
     return f"t_{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(scope="session")
+def tiny_engine() -> Iterator[Any]:
+    """The real encoder engine with the tiny untrained model (64 dimensions, CPU), shared by the API
+    and web-page servers."""
+    from encoder.engine import EmbeddingEngine
+    from encoder.models import create_encoder
+    from encoder.settings import EncoderSettings
+    from tests.api.api_helpers import TINY
+
+    es = EncoderSettings(model=TINY, pretrained=None, device="cpu", batch_size=8, preprocess_workers=1)
+    enc = create_encoder(TINY, pretrained=None, device="cpu", batch_size=8, image_options=es.image_options())
+    engine = EmbeddingEngine(enc, es).start()
+    yield engine
+    engine.stop()
 
 
 @pytest.fixture(scope="session")

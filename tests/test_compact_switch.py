@@ -8,7 +8,6 @@ import time
 import numpy as np
 import pytest
 from psycopg import sql
-from test_compact import _fill, low_rank_data  # tests/ is on sys.path (rootdir conftest)
 
 from memstore.compact import ddl
 from memstore.compact import spec as specs
@@ -17,6 +16,7 @@ from memstore.compact.switch import reconcile
 from memstore.db import raw_connection
 from memstore.models import ItemIn
 from memstore.store import VectorStore
+from tests.test_compact import _fill, low_rank_data
 
 
 def _side_consistent(store: VectorStore, name: str) -> tuple[int, int, int]:

@@ -65,8 +65,8 @@ def test_keyword_search_reaches_collections_made_before_it(empty_database: str) 
     """Revision 0006 builds the keyword index of every existing collection (concurrently) and takes
     the pending list off its GIN indexes; searches by keyword work on the old rows at once."""
     import numpy as np
-
     from alembic import command
+
     from memstore.db import create_engine
     from memstore.models import ItemIn
     from memstore.settings import Settings

@@ -10,26 +10,12 @@ import httpx
 import psycopg
 import pytest
 import sqlalchemy as sa
-from api_helpers import TINY, FakeBackend, LiveServer, start_server
 from psycopg import sql
 
-from encoder.settings import EncoderSettings
 from memstore import keys, migrate
 from memstore.db import create_engine, libpq_url
 from memstore.settings import Settings
-
-
-@pytest.fixture(scope="session")
-def tiny_engine() -> Iterator[Any]:
-    """The real encoder engine with the tiny untrained model (64 dimensions, CPU)."""
-    from encoder.engine import EmbeddingEngine
-    from encoder.models import create_encoder
-
-    es = EncoderSettings(model=TINY, pretrained=None, device="cpu", batch_size=8, preprocess_workers=1)
-    enc = create_encoder(TINY, pretrained=None, device="cpu", batch_size=8, image_options=es.image_options())
-    engine = EmbeddingEngine(enc, es).start()
-    yield engine
-    engine.stop()
+from tests.api.api_helpers import FakeBackend, LiveServer, start_server
 
 
 @pytest.fixture(scope="session")

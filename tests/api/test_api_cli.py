@@ -11,12 +11,12 @@ import threading
 import httpx
 import pytest
 import uvicorn
-from api_helpers import LiveServer, free_port, make_image, start_server
 
 from memstore import queue
 from memstore.cli import main
 from memstore.queue import PendingItem
 from memstore.store import VectorStore
+from tests.api.api_helpers import LiveServer, free_port, make_image, start_server
 
 
 def memstore(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

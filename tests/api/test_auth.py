@@ -7,9 +7,9 @@ import uuid
 
 import httpx
 import pytest
-from api_helpers import start_server
 
 from memstore import keys
+from tests.api.api_helpers import start_server
 
 
 @pytest.fixture

@@ -8,9 +8,9 @@ import zlib
 
 import httpx
 import pytest
-from api_helpers import make_image
 
 from encoder.errors import ImageRejectedError, QueueFullError
+from tests.api.api_helpers import make_image
 
 
 def problem(r: httpx.Response, status: int, slug: str) -> dict:

@@ -8,13 +8,13 @@ import threading
 
 import httpx
 import pytest
-from api_helpers import LiveServer
 
 from memstore.api.app import create_app
 from memstore.api.runtime import RuntimeOptions
 from memstore.api.settings import ApiSettings
 from memstore.errors import EncoderUnavailableError
 from memstore.services.encoder_host import EncoderHost
+from tests.api.api_helpers import LiveServer
 
 
 def test_an_encoder_without_weights_makes_health_degraded_and_logs_the_offline_command(

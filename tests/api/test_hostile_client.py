@@ -24,11 +24,11 @@ from typing import Any
 
 import httpx
 import psycopg
-from api_helpers import LiveServer, make_image
 from PIL import Image
 from psycopg import sql
 
 from memstore.db import libpq_url
+from tests.api.api_helpers import LiveServer, make_image
 
 
 def _raw_request(server: LiveServer, head: str, first_body: bytes = b"") -> tuple[str, float, bool]:

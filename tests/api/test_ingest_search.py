@@ -7,7 +7,8 @@ import time
 
 import httpx
 import pytest
-from api_helpers import make_image, wait_ready
+
+from tests.api.api_helpers import make_image, wait_ready
 
 
 def upload(

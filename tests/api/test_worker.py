@@ -13,13 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import sqlalchemy as sa
-from api_helpers import FakeBackend
 
 from memstore import claims, queue
 from memstore.claims import Claim, Claimer
 from memstore.ingest_worker import IngestWorker, Loaded, group_for_encoding
 from memstore.queue import IngestSettings, PendingItem
 from memstore.store import VectorStore
+from tests.api.api_helpers import FakeBackend
 
 HERE = Path(__file__).resolve().parent
 
@@ -106,8 +106,8 @@ def test_a_mismatched_collection_fails_its_items(worker_engine, worker_store, co
 
 def _spawn(worker_url: str, mode: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, str(HERE / "worker_proc.py"), worker_url, mode],
-        cwd=HERE,
+        [sys.executable, "-m", "tests.api.worker_proc", worker_url, mode],
+        cwd=HERE.parents[1],  # the repository: tests is a package
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -1,4 +1,4 @@
-"""An ingest worker in its own process, for kill and SIGTERM tests: ``python worker_proc.py URL block|slow``.
+"""An ingest worker in its own process, for kill and SIGTERM tests: ``python -m tests.api.worker_proc URL block|slow``.
 
 It prints ENCODING once the fake encoder has been handed a batch: ``block`` then never returns (the
 test kills the process), ``slow`` returns after two seconds (the test sends SIGTERM meanwhile).
@@ -9,11 +9,10 @@ from __future__ import annotations
 import sys
 import threading
 
-from api_helpers import FakeBackend
-
 from memstore.db import create_engine
 from memstore.ingest_worker import IngestWorker
 from memstore.queue import IngestSettings
+from tests.api.api_helpers import FakeBackend
 
 
 def main() -> int:

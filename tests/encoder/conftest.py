@@ -10,7 +10,8 @@ import os
 os.environ["HF_HUB_OFFLINE"] = "1"
 
 import pytest
-from enc_helpers import FakeEncoder
+
+from tests.encoder.enc_helpers import FakeEncoder
 
 
 @pytest.fixture

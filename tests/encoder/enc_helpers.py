@@ -1,4 +1,4 @@
-"""Helpers shared by the encoder tests (imported by name: tests/encoder is on sys.path)."""
+"""Helpers shared by the encoder tests."""
 
 from __future__ import annotations
 

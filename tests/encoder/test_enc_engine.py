@@ -7,7 +7,6 @@ from concurrent.futures import CancelledError
 
 import numpy as np
 import pytest
-from enc_helpers import FakeEncoder, make_image, settings_for
 
 from encoder.engine import EmbeddingEngine
 from encoder.errors import (
@@ -19,6 +18,7 @@ from encoder.errors import (
 )
 from encoder.scheduling import plan_batch, plan_fifo
 from encoder.types import ImageEmbedding, Priority
+from tests.encoder.enc_helpers import FakeEncoder, make_image, settings_for
 
 BIG = make_image(128, 128, seed=1)  # 16-px fake model: global view + 8x8 = 64 tiles = 65 units
 SMALL = make_image(20, 20, seed=2)  # one unit

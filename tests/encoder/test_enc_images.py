@@ -10,11 +10,11 @@ import numpy as np
 import open_clip
 import pytest
 import torch
-from enc_helpers import make_image
 from PIL import Image, ImageOps
 
 from encoder.errors import DecompressionBombError, ImageRejectedError
 from encoder.images import ImageOptions, ImageSpec, load_views, plan_for, probe_image
+from tests.encoder.enc_helpers import make_image
 
 SPEC = ImageSpec(16, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
 OPTS = ImageOptions(max_tiles=64)

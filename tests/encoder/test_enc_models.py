@@ -11,7 +11,6 @@ import numpy as np
 import open_clip
 import pytest
 import torch
-from enc_helpers import make_image, settings_for
 from PIL import Image
 
 from encoder import create_encoder, list_encoders
@@ -20,6 +19,7 @@ from encoder.errors import UnknownModelError, WeightsNotFoundError
 from encoder.images import ImageOptions
 from encoder.settings import EncoderSettings
 from encoder.types import Priority
+from tests.encoder.enc_helpers import make_image, settings_for
 
 
 def test_registry_lists_the_tiny_model_and_open_clips_own():

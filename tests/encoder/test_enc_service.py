@@ -12,7 +12,6 @@ import time
 import httpx
 import numpy as np
 import pytest
-from enc_helpers import FakeEncoder, make_image, settings_for
 from fastapi.testclient import TestClient
 
 from encoder.__main__ import main
@@ -21,6 +20,7 @@ from encoder.engine import EmbeddingEngine
 from encoder.errors import DecompressionBombError, ImageRejectedError, QueueFullError
 from encoder.service import create_app
 from encoder.types import Priority
+from tests.encoder.enc_helpers import FakeEncoder, make_image, settings_for
 
 PNG = make_image(60, 40, seed=1)
 BIG = make_image(300, 200, "JPEG", seed=2)

@@ -8,7 +8,6 @@ from typing import Any
 import psycopg
 import pytest
 import sqlalchemy as sa
-from maint_helpers import clustered
 from pgvector.psycopg import register_vector
 
 from maintenance.config import MaintenanceConfig
@@ -18,6 +17,7 @@ from memstore.db import libpq_url
 from memstore.models import ItemIn
 from memstore.settings import Settings
 from memstore.store import VectorStore
+from tests.maintenance.maint_helpers import clustered
 
 # Short waits so the lock-timeout paths run in seconds, not minutes.
 TEST_CONFIG = {

@@ -15,11 +15,11 @@ from typing import Any
 
 import psycopg
 import pytest
-from maint_helpers import churn
 
 from maintenance.cli import main
 from memstore.collections import Collection
 from memstore.settings import get_settings
+from tests.maintenance.maint_helpers import churn
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ from typing import Any
 import numpy as np
 import psycopg
 import pytest
-from maint_helpers import churn, clustered
 from pgvector.psycopg import register_vector
 
 from maintenance.config import MaintenanceConfig
@@ -18,6 +17,7 @@ from maintenance.sizing import estimate_index_bytes
 from maintenance.targets import targets_for
 from memstore.collections import Collection
 from memstore.search_sql import SearchSettings, apply
+from tests.maintenance.maint_helpers import churn, clustered
 
 
 def _all_vectors(conn: psycopg.Connection[Any], c: Collection) -> tuple[np.ndarray, np.ndarray]:

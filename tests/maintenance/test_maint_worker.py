@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 import psycopg
 import pytest
-from maint_helpers import churn, clustered, index_oid, invalid_indexes
 
 from maintenance import history
 from maintenance.recall import measure_recall
@@ -19,6 +18,7 @@ from maintenance.worker import EXIT_OK, MaintenanceWorker
 from memstore.collections import Collection
 from memstore.models import ItemIn
 from memstore.store import VectorStore
+from tests.maintenance.maint_helpers import churn, clustered, index_oid, invalid_indexes
 
 
 def _wait_for(predicate: Callable[[], bool], timeout: float = 30.0) -> None:

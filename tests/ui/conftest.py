@@ -5,37 +5,18 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import sqlalchemy as sa
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "api"))  # the API tests' helpers
-
-from api_helpers import TINY, LiveServer, start_server
-from ui_helpers import sign_in
-
-from encoder.settings import EncoderSettings
 from memstore import keys
 from memstore.settings import Settings
-
-
-@pytest.fixture(scope="session")
-def tiny_engine() -> Iterator[Any]:
-    """The real encoder engine with the tiny untrained model (64 dimensions, CPU)."""
-    from encoder.engine import EmbeddingEngine
-    from encoder.models import create_encoder
-
-    es = EncoderSettings(model=TINY, pretrained=None, device="cpu", batch_size=8, preprocess_workers=1)
-    enc = create_encoder(TINY, pretrained=None, device="cpu", batch_size=8, image_options=es.image_options())
-    engine = EmbeddingEngine(enc, es).start()
-    yield engine
-    engine.stop()
+from tests.api.api_helpers import LiveServer, start_server
+from tests.ui.ui_helpers import sign_in
 
 
 @pytest.fixture(scope="session")

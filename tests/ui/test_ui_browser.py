@@ -11,13 +11,13 @@ from typing import Any
 
 import httpx
 import pytest
-from api_helpers import make_image
 from PIL import Image
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
 
 from memstore.db import raw_connection
+from tests.api.api_helpers import make_image
 
 WAIT_S = 60
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import re
 
 import httpx
-from api_helpers import make_image, wait_ready
-from ui_helpers import csrf_of, wait_until
+
+from tests.api.api_helpers import make_image, wait_ready
+from tests.ui.ui_helpers import csrf_of, wait_until
 
 
 def _add_texts(api: httpx.Client, name: str, texts: dict[str, str], metadata: dict | None = None) -> dict[str, int]:

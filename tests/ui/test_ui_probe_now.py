@@ -8,11 +8,11 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from ui_helpers import csrf_of, sign_in, wait_until
 
 from maintenance.config import MaintenanceConfig
 from maintenance.worker import MaintenanceWorker
 from memstore import history
+from tests.ui.ui_helpers import csrf_of, sign_in, wait_until
 
 
 def _probes(engine, name: str) -> int:

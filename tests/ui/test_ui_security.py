@@ -9,10 +9,10 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from api_helpers import LiveServer, make_image, start_server
-from ui_helpers import csrf_of, hidden_fields, sign_in
 
 from memstore import keys
+from tests.api.api_helpers import LiveServer, make_image, start_server
+from tests.ui.ui_helpers import csrf_of, hidden_fields, sign_in
 
 
 def _text_item(api: httpx.Client, name: str, text: str, metadata: dict | None = None) -> int:

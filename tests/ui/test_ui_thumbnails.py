@@ -11,7 +11,6 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 from alembic import command
-from api_helpers import make_image
 from PIL import Image
 from psycopg import sql
 
@@ -19,6 +18,7 @@ from memstore import migrate, queue, thumbnails
 from memstore.db import create_engine, libpq_url
 from memstore.queue import PendingItem
 from memstore.store import VectorStore
+from tests.api.api_helpers import make_image
 
 
 def _decoded(data: bytes | None) -> Image.Image:

@@ -1,0 +1,1 @@
+"""memstore's tests."""
