@@ -250,7 +250,7 @@ def _status(worker: MaintenanceWorker, common: Common, *, with_recall: bool) -> 
 
 
 def _last_sql() -> str:
-    from maintenance import sqlfiles
+    from memstore import sqlfiles
 
     return sqlfiles.text("last_clean")
 

@@ -10,9 +10,9 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from maintenance import sqlfiles
 from maintenance.targets import Target
 from memstore import history as core_history
+from memstore import sqlfiles
 
 
 def start_action(

@@ -13,11 +13,11 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from maintenance import sqlfiles
 from maintenance.config import MaintenanceConfig
 from maintenance.recall import RecallResult, measure_recall
 from maintenance.sizing import estimate_index_bytes, fresh_bytes
 from maintenance.targets import Target, representation
+from memstore import sqlfiles
 
 COUNTERS = ("n_tup_ins", "n_tup_upd", "n_tup_hot_upd", "n_tup_del")
 

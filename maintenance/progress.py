@@ -11,7 +11,7 @@ from typing import Any, Literal
 import psycopg
 from psycopg.rows import dict_row
 
-from maintenance import sqlfiles
+from memstore import sqlfiles
 
 Kind = Literal["create_index", "vacuum"]
 

@@ -19,9 +19,8 @@ import psycopg
 from psycopg import sql
 from psycopg.pq import TransactionStatus
 
-from maintenance import sqlfiles
 from maintenance.targets import Target
-from memstore import query_samples
+from memstore import query_samples, sqlfiles
 from memstore.recall import exact_answers as core_exact_answers
 from memstore.recall import recall_hits
 from memstore.search_sql import SearchSettings, apply, search_statement

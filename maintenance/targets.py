@@ -10,8 +10,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from maintenance import sqlfiles
-from memstore import locks
+from memstore import locks, sqlfiles
 from memstore.collections import Collection
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from importlib.resources import files
 from typing import Any
 
 import psycopg
@@ -20,6 +19,7 @@ import sqlalchemy as sa
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from memstore import sqlfiles
 from memstore.db import raw_connection
 
 
@@ -72,10 +72,6 @@ def _default(value: Any) -> Any:
     return str(value)
 
 
-def _history_sql(name: str) -> str:
-    return files("memstore_sql").joinpath(f"{name}.sql").read_text(encoding="utf-8")
-
-
 def recent_probes(engine: sa.Engine, *, collection: str, limit: int = 500) -> list[dict[str, Any]]:
     """A collection's probes, newest first."""
     return _read(engine, "history_probes", collection, limit)
@@ -89,7 +85,7 @@ def recent_actions(engine: sa.Engine, *, collection: str, limit: int = 50) -> li
 def _read(engine: sa.Engine, statement: str, collection: str, limit: int) -> list[dict[str, Any]]:
     params = {"collection": collection, "since": None, "limit": limit}
     with raw_connection(engine) as conn:
-        return conn.cursor(row_factory=dict_row).execute(_history_sql(statement), params).fetchall()
+        return conn.cursor(row_factory=dict_row).execute(sqlfiles.text(statement), params).fetchall()
 
 
 def request_pass(engine: sa.Engine, *, collection: str, requested_by: str) -> None:

@@ -33,9 +33,7 @@ _UPSERT_TAIL = """
           IS DISTINCT FROM (EXCLUDED.embedding, EXCLUDED.metadata, 'ready', EXCLUDED.text, true)
     RETURNING id, external_id, (t.created_at = now()) AS inserted
 """
-_UPSERT_ONE = (
-    "INSERT INTO {} AS t (external_id, embedding, metadata, text, status) VALUES (%s, %s, %s, %s, 'ready')"
-)
+_UPSERT_ONE = "INSERT INTO {} AS t (external_id, embedding, metadata, text, status) VALUES (%s, %s, %s, %s, 'ready')"
 # memstore_stage2: the staging table's second shape (with the text); a session that made the first
 # one before an upgrade keeps it, so the new shape needs a new name.
 _STAGE = (

@@ -1,5 +1,6 @@
-"""The SQL of maintenance lives in the top-level ``sql/*.sql`` (installed as the package
-``memstore_sql``), loaded by name (never glued from strings).
+"""Named SQL statements live in the top-level ``sql/*.sql`` (installed as the package
+``memstore_sql``), loaded by name (never glued from strings): maintenance's probes and history
+reads, and the web pages' history reads.
 
 Files with ``{table}``/``{op}`` placeholders are composed with psycopg's ``sql`` module, so identifiers
 are always quoted correctly.
