@@ -40,14 +40,17 @@ def make(content: bytes) -> bytes | None:
         with Image.open(io.BytesIO(content)) as img:
             if img.width * img.height > MAX_PIXELS:
                 return None
-            # JPEG decodes at 1/2, 1/4 or 1/8 scale when asked first: most of the work skipped.
-            img.draft("RGB", (SIZE * 2, SIZE * 2))
+            # JPEG decodes at 1/2, 1/4 or 1/8 scale when asked first, the largest reduction that still
+            # covers SIZE on both sides: a 1024 x 768 photo decodes at 512 x 384, in a fifth of the time.
+            img.draft("RGB", (SIZE, SIZE))
             small = ImageOps.exif_transpose(img)
             small.thumbnail((SIZE, SIZE), Image.Resampling.LANCZOS)
             keeps_alpha = small.mode in ("RGBA", "LA", "PA") or (small.mode == "P" and "transparency" in small.info)
             small = small.convert("RGBA" if keeps_alpha else "RGB")
             out = io.BytesIO()
-            small.save(out, format="WEBP", quality=QUALITY, method=4)
+            # method 2 of 0-6: WebP's effort; past it the bytes shrink by a few percent at twice the
+            # time, and the worker makes one thumbnail per image it embeds.
+            small.save(out, format="WEBP", quality=QUALITY, method=2)
             return out.getvalue()
     except Exception as exc:  # a corrupt or exotic file: the item simply has no thumbnail
         log.info("no thumbnail: %s: %s", type(exc).__name__, exc)
