@@ -55,7 +55,7 @@ def fetch_topk(
     """The index's answers, with the store's search settings (iterative scan, re-sorted)."""
     out: list[list[int]] = []
     settings = SearchSettings(ef_search=ef_search, exact=False, max_scan_tuples=20_000)
-    statement = search_statement(table, "<=>", filtered=False, exact=False, ids_only=True)
+    statement = search_statement(table, "<=>", exact=False, ids_only=True)
     with conn.transaction(), conn.cursor() as cur:
         apply(cur, settings)
         for q in queries:

@@ -62,7 +62,7 @@ class Load:
 
     def _search(self, conn: psycopg.Connection[Any]) -> None:
         settings = SearchSettings(ef_search=self.ef_search, exact=False, max_scan_tuples=20_000)
-        statement = search_statement(self.table, "<=>", filtered=False, exact=False, ids_only=True)
+        statement = search_statement(self.table, "<=>", exact=False, ids_only=True)
         i = 0
         while not self._stop.is_set():
             q = self.queries[i % len(self.queries)]

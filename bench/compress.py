@@ -146,10 +146,10 @@ def _search(conn: psycopg.Connection[Any], run: dict[str, Any], q: np.ndarray, k
     if spec.compact:
         params["pool"] = spec.pool(k)
         params["c"] = compact_search.compact_query(conn, spec, q)
-        statement = compact_search.statement(c, spec, filtered=False)
+        statement = compact_search.statement(c, spec, where=None)
         efs = min(1000, max(efs, params["pool"]))
     else:
-        statement = search_sql.search_statement(c.table_name, c.spec.operator, filtered=False, exact=False)
+        statement = search_sql.search_statement(c.table_name, c.spec.operator, exact=False)
     # The full search also runs with the compact planner settings (no sequential scan): on a small
     # table the planner would rather scan the table, and this compares index with index.
     rows = search_sql.run_search(

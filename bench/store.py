@@ -75,7 +75,7 @@ def bench_search(
     store: VectorStore, raw: psycopg.Connection[Any], queries: np.ndarray, k: int, rounds: int
 ) -> tuple[dict[str, float], list[list[int]]]:
     c = store.get_collection(name="bench_store")
-    statement = search_sql.search_statement(c.table_name, c.spec.operator, filtered=False, exact=False)
+    statement = search_sql.search_statement(c.table_name, c.spec.operator, exact=False)
     settings = search_sql.SearchSettings(
         ef_search=c.default_ef_search, exact=False, max_scan_tuples=store.settings.max_scan_tuples
     )

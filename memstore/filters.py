@@ -1,5 +1,5 @@
-"""What callers send besides vectors, checked before it reaches SQL: metadata, filters (JSON
-containment, ``metadata @> filter``) and external ids."""
+"""What callers send besides vectors, checked before it reaches SQL: metadata, items' texts and
+external ids, and the limits filters share (filters themselves: ``memstore.filter_language``)."""
 
 from __future__ import annotations
 
@@ -34,20 +34,6 @@ def check_external_id(value: Any) -> str:
             f"external_id must be a non-empty string of at most {MAX_EXTERNAL_ID_LENGTH} characters "
             f"without NUL, not {value!r:.80}"
         )
-    return value
-
-
-def check_filter(value: Any) -> dict[str, Any] | None:
-    """None or a JSON object to match by containment: ``{"tag": "cat"}`` matches rows whose metadata has it."""
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise InvalidInputError(f"filter must be a JSON object, not {type(value).__name__}")
-    if _depth(value) > MAX_FILTER_DEPTH:
-        raise InvalidInputError(f"filter is nested deeper than {MAX_FILTER_DEPTH} levels")
-    encoded = _encode(value, "filter")
-    if len(encoded) > MAX_FILTER_BYTES:
-        raise InvalidInputError(f"filter is {len(encoded)} bytes; the limit is {MAX_FILTER_BYTES}")
     return value
 
 

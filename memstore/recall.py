@@ -56,7 +56,7 @@ def exact_answers(
         for j, (i, bound) in enumerate(zip(bounded, bounds, strict=True)):
             if sum(1 for _, d in rows if d[j] <= bound) >= k:
                 answers[i] = sorted(((rid, d[j]) for rid, d in rows), key=lambda a: (a[1], a[0]))[:k]
-    exact_sql = search_statement(table, operator, filtered=False, exact=True, ids_only=True)
+    exact_sql = search_statement(table, operator, exact=True, ids_only=True)
     for i, q in enumerate(queries):
         if len(answers[i]) < k:
             answers[i] = [(int(r), float(d)) for r, d in cur.execute(exact_sql, {"q": q, "k": k}).fetchall()]

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from memstore.collections import Collection
 from memstore.errors import InvalidInputError
-from memstore.filters import check_filter
+from memstore.filter_language import CompiledFilter, compile_filter
 from memstore.models import SearchResult
 
 Mode = Literal["vector", "keyword", "hybrid"]
@@ -45,7 +45,7 @@ class SearchQuery:
     k: int
     vector: Any
     text: str | None
-    filter: dict[str, Any] | None
+    filter: CompiledFilter | None  # memstore.filter_language: its SQL and parameters
     offset: int
     candidates: int
     weights: Weights
@@ -102,7 +102,7 @@ def check_query(
         k=k,
         vector=vector if chosen != "keyword" else None,
         text=text if chosen != "vector" else None,
-        filter=check_filter(filter),
+        filter=compile_filter(filter) if filter else None,
         offset=offset,
         candidates=candidates,
         weights=_weights(weights),

@@ -74,24 +74,19 @@ def search_statement(
     table: str,
     operator: str,
     *,
-    filtered: bool = False,
     exact: bool,
     ids_only: bool = False,
     where: sql.Composable | None = None,
 ) -> sql.Composed:
     """The ``%(k)s`` nearest rows of ``table`` (a collection or one partition) to ``%(q)s``, nearest
-    first, among those matching ``where`` (a compiled filter, ``memstore.filter_language``) or, when
-    ``filtered``, whose metadata contains ``%(f)s``. The MATERIALIZED CTE restores strict order after
-    a relaxed iterative scan. ``ids_only``: id and distance alone (what the recall probes compare)."""
+    first, among those matching ``where`` (a compiled filter, ``memstore.filter_language``, whose
+    parameters the caller binds). The MATERIALIZED CTE restores strict order after a relaxed
+    iterative scan. ``ids_only``: id and distance alone (what the recall probes compare)."""
     if operator not in OPERATORS:
         raise ValueError(f"unknown distance operator {operator!r}")
-    if where is None and not filtered:
+    if where is None:
         return _statement(table, operator, exact, ids_only)
-    return _build(table, operator, where if where is not None else CONTAINS, exact, ids_only)
-
-
-# Today's filter: the rows whose metadata contains %(f)s (served by the GIN index on metadata).
-CONTAINS = sql.SQL("metadata @> %(f)s")
+    return _build(table, operator, where, exact, ids_only)
 
 
 @lru_cache(maxsize=1024)

@@ -35,7 +35,8 @@ from memstore.errors import (
     InvalidInputError,
     ItemNotFoundError,
 )
-from memstore.filters import check_external_id, check_filter, check_item_text, check_metadata
+from memstore.filter_language import CompiledFilter, compile_filter
+from memstore.filters import check_external_id, check_item_text, check_metadata
 from memstore.models import CollectionStats, Item, ItemIn, Original, SearchResult, UpsertResult
 from memstore.registry import CACHE_SECONDS, Registry, deregister, register, set_keywords
 from memstore.search_query import MAX_K, SearchQuery, Weights, check_query
@@ -366,28 +367,29 @@ class VectorStore:
         external_ids: Iterable[str] | None = None,
         filter: dict[str, Any] | None = None,
     ) -> int:
-        """Delete by ids, by external ids, or every item whose metadata contains ``filter``; returns the count."""
+        """Delete by ids, by external ids, or every item that matches ``filter`` (the search filter
+        language, ``memstore.filter_language``); returns the count."""
         c = self.get_collection(name=collection)
         given = [x is not None for x in (ids, external_ids, filter)]
         if sum(given) != 1:
             raise InvalidInputError("give exactly one of ids, external_ids or filter")
-        param: Any
+        params: dict[str, Any]
         if filter is not None:
-            checked = check_filter(filter)
-            if not checked:
+            if not filter:
                 raise InvalidInputError("an empty filter would delete every item; drop the collection instead")
-            clause, param = "metadata @> %s", Jsonb(checked)
+            compiled = compile_filter(filter)
+            clause, params = compiled.where, compiled.params
         elif ids is not None:
-            clause, param = "id = ANY(%s)", [int(i) for i in ids]
+            clause, params = sql.SQL("id = ANY(%(ids)s)"), {"ids": [int(i) for i in ids]}
         else:
-            clause, param = "external_id = ANY(%s)", [str(e) for e in external_ids or ()]
+            clause, params = sql.SQL("external_id = ANY(%(ids)s)"), {"ids": [str(e) for e in external_ids or ()]}
         # The rows are locked in id order first, as every writer of items and queue rows takes them
         # (a DELETE alone locks in scan order, which could deadlock with an enqueue of the same items).
         statement = sql.SQL(
-            "DELETE FROM {t} WHERE id IN (SELECT id FROM {t} WHERE " + clause + " ORDER BY id FOR UPDATE) RETURNING id"
-        ).format(t=c.table)
+            "DELETE FROM {t} WHERE id IN (SELECT id FROM {t} WHERE {clause} ORDER BY id FOR UPDATE) RETURNING id"
+        ).format(t=c.table, clause=clause)
         with self.db.write() as conn:
-            gone = [int(r[0]) for r in conn.execute(statement, (param,)).fetchall()]
+            gone = [int(r[0]) for r in conn.execute(statement, params).fetchall()]
             queue.unqueue(conn, c, gone)  # then their queue rows, in the same transaction
         return len(gone)
 
@@ -486,6 +488,14 @@ class VectorStore:
             score_threshold=score_threshold,
             pool=pool,
         )
+        return self.run_search(collection=collection, query=q, ef_search=ef_search, exact=exact)
+
+    def run_search(
+        self, *, collection: str, query: SearchQuery, ef_search: int | None = None, exact: bool = False
+    ) -> list[SearchResult]:
+        """A search whose arguments ``search_query.check_query`` has checked (the API checks them before
+        it spends time embedding the query)."""
+        q = query
         for attempt in range(2):
             # A switch of representation may drop what a cached collection row still names: the
             # second attempt reads the registry afresh.
@@ -512,11 +522,14 @@ class VectorStore:
     ) -> SearchPlan:
         """The statement, settings and parameters of one search. ``conn`` (where the search will run)
         is needed on a compact index only, to project the query vector."""
-        where = search_sql.CONTAINS if q.filter else None
+        where = q.filter.where if q.filter else None
         if q.mode == "keyword":
-            params: dict[str, Any] = {"text": q.text, "k": q.k, "offset": q.offset}
-            if q.filter:
-                params["f"] = Jsonb(q.filter)
+            params: dict[str, Any] = {
+                "text": q.text,
+                "k": q.k,
+                "offset": q.offset,
+                **(q.filter.params if q.filter else {}),
+            }
             settings = SearchSettings(
                 ef_search=_ef_search(c, ef_search), exact=exact, max_scan_tuples=self.settings.max_scan_tuples
             )
@@ -559,12 +572,12 @@ class VectorStore:
             params = _search_params(c, q.vector, depth, q.filter)
             params["pool"] = spec.pool(depth, q.pool)
             params["c"] = compact_search.compact_query(conn, spec, params["q"])
-            statement = compact_search.statement(c, spec, filtered=bool(q.filter))
+            statement = compact_search.statement(c, spec, where=q.filter.where if q.filter else None)
             settings = compact_search.settings(
                 ef_search=min(1000, max(efs, params["pool"])), max_scan_tuples=self.settings.max_scan_tuples
             )
             return SearchPlan(statement, settings, params)
-        return self.plain_search(c, vector=q.vector, k=depth, checked_filter=q.filter, ef_search=efs, exact=exact)
+        return self.plain_search(c, vector=q.vector, k=depth, filter=q.filter, ef_search=efs, exact=exact)
 
     def plain_search(
         self,
@@ -572,17 +585,19 @@ class VectorStore:
         *,
         vector: Any,
         k: int,
-        checked_filter: dict[str, Any] | None,
+        filter: CompiledFilter | None,
         ef_search: int | None,
         exact: bool,
     ) -> SearchPlan:
         """The statement, settings and parameters of a search on the full-precision index (or exact)."""
         return SearchPlan(
-            search_sql.search_statement(c.table_name, c.spec.operator, filtered=bool(checked_filter), exact=exact),
+            search_sql.search_statement(
+                c.table_name, c.spec.operator, exact=exact, where=filter.where if filter else None
+            ),
             SearchSettings(
                 ef_search=_ef_search(c, ef_search), exact=exact, max_scan_tuples=self.settings.max_scan_tuples
             ),
-            _search_params(c, vector, k, checked_filter),
+            _search_params(c, vector, k, filter),
         )
 
     def cached_collection(self, name: str) -> Collection | None:
@@ -643,11 +658,11 @@ def _count_items(conn: psycopg.Connection[Any], c: Collection, exact_limit: int)
     return estimate, False
 
 
-def _search_params(c: Collection, vector: Any, k: int, checked_filter: dict[str, Any] | None) -> dict[str, Any]:
-    """The query vector (checked against the collection), k and the filter, as every search binds them."""
+def _search_params(c: Collection, vector: Any, k: int, filter: CompiledFilter | None) -> dict[str, Any]:
+    """The query vector (checked against the collection), k and the filter's values, as every search binds them."""
     params: dict[str, Any] = {"q": as_vector(vector, dimensions=c.dimensions, metric=c.metric), "k": k}
-    if checked_filter:
-        params["f"] = Jsonb(checked_filter)
+    if filter:
+        params.update(filter.params)
     return params
 
 

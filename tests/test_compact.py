@@ -138,7 +138,7 @@ def test_compact_search_plans_use_the_compact_index(store: VectorStore, collecti
     with raw_connection(store.engine) as conn:
         conn.execute("SELECT set_config('enable_seqscan', 'off', true)")
         plan = conn.execute(
-            sql.SQL("EXPLAIN ") + compact_search.statement(c, spec, filtered=False),
+            sql.SQL("EXPLAIN ") + compact_search.statement(c, spec, where=None),
             {"q": q, "c": compact_search.compact_query(conn, spec, q), "pool": 20, "k": 5},
         ).fetchall()
     text = "\n".join(r[0] for r in plan)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from psycopg import sql
-from psycopg.types.json import Jsonb
 
 from memstore import search_sql
 from memstore.db import raw_connection
 from memstore.errors import CollectionNotFoundError, DimensionMismatchError, InvalidInputError
+from memstore.filter_language import compile_filter
 from memstore.models import ItemIn
 from memstore.store import VectorStore
 
@@ -152,10 +152,13 @@ def test_plans_use_the_hnsw_index_unless_exact(store: VectorStore, collection_na
         conn.execute(sql.SQL("ANALYZE {}").format(c.table))
     for filtered in (False, True):
         for exact in (False, True):
-            statement = search_sql.search_statement(c.table_name, c.spec.operator, filtered=filtered, exact=exact)
+            matching = compile_filter({"g": 1}) if filtered else None
+            statement = search_sql.search_statement(
+                c.table_name, c.spec.operator, exact=exact, where=matching.where if matching else None
+            )
             params: dict[str, object] = {"q": rng.normal(size=8).astype(np.float32), "k": 10}
-            if filtered:
-                params["f"] = Jsonb({"g": 1})
+            if matching:
+                params.update(matching.params)
             settings = search_sql.SearchSettings(ef_search=40, exact=exact, max_scan_tuples=20000)
             with raw_connection(store.engine) as conn, conn.cursor() as cur:
                 search_sql.apply(cur, settings)

@@ -34,23 +34,31 @@ def settings(*, ef_search: int, max_scan_tuples: int) -> SearchSettings:
     )
 
 
-def statement(c: Collection, spec: specs.IndexSpec, *, filtered: bool) -> sql.Composed:
-    """The search: candidates by compact distance, the k nearest of them by exact distance."""
-    inner = candidates_statement(c, spec, filtered=filtered)
+def statement(c: Collection, spec: specs.IndexSpec, *, where: sql.Composable | None) -> sql.Composed:
+    """The search: candidates by compact distance, the k nearest of them by exact distance, among the
+    rows matching ``where`` (a compiled filter on ``metadata``, ``memstore.filter_language``)."""
+    inner = candidates_statement(c, spec, where=where)
     return sql.SQL(
         "WITH c AS MATERIALIZED ({inner}) SELECT id, external_id, metadata, distance FROM c ORDER BY distance, id "
         "LIMIT %(k)s"
     ).format(inner=inner)
 
 
-def candidates_statement(c: Collection, spec: specs.IndexSpec, *, filtered: bool = False) -> sql.Composed:
+def candidates_statement(c: Collection, spec: specs.IndexSpec, *, where: sql.Composable | None = None) -> sql.Composed:
     """The candidate stage alone: the ``pool`` nearest rows by compact distance, each with its exact distance."""
-    return _candidates(
-        c.table_name, c.id, c.metric, c.dimensions, spec.representation, spec.version, spec.rank, filtered
-    )
+    key = (c.table_name, c.id, c.metric, c.dimensions, spec.representation, spec.version, spec.rank)
+    if where is None:
+        return _unfiltered_candidates(*key)
+    return _candidates(*key, where)
 
 
 @lru_cache(maxsize=1024)
+def _unfiltered_candidates(
+    table: str, collection_id: int, metric: str, dims: int, representation: str, version: int | None, rank: int | None
+) -> sql.Composed:
+    return _candidates(table, collection_id, metric, dims, representation, version, rank, None)
+
+
 def _candidates(
     table: str,
     collection_id: int,
@@ -59,13 +67,17 @@ def _candidates(
     representation: str,
     version: int | None,
     rank: int | None,
-    filtered: bool,
+    matching: sql.Composable | None,
 ) -> sql.Composed:
     exact_op = sql.SQL(specs.order_operator("full", metric))
     compact_op = sql.SQL(specs.order_operator(representation, metric))
     t = sql.Identifier(table)
     select = sql.SQL("SELECT m.id, m.external_id, m.metadata, m.embedding {eop} %(q)s AS distance").format(eop=exact_op)
-    where = sql.SQL("m.embedding IS NOT NULL") + (sql.SQL(" AND m.metadata @> %(f)s") if filtered else sql.SQL(""))
+    # The filter names the bare column metadata: the side table has none, so it is m's.
+    filtered = matching is not None
+    where = sql.SQL("m.embedding IS NOT NULL") + (
+        sql.SQL(" AND ({})").format(matching) if matching is not None else sql.SQL("")
+    )
     if representation == "lowrank":
         assert version is not None and rank is not None
         side = sql.Identifier(specs.side_table(collection_id, version))

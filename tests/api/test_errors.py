@@ -217,7 +217,7 @@ def test_transient_failures_are_retried_with_back_off(fake_client, fake_collecti
 
 
 def test_no_encoder_means_503_for_text_search(settings, admin_key, collection_name) -> None:
-    from api_helpers import start_server
+    from tests.api.api_helpers import start_server
 
     with (
         start_server(settings, backend=None, workers=0) as live,

@@ -185,20 +185,7 @@ def _search(rt: Runtime, name: str, body: SearchRequest, image: bytes | None) ->
     mode = _mode(body, source)
     vector = None if mode == "keyword" else _query_vector(rt, name, body, image, source)
     q = check(body, mode, vector)
-    results = rt.store.search(
-        collection=name,
-        vector=q.vector,
-        text=q.text,
-        mode=q.mode,
-        k=q.k,
-        filter=q.filter,
-        ef_search=body.ef_search,
-        exact=body.exact,
-        offset=q.offset,
-        candidates=q.candidates,
-        weights=q.weights,
-        score_threshold=q.score_threshold,
-    )
+    results = rt.store.run_search(collection=name, query=q, ef_search=body.ef_search, exact=body.exact)
     return _answer(rt, name, results, vector if source != "item_id" else None)
 
 

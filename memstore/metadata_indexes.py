@@ -1,0 +1,193 @@
+"""Typed metadata indexes: B-tree expression indexes on one top-level metadata field of a collection.
+
+An index of type ``number``, ``timestamp`` or ``keyword`` on field ``f`` is built on exactly the
+expression the filter compiler writes its comparisons on (``memstore.filter_language``)::
+
+    number     memstore_number(metadata -> 'f')
+    timestamp  memstore_timestamp(metadata -> 'f')
+    keyword    (memstore_keyword(metadata -> 'f') COLLATE "C")
+
+so the planner can answer ``{"f": {"$gte": ...}}``, ``$eq`` and ``$in`` of that type through it. The
+functions return NULL for values of another type and never raise (migration 0005): an odd row can
+never make a write fail.
+
+Builds are online (``memstore.online_ddl``): ``CREATE INDEX CONCURRENTLY``, or for a partitioned
+collection the parent's index ``ON ONLY`` and each partition's built concurrently and attached. The
+table is analysed afterwards, because the planner's estimate of how many rows a range keeps comes from
+the statistics ANALYZE gathers on the index's expression; without them it guesses. An invalid index
+left by an interrupted build is listed as such and built again by the next ``create``. Dropping is
+``DROP INDEX CONCURRENTLY``, except the parent index of a partitioned collection, which PostgreSQL
+can only drop under a short lock (bounded by online_ddl's lock_timeout).
+
+Names are derived from the collection's id, the type and the field (hashed unless short and plain),
+under the ``memstore_`` prefix that no collection table has, and always within PostgreSQL's 63 bytes.
+The index's own expression is what ``list`` reads the field back from.
+
+Every function takes an autocommit connection from the caller (``memstore.db.dedicated_connection``)
+and holds the index's advisory lock while it works, so two builds or drops of one index never race.
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Literal, cast
+
+import psycopg
+from psycopg import sql
+
+from memstore import locks, online_ddl
+from memstore.collections import Collection
+from memstore.errors import ConflictError, InvalidInputError
+from memstore.filter_language import typed_expression
+
+IndexType = Literal["number", "timestamp", "keyword"]
+INDEX_TYPES: tuple[IndexType, ...] = ("number", "timestamp", "keyword")
+MAX_FIELD_LENGTH = 128
+
+_TYPE_CODES: dict[str, str] = {"number": "num", "timestamp": "ts", "keyword": "kw"}
+_FUNCTIONS: dict[str, IndexType] = {
+    "memstore_number": "number",
+    "memstore_timestamp": "timestamp",
+    "memstore_keyword": "keyword",
+}
+# A field that can stand in the index's name as it is; any other is hashed.
+_PLAIN_FIELD = re.compile(r"[a-z0-9][a-z0-9_]{0,19}")
+# The first column of a typed index as pg_get_indexdef prints it (standard_conforming_strings on).
+_DEFINITION = re.compile(r"(memstore_[a-z]+)\(\(metadata -> '((?:[^']|'')*)'::text\)\)")
+
+
+@dataclass(frozen=True)
+class MetadataIndex:
+    field: str
+    type: IndexType
+    name: str  # the index on the collection's table (its parent's, for a partitioned collection)
+    valid: bool  # usable: built, and for a partitioned collection every partition's attached
+    size_bytes: int  # on disk, every partition's together
+
+
+def check_field(value: Any) -> str:
+    """A non-empty string of at most MAX_FIELD_LENGTH characters, without NUL."""
+    if not isinstance(value, str) or not value or len(value) > MAX_FIELD_LENGTH or "\x00" in value:
+        raise InvalidInputError(
+            f"field must be a non-empty string of at most {MAX_FIELD_LENGTH} characters without NUL, not {value!r:.80}"
+        )
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInputError("field contains text that is not valid Unicode (a lone surrogate)") from None
+    return value
+
+
+def check_type(value: Any) -> IndexType:
+    if value not in INDEX_TYPES:
+        raise InvalidInputError(f"type must be one of {', '.join(INDEX_TYPES)}, not {value!r:.40}")
+    return cast(IndexType, value)
+
+
+def index_name(c: Collection, field: str, type: IndexType, partition: int | None = None) -> str:
+    """The index's name on the collection's table, or on its partition ``partition``. Distinct for
+    every (collection, field, type, partition): after ``c<id>_`` comes the type code for the parent
+    and ``p<n>_`` for a partition; a plain field starts with a letter or digit, a hashed one with "_"."""
+    plain = _PLAIN_FIELD.fullmatch(field)
+    slug = field if plain else "_" + hashlib.sha256(field.encode("utf-8")).hexdigest()[:16]
+    owner = f"c{c.id}" if partition is None else f"c{c.id}_p{partition}"
+    name = f"memstore_mx_{owner}_{_TYPE_CODES[type]}_{slug}"
+    assert len(name.encode()) <= 63, name
+    return name
+
+
+def create(conn: psycopg.Connection[Any], c: Collection, field: str, type: str) -> MetadataIndex:
+    """Build the index (or finish an interrupted build) and analyse the table; the index as listed.
+    Returns at once when it exists and is valid."""
+    field, kind = check_field(field), check_type(type)
+    name = index_name(c, field, kind)
+    definition = sql.SQL("USING btree (({}))").format(typed_expression(kind, (sql.Literal(field),)))
+    with _working_on(conn, name):
+        already = _find(conn, c, name)
+        if already is not None and already.valid:
+            return already
+        online_ddl.build_index(
+            conn, c, name, definition, partition_name=lambda i: index_name(c, field, kind, partition=i)
+        )
+        online_ddl.execute(conn, sql.SQL("ANALYZE {}").format(c.table))
+        built = _find(conn, c, name)
+    assert built is not None
+    return built
+
+
+def list(conn: psycopg.Connection[Any], c: Collection) -> builtins.list[MetadataIndex]:
+    """The collection's typed metadata indexes, by name; invalid ones (an interrupted build) too."""
+    return [index for index in _read(conn, c) if index is not None]
+
+
+def drop(conn: psycopg.Connection[Any], c: Collection, field: str, type: str) -> bool:
+    """Drop the index (and what an interrupted build left on the partitions); False when there was
+    none."""
+    field, kind = check_field(field), check_type(type)
+    name = index_name(c, field, kind)
+    with _working_on(conn, name):
+        existed = online_ddl.index_valid(conn, name) is not None
+        online_ddl.drop_index(conn, name, partitioned=c.partitions > 1)
+        if c.partitions > 1:
+            # Attached partition indexes went with the parent's; unattached ones are left over.
+            for i in range(c.partitions):
+                online_ddl.drop_index(conn, index_name(c, field, kind, partition=i), partitioned=False)
+    return existed
+
+
+@contextmanager
+def _working_on(conn: psycopg.Connection[Any], name: str) -> Iterator[None]:
+    """The index's advisory lock and online_ddl's lock_timeout for the block, on the caller's
+    autocommit connection (the timeout reset afterwards)."""
+    if not conn.autocommit:
+        raise ValueError("typed metadata indexes are built and dropped on an autocommit connection")
+
+    def busy() -> ConflictError:
+        return ConflictError(f"index {name} is being built or dropped")
+
+    with locks.session_lock(conn, locks.index_key(name), busy=busy):
+        online_ddl.set_lock_timeout(conn)
+        try:
+            yield
+        finally:
+            if not conn.closed and not conn.broken:
+                conn.execute("RESET lock_timeout")
+
+
+def _find(conn: psycopg.Connection[Any], c: Collection, name: str) -> MetadataIndex | None:
+    return next((index for index in _read(conn, c) if index is not None and index.name == name), None)
+
+
+def _read(conn: psycopg.Connection[Any], c: Collection) -> builtins.list[MetadataIndex | None]:
+    """Every index on the table under this collection's typed-index prefix; None for one whose
+    definition is not what its name says (not ours)."""
+    rows = conn.execute(
+        """
+        SELECT i.relname, pg_get_indexdef(x.indexrelid, 1, false),
+               coalesce((SELECT bool_and(y.indisvalid) FROM pg_partition_tree(x.indexrelid) AS t
+                         JOIN pg_index AS y ON y.indexrelid = t.relid), x.indisvalid),
+               coalesce((SELECT sum(pg_relation_size(t.relid)) FROM pg_partition_tree(x.indexrelid) AS t),
+                        pg_relation_size(x.indexrelid))
+        FROM pg_index AS x JOIN pg_class AS i ON i.oid = x.indexrelid
+        WHERE x.indrelid = to_regclass(%s) AND starts_with(i.relname, %s)
+        ORDER BY i.relname
+        """,
+        (c.table.as_string(conn), f"memstore_mx_c{c.id}_"),
+    ).fetchall()
+    return [_entry(c, name, definition, valid, size) for name, definition, valid, size in rows]
+
+
+def _entry(c: Collection, name: str, definition: str, valid: bool, size: int) -> MetadataIndex | None:
+    match = _DEFINITION.fullmatch(definition)
+    kind = _FUNCTIONS.get(match.group(1)) if match else None
+    if match is None or kind is None:
+        return None
+    field = match.group(2).replace("''", "'")
+    if index_name(c, field, kind) != name:
+        return None
+    return MetadataIndex(field=field, type=kind, name=name, valid=bool(valid), size_bytes=int(size))
