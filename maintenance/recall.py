@@ -41,12 +41,12 @@ def exact_settings(*, ef_search: int, max_scan_tuples: int) -> SearchSettings:
 
 def index_search(target: Target) -> sql.Composed:
     """The index's answer as the store searches (iterative scan, re-sorted), ids and distances only."""
-    return search_statement(target.table, target.collection.spec.operator, filtered=False, exact=False, ids_only=True)
+    return search_statement(target.table, target.collection.spec.operator, exact=False, ids_only=True)
 
 
 def exact_search(target: Target) -> sql.Composed:
     """Brute force (under exact_settings): the ground truth for one query."""
-    return search_statement(target.table, target.collection.spec.operator, filtered=False, exact=True, ids_only=True)
+    return search_statement(target.table, target.collection.spec.operator, exact=True, ids_only=True)
 
 
 @dataclass(frozen=True)
