@@ -7,7 +7,8 @@ is refused before anything is written. The REST API, the ingest workers and main
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -19,7 +20,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from memstore import items as item_sql
-from memstore import keywords, locks, online_ddl, queue, search_query, search_sql
+from memstore import keywords, locks, metadata_indexes, online_ddl, queue, search_query, search_sql
 from memstore.collections import (
     Collection,
     create_table_statements,
@@ -34,9 +35,11 @@ from memstore.errors import (
     ConflictError,
     InvalidInputError,
     ItemNotFoundError,
+    NotFoundError,
 )
 from memstore.filter_language import CompiledFilter, compile_filter
 from memstore.filters import check_external_id, check_item_text, check_metadata
+from memstore.metadata_indexes import MetadataIndex
 from memstore.models import CollectionStats, Item, ItemIn, Original, SearchResult, UpsertResult
 from memstore.registry import CACHE_SECONDS, Registry, deregister, register, set_keywords
 from memstore.search_query import MAX_K, SearchQuery, Weights, check_query
@@ -156,11 +159,10 @@ class VectorStore:
         while its keyword index is rebuilt (``memstore.keywords.change``); returns the collection."""
         c = self.get_collection(name=collection, fresh=True)
         fields = c.text_fields if text_fields is None else keywords.check_text_fields(list(text_fields))
-        with self.db.dedicated(application_name="memstore-keywords") as conn:
+        with self._ddl_connection("memstore-keywords") as conn:
             chosen = c.language if language is None else keywords.check_language(conn, language)
             if (chosen, fields) == (c.language, c.text_fields):
                 return c
-            online_ddl.set_lock_timeout(conn)
             busy = partial(ConflictError, f"another process is changing the indexes of collection {c.name!r}")
             with locks.session_lock(conn, locks.collection_key(c.id), busy=busy):
 
@@ -172,6 +174,38 @@ class VectorStore:
 
                 keywords.change(conn, c, language=chosen, text_fields=fields, record=record, grace_s=grace_s)
         return self.get_collection(name=collection, fresh=True)
+
+    # ------------------------------------------------------------------ typed metadata indexes
+
+    def create_metadata_index(self, *, collection: str, field: str, type: str) -> MetadataIndex:
+        """A B-tree index on a metadata field read as ``number``, ``timestamp`` or ``keyword``, built
+        online (``CREATE INDEX CONCURRENTLY``); range and equality filters on it then use it."""
+        c = self.get_collection(name=collection)
+        with self._ddl_connection("memstore-indexes") as conn:
+            return metadata_indexes.create(conn, c, field, type)
+
+    def list_metadata_indexes(self, *, collection: str) -> list[MetadataIndex]:
+        c = self.get_collection(name=collection)
+        with self.db.read() as conn:
+            return metadata_indexes.list(conn, c)
+
+    def drop_metadata_index(self, *, collection: str, name: str) -> MetadataIndex:
+        """Drop the typed index called ``name`` (as listed); ItemNotFoundError-like NotFoundError when
+        the collection has none by that name."""
+        c = self.get_collection(name=collection)
+        with self._ddl_connection("memstore-indexes") as conn:
+            found = [i for i in metadata_indexes.list(conn, c) if i.name == name]
+            if not found:
+                raise NotFoundError(f"collection {collection!r} has no metadata index {name!r}")
+            metadata_indexes.drop(conn, c, found[0].field, found[0].type)
+        return found[0]
+
+    @contextmanager
+    def _ddl_connection(self, application_name: str) -> Iterator[psycopg.Connection[Any]]:
+        """An autocommit connection of its own, with the short lock wait online DDL is written for."""
+        with self.db.dedicated(application_name=application_name) as conn:
+            online_ddl.set_lock_timeout(conn)
+            yield conn
 
     def drop_collection(self, *, name: str) -> None:
         collection = self.get_collection(name=name, fresh=True)

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from memstore.collections import HNSW_MAX_DIMENSIONS, MAX_PARTITIONS
 from memstore.filters import MAX_EXTERNAL_ID_LENGTH
 from memstore.keywords import DEFAULT_LANGUAGE, MAX_TEXT_FIELDS
+from memstore.metadata_indexes import MAX_FIELD_LENGTH
 from memstore.search_query import MAX_K, MAX_WEIGHT, MAX_WINDOW
 
 Metric = Literal["cosine", "l2", "inner_product"]
@@ -59,6 +60,30 @@ class CollectionPatch(Strict):
 
     language: str | None = Field(default=None, max_length=63)
     text_fields: list[str] | None = Field(default=None, max_length=MAX_TEXT_FIELDS)
+
+
+class MetadataIndexIn(Strict):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"field": "taken", "type": "timestamp"}, {"field": "price", "type": "number"}]},
+    )
+
+    field: str = Field(min_length=1, max_length=MAX_FIELD_LENGTH, description="A top-level metadata field.")
+    type: Literal["number", "timestamp", "keyword"] = Field(
+        description="How the field's values are read: JSON numbers, ISO 8601 dates, or strings."
+    )
+
+
+class MetadataIndexOut(BaseModel):
+    field: str
+    type: str
+    name: str = Field(description="The index's name: DELETE .../indexes/{name} drops it.")
+    valid: bool = Field(description="Built and usable (false while a build is unfinished).")
+    size_bytes: int
+
+
+class MetadataIndexList(BaseModel):
+    indexes: list[MetadataIndexOut]
 
 
 class CollectionOut(BaseModel):

@@ -1,4 +1,5 @@
-"""/v1/collections: create, list, get (with counts and index size), change keyword search, delete."""
+"""/v1/collections: create, list, get (with counts and index size), change keyword search, typed
+metadata indexes, delete."""
 
 from __future__ import annotations
 
@@ -7,8 +8,17 @@ from fastapi.concurrency import run_in_threadpool
 
 from memstore.api.auth import Key, require, runtime
 from memstore.api.problems import ERROR_RESPONSES, Problem
-from memstore.api.schemas import CollectionCreate, CollectionList, CollectionOut, CollectionPatch
+from memstore.api.schemas import (
+    CollectionCreate,
+    CollectionList,
+    CollectionOut,
+    CollectionPatch,
+    MetadataIndexIn,
+    MetadataIndexList,
+    MetadataIndexOut,
+)
 from memstore.collections import Collection, validate_name
+from memstore.metadata_indexes import MetadataIndex
 from memstore.models import CollectionStats
 
 router = APIRouter(prefix="/v1/collections", tags=["collections"], responses=ERROR_RESPONSES)
@@ -117,6 +127,44 @@ async def patch_collection(request: Request, name: str, body: CollectionPatch, k
         lambda: store.set_keywords(collection=name, language=body.language, text_fields=body.text_fields)
     )
     return collection_out(c)
+
+
+def _index_out(i: MetadataIndex) -> MetadataIndexOut:
+    return MetadataIndexOut(field=i.field, type=i.type, name=i.name, valid=i.valid, size_bytes=i.size_bytes)
+
+
+@router.post(
+    "/{name}/indexes", status_code=201, summary="Index a metadata field for filters", response_model=MetadataIndexOut
+)
+async def create_index(request: Request, name: str, body: MetadataIndexIn, key: Key) -> MetadataIndexOut:
+    """A B-tree index on a top-level metadata field read as ``number``, ``timestamp`` (ISO 8601) or
+    ``keyword`` (a string), built online (``CREATE INDEX CONCURRENTLY``; the answer comes when it is
+    built). Range and equality filters on the field then use it (docs/search.md)."""
+    validate_name(name)
+    require(key, "admin", name)
+    store = runtime(request).store
+    made = await run_in_threadpool(
+        lambda: store.create_metadata_index(collection=name, field=body.field, type=body.type)
+    )
+    return _index_out(made)
+
+
+@router.get("/{name}/indexes", summary="The collection's metadata indexes", response_model=MetadataIndexList)
+async def list_indexes(request: Request, name: str, key: Key) -> MetadataIndexList:
+    validate_name(name)
+    require(key, "read", name)
+    store = runtime(request).store
+    found = await run_in_threadpool(lambda: store.list_metadata_indexes(collection=name))
+    return MetadataIndexList(indexes=[_index_out(i) for i in found])
+
+
+@router.delete("/{name}/indexes/{index}", status_code=204, summary="Drop a metadata index")
+async def drop_index(request: Request, name: str, index: str, key: Key) -> Response:
+    validate_name(name)
+    require(key, "admin", name)
+    store = runtime(request).store
+    await run_in_threadpool(lambda: store.drop_metadata_index(collection=name, name=index))
+    return Response(status_code=204)
 
 
 @router.delete("/{name}", status_code=204, summary="Drop a collection and all its items")
