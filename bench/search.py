@@ -14,6 +14,10 @@ Measured in one run:
   alternating query by query (query vectors embedded beforehand: the database's cost alone);
 - ``filtered_k_ok``: with filters keeping 1%, 10% and 50% of the rows, vector and hybrid searches
   return k rows (k match every time).
+- ``range_filter_speedup``: on a second collection of ``--range-rows`` (200,000) rows with a date
+  per row, vector searches under a date range that keeps 0.5% of them, without a typed index on the
+  date over with one (``POST .../indexes``); the two alternate twice (the index dropped and built
+  again), and both must answer k rows.
 """
 
 from __future__ import annotations
@@ -38,7 +42,9 @@ from memstore.settings import Settings
 from memstore.store import VectorStore
 
 COLLECTION = "bench_search"
+RANGE_COLLECTION = "bench_range"
 GOALS = {
+    "range_filter_speedup": ">= 5",
     "hit_at_1_hybrid": ">= 0.95 and >= hit_at_1_vector + 0.2",
     "mrr_hybrid_nl": ">= 0.95 x mrr_vector_nl",
     "hybrid_qps_ratio": ">= 0.5",
@@ -126,12 +132,57 @@ def filtered_k(store: VectorStore, vectors: np.ndarray, texts: list[str], k: int
     return {"filtered_k_ok": not short, "filtered_short": short[:5]}
 
 
+def range_filter(store: VectorStore, rows: int, queries: int, k: int = 10) -> dict[str, Any]:
+    """Vector searches under a 0.5%-selective date range, without and with a typed index."""
+    rng = np.random.default_rng(3)
+    store.create_collection(name=RANGE_COLLECTION, dimensions=16)
+    start = np.datetime64("2024-01-01T00:00")
+    for first in tqdm(range(0, rows, 5000), desc="range collection", file=sys.stderr):
+        count = min(5000, rows - first)
+        vectors = rng.normal(size=(count, 16)).astype(np.float32)
+        items = [
+            ItemIn(vector=vectors[j], external_id=str(first + j), metadata={"taken": f"{start + first + j}:00Z"})
+            for j in range(count)
+        ]
+        store.upsert_items(collection=RANGE_COLLECTION, items=items)
+    window = max(k, rows // 200)  # 0.5% of the rows: consecutive minutes
+    lo = rows // 3
+    date_range = {"taken": {"$gte": f"{start + lo}:00Z", "$lt": f"{start + lo + window}:00Z"}}
+    probes = rng.normal(size=(queries, 16)).astype(np.float32)
+    spent = {"without": 0.0, "with": 0.0}
+    short = 0
+    name = None
+    for round_ in range(2):
+        for side in ("without", "with"):
+            if side == "with":
+                name = store.create_metadata_index(collection=RANGE_COLLECTION, field="taken", type="timestamp").name
+            t0 = time.perf_counter()
+            for q in probes:
+                hits = store.search(collection=RANGE_COLLECTION, vector=q, k=k, filter=date_range)
+                short += len(hits) != k
+            spent[side] += time.perf_counter() - t0
+            if side == "with" and name is not None:
+                store.drop_metadata_index(collection=RANGE_COLLECTION, name=name)
+        print(f"range filter round {round_ + 1}: {spent}", file=sys.stderr)
+    store.drop_collection(name=RANGE_COLLECTION)
+    return {
+        "range_rows": rows,
+        "range_selectivity": round(window / rows, 4),
+        "range_ms_without_index": round(spent["without"] * 1000 / (2 * queries), 3),
+        "range_ms_with_index": round(spent["with"] * 1000 / (2 * queries), 3),
+        "range_filter_speedup": round(spent["without"] / spent["with"], 2),
+        "range_short_answers": short,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.search", description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print only the JSON result (last line)")
     parser.add_argument("--queries", type=int, default=300, help="queries of each kind")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of the q/s comparison")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--range-rows", type=int, default=200_000, help="rows of the range-filter collection")
+    parser.add_argument("--range-queries", type=int, default=50)
     parser.add_argument("--database-url", help="an empty database to use (default: a temporary embedded server)")
     args = parser.parse_args(argv)
 
@@ -168,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
         speed = qps_ratio(store, mixed, np.concatenate([id_vectors[:100], nl_vectors[:100]]), args.rounds)
         filtered = filtered_k(store, nl_vectors[:20], nl_queries[:20], 10)
         store.drop_collection(name=COLLECTION)
+        if RANGE_COLLECTION in {c.name for c in store.list_collections()}:
+            store.drop_collection(name=RANGE_COLLECTION)
+        ranged = range_filter(store, args.range_rows, args.range_queries)
         engine.dispose()
 
     def hit1(r: list[int]) -> float:
@@ -186,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         "mrr_hybrid_nl": round(mrr(nl_hybrid), 4),
         **{key: round(value, 3) for key, value in speed.items()},
         **filtered,
+        **ranged,
         "goals": GOALS,
     }
     if not args.json:

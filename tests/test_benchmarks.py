@@ -63,10 +63,17 @@ def test_search_benchmark_finds_identifiers_with_hybrid_search(database_url: str
     """Real sentence embeddings (all-MiniLM-L6-v2, offline) on the standard-library corpus: keywords
     rescue what the vectors blur, and fusion does not hurt queries in plain language. Quality only:
     the q/s figures depend on the machine and are not asserted."""
-    result = _run("bench.search", database_url, "--database-url", database_url, "--queries", "80", "--rounds", "1")
+    result = _run(
+        "bench.search",
+        database_url,
+        *("--database-url", database_url, "--queries", "80", "--rounds", "1"),
+        *("--range-rows", "4000", "--range-queries", "10"),
+    )
     assert result["corpus"] > 1500 and result["identifier_queries"] == 80
     assert result["hit_at_1_hybrid"] >= 0.95
     assert result["hit_at_1_hybrid"] >= result["hit_at_1_vector"] + 0.1
     assert result["mrr_hybrid_nl"] >= 0.95 * result["mrr_vector_nl"]
     assert result["filtered_k_ok"] is True, result["filtered_short"]
     assert result["hybrid_qps"] > 0 and result["vector_qps"] > 0
+    # Under a 0.5% date range, with the typed index and without it, every search has its k rows.
+    assert result["range_selectivity"] == 0.005 and result["range_short_answers"] == 0
