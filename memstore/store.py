@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+import numpy as np
 import psycopg
 import sqlalchemy as sa
 from psycopg import sql
@@ -313,6 +314,17 @@ class VectorStore:
         if row is None:
             raise ItemNotFoundError(collection, id if id is not None else str(external_id))
         return item_sql.item_from_row(row)
+
+    def vectors(self, *, collection: str, ids: Sequence[int]) -> dict[int, np.ndarray]:
+        """The stored vectors of ``ids`` (those that have one), by id: what a search's hits carry with
+        ``with_vector``, read in one statement after the search rather than by every search."""
+        c = self.get_collection(name=collection)
+        with self.db.read() as conn:
+            rows = conn.execute(
+                sql.SQL("SELECT id, embedding FROM {} WHERE id = ANY(%s) AND embedding IS NOT NULL").format(c.table),
+                ([int(i) for i in ids],),
+            ).fetchall()
+        return {int(r[0]): np.asarray(r[1].to_numpy(), dtype=np.float32) for r in rows}
 
     def list_items(
         self,

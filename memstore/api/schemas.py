@@ -248,6 +248,19 @@ class SearchRequest(Strict):
     filter: dict[str, Any] | None = Field(default=None, description='Metadata containment, e.g. {"tag": "cat"}.')
     ef_search: int | None = Field(default=None, ge=1, le=1000)
     exact: bool = Field(default=False, description="Brute force: exact, slower.")
+    with_vector: bool = Field(default=False, description="Answer each hit's stored vector too.")
+
+
+MAX_BATCH_SEARCHES = 100
+
+
+class SearchBatch(Strict):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"searches": [{"text": "kettle", "k": 3}, {"vector": [0.1, 0.2], "k": 5}]}]},
+    )
+
+    searches: list[SearchRequest] = Field(min_length=1, max_length=MAX_BATCH_SEARCHES)
 
 
 class HitRanks(BaseModel):
@@ -263,7 +276,12 @@ class SearchHit(BaseModel):
     ranks: HitRanks
     metadata: dict[str, Any]
     content_url: str
+    vector: list[float] | None = Field(default=None, description="With with_vector: the stored vector.")
 
 
 class SearchOut(BaseModel):
     results: list[SearchHit]
+
+
+class SearchBatchOut(BaseModel):
+    results: list[list[SearchHit]] = Field(description="One list of hits per search, in the order sent.")

@@ -162,3 +162,38 @@ def test_memstore_search_prints_a_table_and_json(
     assert main(["search", collection_name, "x", "--mode", "semantic", *common[1:]]) == 2
     assert main(["search", "no_such_" + uuid.uuid4().hex[:6], "x", *common[1:]]) == 2
     assert "404" in capsys.readouterr().err
+
+
+def test_batches_of_searches_and_vectors_with_the_hits(
+    client: httpx.Client, server, engine: sa.Engine, collection_name: str
+) -> None:
+    vectors = _products(client, collection_name)
+    url = f"/v1/collections/{collection_name}/search"
+    r = client.post(url, json={"vector": vectors["p2"], "k": 2, "with_vector": True})
+    hits = r.json()["results"]
+    assert hits[0]["external_id"] == "p2" and np.allclose(hits[0]["vector"], vectors["p2"], atol=1e-6)
+    assert "vector" not in client.post(url, json={"vector": vectors["p2"], "k": 2}).json()["results"][0]
+
+    searches = [
+        {"text": "KT-2200-G", "mode": "keyword", "k": 3},
+        {"vector": vectors["p4"], "k": 1},
+        {"text": "kettle", "mode": "keyword", "k": 5, "filter": {"n": {"$lte": 1}}},
+    ]
+    r = client.post(f"{url}/batch", json={"searches": searches})
+    assert r.status_code == 200, r.text
+    answers = r.json()["results"]
+    assert [[h["external_id"] for h in a] for a in answers] == [["p3"], ["p4"], ["p1"]]
+    # Each answer is what the search alone answers.
+    for one, answer in zip(searches, answers, strict=True):
+        assert client.post(url, json=one).json()["results"] == answer
+
+    # A bad search names its place; limits and keys hold as for one search.
+    body = _problem(client.post(f"{url}/batch", json={"searches": [searches[0], {"text": "x", "mode": "odd"}]}), 422)
+    assert "searches" in json.dumps(body)
+    body = _problem(client.post(f"{url}/batch", json={"searches": [searches[0], {"vector": [1.0, 2.0]}]}), 422)
+    assert body["detail"].startswith("searches[1]: ")
+    _problem(client.post(f"{url}/batch", json={"searches": []}), 422)
+    _problem(client.post(f"{url}/batch", json={"searches": [searches[1]] * 101}), 422)
+    _, other = keys.create_key(engine, name=f"o-{uuid.uuid4().hex[:8]}", scopes=["read:someone_else"])
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {other}"}, timeout=30) as c:
+        _problem(c.post(f"{url}/batch", json={"searches": [searches[0]]}), 403)

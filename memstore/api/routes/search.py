@@ -19,10 +19,10 @@ from encoder.types import Priority
 from memstore.api import bodies
 from memstore.api.auth import SECURITY_DOC, key_from_header, require, runtime
 from memstore.api.ingest import check_encodable, check_text
-from memstore.api.problems import ERROR_RESPONSES, Problem, validation_problem
+from memstore.api.problems import ERROR_RESPONSES, Problem, from_exception, validation_problem
 from memstore.api.routes.items import content_url
 from memstore.api.runtime import Runtime
-from memstore.api.schemas import SearchOut, SearchRequest
+from memstore.api.schemas import SearchBatch, SearchBatchOut, SearchOut, SearchRequest
 from memstore.collections import validate_name
 from memstore.keys import ApiKey
 from memstore.models import SearchResult
@@ -211,6 +211,15 @@ def _answer(rt: Runtime, name: str, results: list[SearchResult], query: Any) -> 
     }
 
 
+def _with_vectors(rt: Runtime, name: str, out: dict[str, Any]) -> dict[str, Any]:
+    """Each hit's stored vector, read in one statement for all of them."""
+    vectors = rt.store.vectors(collection=name, ids=[h["id"] for h in out["results"]])
+    for hit in out["results"]:
+        found = vectors.get(hit["id"])
+        hit["vector"] = None if found is None else found.tolist()
+    return out
+
+
 @router.post(
     "/search",
     openapi_extra={**_SEARCH_DOC, **SECURITY_DOC},
@@ -254,4 +263,30 @@ async def execute(rt: Runtime, name: str, body: SearchRequest, image: bytes | No
     if out is None:
         out = await asyncio.get_running_loop().run_in_executor(rt.executor, _search, rt, name, body, image)
     rt.latency.record(time.perf_counter() - started)
+    if body.with_vector and out["results"]:
+        out = await asyncio.get_running_loop().run_in_executor(rt.executor, _with_vectors, rt, name, out)
     return out
+
+
+@router.post(
+    "/search/batch",
+    openapi_extra=SECURITY_DOC,
+    summary="Up to 100 searches in one request",
+    response_model=SearchBatchOut,
+)
+async def search_batch(request: Request, name: str) -> JSONResponse:
+    """Each search as ``POST .../search`` takes it (JSON, images as base64), answered in order. The
+    searches are checked first and run one after another; a bad one is a 422 naming its place
+    (``searches[3]: ...``) and nothing is answered for the others."""
+    rt = runtime(request)
+    authorize(await key_from_header(request), name)
+    batch = await bodies.read_json(request, SearchBatch)
+    answers = []
+    for i, one in enumerate(batch.searches):
+        try:
+            answers.append((await execute(rt, name, one, json_image(one)))["results"])
+        except Exception as exc:
+            problem = from_exception(exc)
+            problem.detail = f"searches[{i}]: {problem.detail}"
+            raise problem from exc
+    return JSONResponse({"results": answers}, media_type="application/json")
