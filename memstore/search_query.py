@@ -17,6 +17,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
+
 from memstore.collections import Collection
 from memstore.errors import InvalidInputError
 from memstore.filter_language import CompiledFilter, compile_filter
@@ -174,3 +176,28 @@ def results(c: Collection, q: SearchQuery, rows: list[tuple[Any, ...]]) -> list[
     if q.score_threshold is not None:
         out = [r for r in out if r.score >= q.score_threshold]
     return out
+
+
+MAX_EXAMPLES = 100
+
+
+def recommendation(positive: list[np.ndarray], negative: list[np.ndarray], metric: str) -> np.ndarray:
+    """The query vector of "more like these, not like those": the mean of the positive examples moved
+    away from the mean of the negative ones by as much again (``2 x mean(positive) - mean(negative)``,
+    the average-vector strategy), each example first scaled to unit length in a cosine collection so
+    that no example weighs more for being longer."""
+    if not positive:
+        raise InvalidInputError("give at least one positive example")
+    if len(positive) + len(negative) > MAX_EXAMPLES:
+        raise InvalidInputError(f"{len(positive) + len(negative)} examples; the limit is {MAX_EXAMPLES}")
+
+    def mean(vectors: list[np.ndarray]) -> np.ndarray:
+        stacked = np.stack([np.asarray(v, dtype=np.float64) for v in vectors])
+        if metric == "cosine":
+            stacked = stacked / np.linalg.norm(stacked, axis=1, keepdims=True)
+        return np.asarray(stacked.mean(axis=0))
+
+    target = mean(positive)
+    if negative:
+        target = 2 * target - mean(negative)
+    return target.astype(np.float32)

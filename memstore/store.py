@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -535,6 +535,51 @@ class VectorStore:
             pool=pool,
         )
         return self.run_search(collection=collection, query=q, ef_search=ef_search, exact=exact)
+
+    def recommend(
+        self,
+        *,
+        collection: str,
+        positive: Sequence[int | Any],
+        negative: Sequence[int | Any] = (),
+        k: int = 10,
+        filter: dict[str, Any] | None = None,
+        ef_search: int | None = None,
+        exact: bool = False,
+    ) -> list[SearchResult]:
+        """Items like the ``positive`` examples and unlike the ``negative`` ones: each example a stored
+        item's id or a vector (``search_query.recommendation`` says how they combine). The example
+        items themselves are not answered."""
+        c = self.get_collection(name=collection)
+        ids = [e for e in [*positive, *negative] if isinstance(e, int) and not isinstance(e, bool)]
+        stored = self.vectors(collection=collection, ids=ids) if ids else {}
+        missing = [i for i in ids if i not in stored]
+        if missing:
+            raise NotFoundError(
+                f"item {missing[0]} of collection {collection!r} has no vector: it does not exist or is not ready yet"
+            )
+
+        def vector_of(example: int | Any, where: str) -> np.ndarray:
+            if isinstance(example, int) and not isinstance(example, bool):
+                return stored[example]
+            return as_vector(example, dimensions=c.dimensions, metric=c.metric, where=where)
+
+        target = search_query.recommendation(
+            [vector_of(e, f"positive[{i}]") for i, e in enumerate(positive)],
+            [vector_of(e, f"negative[{i}]") for i, e in enumerate(negative)],
+            c.metric,
+        )
+        examples = set(ids)
+        hits = self.search(
+            collection=collection,
+            vector=target,
+            k=min(MAX_K, k + len(examples)),
+            filter=filter,
+            ef_search=ef_search,
+            exact=exact,
+        )
+        kept = [h for h in hits if h.id not in examples][:k]
+        return [replace(h, vector_rank=rank) for rank, h in enumerate(kept, start=1)]
 
     def run_search(
         self, *, collection: str, query: SearchQuery, ef_search: int | None = None, exact: bool = False

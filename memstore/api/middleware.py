@@ -26,7 +26,7 @@ from memstore.api.settings import ApiSettings
 # Routes that take uploads (new items; an item's new image); every other route takes small JSON only.
 _ITEMS_UPLOAD = re.compile(r"^/v1/collections/[^/]+/items/?$")
 _CONTENT_UPLOAD = re.compile(r"^/v1/collections/[^/]+/items/[^/]+/content/?$")
-_SEARCH = re.compile(r"^/v1/collections/[^/]+/search(/batch)?/?$")
+_SEARCH = re.compile(r"^/v1/collections/[^/]+/(search|search/batch|recommend)/?$")
 # The web pages' upload (one file) and search by image (memstore.ui) take the same limits.
 _UI_UPLOAD = re.compile(r"^/ui/c/[^/]+/upload/?$")
 _UI_SEARCH = re.compile(r"^/ui/c/[^/]+/search/image/?$")

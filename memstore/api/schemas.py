@@ -11,7 +11,7 @@ from memstore.collections import HNSW_MAX_DIMENSIONS, MAX_PARTITIONS
 from memstore.filters import MAX_EXTERNAL_ID_LENGTH
 from memstore.keywords import DEFAULT_LANGUAGE, MAX_TEXT_FIELDS
 from memstore.metadata_indexes import MAX_FIELD_LENGTH
-from memstore.search_query import MAX_K, MAX_WEIGHT, MAX_WINDOW
+from memstore.search_query import MAX_EXAMPLES, MAX_K, MAX_WEIGHT, MAX_WINDOW
 
 Metric = Literal["cosine", "l2", "inner_product"]
 
@@ -252,6 +252,33 @@ class SearchRequest(Strict):
 
 
 MAX_BATCH_SEARCHES = 100
+
+
+class Example(Strict):
+    """An example given by its content rather than as a stored item's id: exactly one of these."""
+
+    text: str | None = Field(default=None, min_length=1)
+    image: str | None = Field(default=None, min_length=1, description="Base64.")
+    vector: list[float] | None = Field(default=None, min_length=1, max_length=HNSW_MAX_DIMENSIONS)
+
+
+class RecommendRequest(Strict):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"positive": [42, 43], "negative": [7], "k": 10},
+                {"positive": [{"text": "a red bicycle"}], "negative": [{"text": "a car"}], "filter": {"album": "2024"}},
+            ]
+        },
+    )
+
+    positive: list[int | Example] = Field(min_length=1, max_length=MAX_EXAMPLES, description="Item ids or examples.")
+    negative: list[int | Example] = Field(default_factory=list, max_length=MAX_EXAMPLES)
+    k: int = Field(default=10, ge=1, le=MAX_K)
+    filter: dict[str, Any] | None = None
+    ef_search: int | None = Field(default=None, ge=1, le=1000)
+    exact: bool = False
 
 
 class SearchBatch(Strict):

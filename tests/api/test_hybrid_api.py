@@ -197,3 +197,36 @@ def test_batches_of_searches_and_vectors_with_the_hits(
     _, other = keys.create_key(engine, name=f"o-{uuid.uuid4().hex[:8]}", scopes=["read:someone_else"])
     with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {other}"}, timeout=30) as c:
         _problem(c.post(f"{url}/batch", json={"searches": [searches[0]]}), 403)
+
+
+def test_recommend_more_like_these_not_like_those(client: httpx.Client, collection_name: str) -> None:
+    """Four clusters on the axes: positives from one, a negative from another; the answer comes from
+    the positives' cluster, never holds the examples themselves, and every example form works."""
+    r = client.post("/v1/collections", json={"name": collection_name, "dimensions": 4})
+    assert r.status_code == 201, r.text
+    rng = np.random.default_rng(5)
+    items = []
+    for axis in range(4):
+        for j in range(6):
+            v = np.full(4, 0.05) + rng.normal(scale=0.02, size=4)
+            v[axis] = 1.0
+            items.append({"external_id": f"a{axis}-{j}", "vector": v.tolist(), "metadata": {"axis": axis}})
+    ids = {
+        it["external_id"]: it["id"]
+        for it in client.post(f"/v1/collections/{collection_name}/items", json={"items": items}).json()["items"]
+    }
+    url = f"/v1/collections/{collection_name}/recommend"
+    r = client.post(url, json={"positive": [ids["a0-0"], ids["a0-1"]], "negative": [ids["a1-0"]], "k": 4})
+    assert r.status_code == 200, r.text
+    hits = r.json()["results"]
+    assert len(hits) == 4 and all(h["metadata"]["axis"] == 0 for h in hits)
+    assert not {ids["a0-0"], ids["a0-1"]} & {h["id"] for h in hits}
+    assert [h["ranks"]["vector"] for h in hits] == [1, 2, 3, 4]
+    r = client.post(url, json={"positive": [{"vector": [0, 0, 1, 0.1]}], "k": 3, "filter": {"axis": 2}})
+    assert [h["metadata"]["axis"] for h in r.json()["results"]] == [2, 2, 2]
+    # Bad examples are 4xx problem documents.
+    _problem(client.post(url, json={"positive": []}), 422)
+    _problem(client.post(url, json={"positive": [{"text": "a", "vector": [1, 0, 0, 0]}]}), 422)
+    _problem(client.post(url, json={"positive": [{"vector": [1, 0]}]}), 422)
+    _problem(client.post(url, json={"positive": [10**12]}), 404)
+    _problem(client.post(url, json={"positive": [1] * 101}), 422)

@@ -22,7 +22,7 @@ from memstore.api.ingest import check_encodable, check_text
 from memstore.api.problems import ERROR_RESPONSES, Problem, from_exception, validation_problem
 from memstore.api.routes.items import content_url
 from memstore.api.runtime import Runtime
-from memstore.api.schemas import SearchBatch, SearchBatchOut, SearchOut, SearchRequest
+from memstore.api.schemas import Example, RecommendRequest, SearchBatch, SearchBatchOut, SearchOut, SearchRequest
 from memstore.collections import validate_name
 from memstore.keys import ApiKey
 from memstore.models import SearchResult
@@ -266,6 +266,64 @@ async def execute(rt: Runtime, name: str, body: SearchRequest, image: bytes | No
     if body.with_vector and out["results"]:
         out = await asyncio.get_running_loop().run_in_executor(rt.executor, _with_vectors, rt, name, out)
     return out
+
+
+def _example(rt: Runtime, name: str, example: int | Example, where: str) -> Any:
+    """An item id as it is; a text or an image embedded by the collection's model; a vector as given."""
+    if isinstance(example, int):
+        return example
+    given = [k for k in ("text", "image", "vector") if getattr(example, k) is not None]
+    if len(given) != 1:
+        raise Problem("invalid-input", f"{where}: give exactly one of text, image or vector")
+    if example.vector is not None:
+        return example.vector
+    backend = rt.encoder.require("give item ids or vectors as examples instead")
+    check_encodable(rt, rt.store.get_collection(name=name))
+    if example.text is not None:
+        check_text(rt, example.text, f"{where}.text")
+        return np.asarray(backend.embed_texts([example.text], priority=Priority.QUERY))[0]
+    try:
+        data = base64.b64decode(example.image or "", validate=True)
+    except (binascii.Error, ValueError):
+        raise Problem("invalid-input", f"{where}.image: not valid base64") from None
+    checked, _ = bodies.check_image(data, f"{where}.image", query_image_options(rt))
+    return np.asarray(backend.embed_images([checked], priority=Priority.QUERY))[0]
+
+
+def _recommend(rt: Runtime, name: str, body: RecommendRequest) -> dict[str, Any]:
+    positive = [_example(rt, name, e, f"positive[{i}]") for i, e in enumerate(body.positive)]
+    negative = [_example(rt, name, e, f"negative[{i}]") for i, e in enumerate(body.negative)]
+    results = rt.store.recommend(
+        collection=name,
+        positive=positive,
+        negative=negative,
+        k=body.k,
+        filter=body.filter,
+        ef_search=body.ef_search,
+        exact=body.exact,
+    )
+    return _answer(rt, name, results, None)
+
+
+@router.post(
+    "/recommend",
+    openapi_extra=SECURITY_DOC,
+    summary="More like these, not like those",
+    response_model=SearchOut,
+)
+async def recommend(request: Request, name: str) -> JSONResponse:
+    """Items like the ``positive`` examples and unlike the ``negative`` ones. An example is a stored
+    item's id, or ``{"text": ...}``, ``{"image": base64}`` or ``{"vector": [...]}``. The query is
+    ``2 x mean(positive) - mean(negative)`` (each example at unit length in a cosine collection; the
+    positives' mean alone without negatives); the example items themselves are left out. ``filter``
+    as in a search."""
+    rt = runtime(request)
+    authorize(await key_from_header(request), name)
+    body = await bodies.read_json(request, RecommendRequest)
+    if body.k > rt.api.max_k:
+        raise Problem("invalid-input", f"k is {body.k}; the limit is {rt.api.max_k} (MEMSTORE_API_MAX_K)")
+    out = await asyncio.get_running_loop().run_in_executor(rt.executor, _recommend, rt, name, body)
+    return JSONResponse(out, media_type="application/json")
 
 
 @router.post(
