@@ -13,9 +13,11 @@ alone ``vector``; ``keyword`` must be asked for.
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
@@ -201,3 +203,40 @@ def recommendation(positive: list[np.ndarray], negative: list[np.ndarray], metri
     if negative:
         target = 2 * target - mean(negative)
     return target.astype(np.float32)
+
+
+MAX_GROUP_SIZE = 100
+H = TypeVar("H")
+
+
+def group_key(metadata: dict[str, Any], field: str) -> str | None:
+    """The group a hit belongs to: its field's JSON value (None: it has no such field)."""
+    if field not in metadata:
+        return None
+    return json.dumps(metadata[field], sort_keys=True, ensure_ascii=False)
+
+
+def group_window(groups: int, size: int) -> int:
+    """How deep the ranked list is read to fill ``groups`` groups of ``size``: four times what they
+    hold (at least 50, at most MAX_WINDOW); a group whose hits lie deeper comes out short or not at all."""
+    return min(MAX_WINDOW, max(50, 4 * groups * size))
+
+
+def grouped(
+    hits: Sequence[H], field: str, groups: int, size: int, *, metadata: Callable[[H], dict[str, Any]]
+) -> list[list[H]]:
+    """The best ``size`` hits of each of the first ``groups`` groups, groups in the order of their
+    best hit; hits without the field belong to no group. ``metadata(hit)`` reads a hit's metadata
+    (results of the store, or hits as the API renders them)."""
+    out: dict[str, list[H]] = {}
+    for hit in hits:
+        key = group_key(metadata(hit), field)
+        if key is None:
+            continue
+        if key not in out:
+            if len(out) == groups:
+                continue
+            out[key] = []
+        if len(out[key]) < size:
+            out[key].append(hit)
+    return list(out.values())

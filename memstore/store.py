@@ -536,6 +536,18 @@ class VectorStore:
         )
         return self.run_search(collection=collection, query=q, ef_search=ef_search, exact=exact)
 
+    def search_groups(
+        self, *, collection: str, group_by: str, group_size: int = 1, groups: int = 10, **search: Any
+    ) -> list[list[SearchResult]]:
+        """The best ``group_size`` hits of each of the best ``groups`` groups (items sharing the value
+        of the metadata field ``group_by``: the best photos per album, passages per document), groups in
+        the order of their best hit. ``search`` takes ``search``'s other arguments (not k or offset)."""
+        if not 1 <= group_size <= search_query.MAX_GROUP_SIZE:
+            raise InvalidInputError(f"group_size must be between 1 and {search_query.MAX_GROUP_SIZE}")
+        window = search_query.group_window(groups, group_size)
+        hits = self.search(collection=collection, k=window, **search)
+        return search_query.grouped(hits, group_by, groups, group_size, metadata=lambda h: h.metadata)
+
     def recommend(
         self,
         *,

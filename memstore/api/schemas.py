@@ -11,7 +11,7 @@ from memstore.collections import HNSW_MAX_DIMENSIONS, MAX_PARTITIONS
 from memstore.filters import MAX_EXTERNAL_ID_LENGTH
 from memstore.keywords import DEFAULT_LANGUAGE, MAX_TEXT_FIELDS
 from memstore.metadata_indexes import MAX_FIELD_LENGTH
-from memstore.search_query import MAX_EXAMPLES, MAX_K, MAX_WEIGHT, MAX_WINDOW
+from memstore.search_query import MAX_EXAMPLES, MAX_GROUP_SIZE, MAX_K, MAX_WEIGHT, MAX_WINDOW
 
 Metric = Literal["cosine", "l2", "inner_product"]
 
@@ -249,6 +249,10 @@ class SearchRequest(Strict):
     ef_search: int | None = Field(default=None, ge=1, le=1000)
     exact: bool = Field(default=False, description="Brute force: exact, slower.")
     with_vector: bool = Field(default=False, description="Answer each hit's stored vector too.")
+    group_by: str | None = Field(
+        default=None, min_length=1, max_length=128, description="A metadata field: k groups of its values."
+    )
+    group_size: int = Field(default=1, ge=1, le=MAX_GROUP_SIZE, description="Hits per group (with group_by).")
 
 
 MAX_BATCH_SEARCHES = 100
@@ -306,8 +310,14 @@ class SearchHit(BaseModel):
     vector: list[float] | None = Field(default=None, description="With with_vector: the stored vector.")
 
 
+class SearchGroup(BaseModel):
+    value: Any = Field(description="The group_by field's value these hits share.")
+    hits: list[SearchHit]
+
+
 class SearchOut(BaseModel):
     results: list[SearchHit]
+    groups: list[SearchGroup] | None = Field(default=None, description="With group_by: the hits by group.")
 
 
 class SearchBatchOut(BaseModel):

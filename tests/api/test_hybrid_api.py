@@ -230,3 +230,41 @@ def test_recommend_more_like_these_not_like_those(client: httpx.Client, collecti
     _problem(client.post(url, json={"positive": [{"vector": [1, 0]}]}), 422)
     _problem(client.post(url, json={"positive": [10**12]}), 404)
     _problem(client.post(url, json={"positive": [1] * 101}), 422)
+
+
+def test_group_by_answers_the_best_hits_of_each_group(client: httpx.Client, store, collection_name: str) -> None:
+    r = client.post("/v1/collections", json={"name": collection_name, "dimensions": 2})
+    assert r.status_code == 201, r.text
+    # Albums at growing distance from the query (1, 0); within one, photos a little apart.
+    items = [
+        {"external_id": f"{album}-{j}", "vector": [1.0, 0.1 * a + 0.01 * j], "metadata": {"album": album}}
+        for a, album in enumerate(["paris", "rome", "oslo", "lima"])
+        for j in range(4)
+    ] + [{"external_id": "loose", "vector": [1.0, 0.0], "metadata": {}}]
+    assert client.post(f"/v1/collections/{collection_name}/items", json={"items": items}).status_code == 201
+    url = f"/v1/collections/{collection_name}/search"
+    body = {"vector": [1.0, 0.0], "k": 3, "group_by": "album", "group_size": 2, "exact": True}
+    answer = client.post(url, json=body).json()
+    assert [g["value"] for g in answer["groups"]] == ["paris", "rome", "oslo"]
+    assert [[h["external_id"] for h in g["hits"]] for g in answer["groups"]] == [
+        ["paris-0", "paris-1"],
+        ["rome-0", "rome-1"],
+        ["oslo-0", "oslo-1"],
+    ]
+    assert [h["external_id"] for h in answer["results"]] == [
+        "paris-0",
+        "paris-1",
+        "rome-0",
+        "rome-1",
+        "oslo-0",
+        "oslo-1",
+    ]
+    _problem(client.post(url, json={**body, "offset": 2}), 422)
+    _problem(client.post(url, json={**body, "group_size": 0}), 422)
+    # The Python API groups the same way.
+    groups = store.search_groups(
+        collection=collection_name, group_by="album", group_size=2, groups=3, vector=[1.0, 0.0], exact=True
+    )
+    assert [[h.external_id for h in g] for g in groups] == [
+        [h["external_id"] for h in g["hits"]] for g in answer["groups"]
+    ]

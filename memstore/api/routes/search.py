@@ -26,7 +26,7 @@ from memstore.api.schemas import Example, RecommendRequest, SearchBatch, SearchB
 from memstore.collections import validate_name
 from memstore.keys import ApiKey
 from memstore.models import SearchResult
-from memstore.search_query import SearchQuery, Weights, check_query
+from memstore.search_query import SearchQuery, Weights, check_query, group_window, grouped
 
 router = APIRouter(prefix="/v1/collections/{name}", tags=["search"], responses=ERROR_RESPONSES)
 
@@ -159,12 +159,15 @@ def _query_vector(rt: Runtime, name: str, body: SearchRequest, image: bytes | No
 
 
 def check(body: SearchRequest, mode: str, vector: Any) -> SearchQuery:
-    """The search's arguments as the store checks them (bad ones: a 422 naming the argument)."""
+    """The search's arguments as the store checks them (bad ones: a 422 naming the argument). A
+    grouped search reads the ranked list deeper (``search_query.group_window``) and groups it after."""
+    if body.group_by is not None and body.offset:
+        raise Problem("invalid-input", "offset pages hits, not groups: leave it out with group_by")
     return check_query(
         mode=mode,
         vector=vector,
         text=body.text if mode != "vector" else None,
-        k=body.k,
+        k=body.k if body.group_by is None else group_window(body.k, body.group_size),
         filter=body.filter,
         offset=body.offset,
         candidates=body.candidates,
@@ -208,6 +211,15 @@ def _answer(rt: Runtime, name: str, results: list[SearchResult], query: Any) -> 
             }
             for r in results
         ]
+    }
+
+
+def _grouped(out: dict[str, Any], field: str, groups: int, size: int) -> dict[str, Any]:
+    """The hits of a grouped search as groups, and as the flat list of the hits the groups hold."""
+    listed = grouped(out["results"], field, groups, size, metadata=lambda h: h["metadata"])
+    return {
+        "results": [h for g in listed for h in g],
+        "groups": [{"value": g[0]["metadata"][field], "hits": g} for g in listed],
     }
 
 
@@ -263,6 +275,8 @@ async def execute(rt: Runtime, name: str, body: SearchRequest, image: bytes | No
     if out is None:
         out = await asyncio.get_running_loop().run_in_executor(rt.executor, _search, rt, name, body, image)
     rt.latency.record(time.perf_counter() - started)
+    if body.group_by is not None:
+        out = _grouped(out, body.group_by, body.k, body.group_size)
     if body.with_vector and out["results"]:
         out = await asyncio.get_running_loop().run_in_executor(rt.executor, _with_vectors, rt, name, out)
     return out
