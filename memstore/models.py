@@ -62,6 +62,17 @@ class SearchResult:
 
 
 @dataclass(frozen=True)
+class DuplicatePair:
+    """Two items whose vectors are within the asked distance of each other (``a_id < b_id``)."""
+
+    a_id: int
+    a_external_id: str
+    b_id: int
+    b_external_id: str
+    distance: float
+
+
+@dataclass(frozen=True)
 class Item:
     id: int
     external_id: str

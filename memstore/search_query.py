@@ -76,12 +76,12 @@ def check_query(
     pool: int | None = None,
 ) -> SearchQuery:
     """A search's arguments, checked; InvalidInputError names the first that is wrong."""
-    k = _count("k", k, 1, MAX_K)
-    offset = _count("offset", offset, 0, MAX_WINDOW - 1)
+    k = check_count("k", k, 1, MAX_K)
+    offset = check_count("offset", offset, 0, MAX_WINDOW - 1)
     if offset + k > MAX_WINDOW:
         raise InvalidInputError(f"offset + k is {offset + k}; the limit is {MAX_WINDOW}")
     if pool is not None:
-        _count("pool", pool, 1, MAX_K)
+        check_count("pool", pool, 1, MAX_K)
     chosen = resolve_mode(mode, has_text=text is not None, has_vector=vector is not None)
     if chosen != "vector":
         if not isinstance(text, str) or not text.strip() or "\x00" in text:
@@ -92,7 +92,7 @@ def check_query(
             )
     if candidates is None:
         candidates = min(MAX_WINDOW, max(50, 4 * (offset + k)))
-    candidates = _count("candidates", candidates, 1, MAX_WINDOW)
+    candidates = check_count("candidates", candidates, 1, MAX_WINDOW)
     if candidates < offset + k:
         raise InvalidInputError(f"candidates ({candidates}) must be at least offset + k ({offset + k})")
     if score_threshold is not None and (
@@ -133,7 +133,8 @@ def resolve_mode(mode: str | None, *, has_text: bool, has_vector: bool) -> Mode:
     return mode  # type: ignore[return-value]
 
 
-def _count(name: str, value: Any, low: int, high: int) -> int:
+def check_count(name: str, value: Any, low: int, high: int) -> int:
+    """An integer (not a bool) between ``low`` and ``high``, or InvalidInputError naming it."""
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
         raise InvalidInputError(f"{name} must be an integer between {low} and {high}, not {value!r}")
     return value

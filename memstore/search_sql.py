@@ -162,6 +162,19 @@ def hybrid_statement(c: Collection, *, nearest: sql.Composable, where: sql.Compo
     ).format(nearest=nearest, matches=matches, rrf=sql.Literal(RRF_K), op=op, t=c.table)
 
 
+def duplicates_statement(c: Collection) -> sql.Composed:
+    """Near-duplicate pairs among the items ``%(ids)s``: each item's ``%(per)s`` nearest (the HNSW
+    index, one scan per item) within distance ``%(threshold)s`` of it, each pair once, from the side
+    of its lower id, closest first."""
+    op = sql.SQL(c.spec.operator)
+    return sql.SQL(
+        "SELECT a.id, a.external_id, b.id, b.external_id, b.distance FROM {t} a CROSS JOIN LATERAL ("
+        "SELECT id, external_id, embedding {op} a.embedding AS distance FROM {t} WHERE embedding IS NOT NULL "
+        "ORDER BY embedding {op} a.embedding LIMIT %(per)s) b "
+        "WHERE a.id = ANY(%(ids)s) AND b.id > a.id AND b.distance <= %(threshold)s ORDER BY b.distance, a.id, b.id"
+    ).format(t=c.table, op=op)
+
+
 def run_search(
     conn: psycopg.Connection[Any], settings: SearchSettings, statement: sql.Composed, params: dict[str, Any]
 ) -> list[tuple[Any, ...]]:

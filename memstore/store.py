@@ -41,7 +41,7 @@ from memstore.errors import (
 from memstore.filter_language import CompiledFilter, compile_filter
 from memstore.filters import check_external_id, check_item_text, check_metadata
 from memstore.metadata_indexes import MetadataIndex
-from memstore.models import CollectionStats, Item, ItemIn, Original, SearchResult, UpsertResult
+from memstore.models import CollectionStats, DuplicatePair, Item, ItemIn, Original, SearchResult, UpsertResult
 from memstore.registry import CACHE_SECONDS, Registry, deregister, register, set_keywords
 from memstore.search_query import MAX_K, SearchQuery, Weights, check_query
 from memstore.search_sql import SearchSettings
@@ -547,6 +547,44 @@ class VectorStore:
         window = search_query.group_window(groups, group_size)
         hits = self.search(collection=collection, k=window, **search)
         return search_query.grouped(hits, group_by, groups, group_size, metadata=lambda h: h.metadata)
+
+    def duplicates(
+        self,
+        *,
+        collection: str,
+        threshold: float,
+        after_id: int = 0,
+        scan: int = 500,
+        per_item: int = 5,
+    ) -> tuple[list[DuplicatePair], int | None]:
+        """Near-duplicate pairs, a page at a time: the ``scan`` items after ``after_id`` (by id) are
+        each searched for their ``per_item`` nearest within ``threshold`` (the metric's distance;
+        cosine: 1 - similarity). Returns the pairs, closest first, and the id to go on after (None at
+        the end). Approximate, as every index search is; bounded, so a large collection is walked
+        page by page rather than compared all at once."""
+        c = self.get_collection(name=collection)
+        if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0 <= threshold < 1e30:
+            raise InvalidInputError(f"threshold must be a non-negative distance, not {threshold!r}")
+        search_query.check_count("scan", scan, 1, 5000)
+        search_query.check_count("per_item", per_item, 1, 100)
+        search_query.check_count("after_id", after_id, 0, 2**63 - 1)
+        with self.db.read() as conn:
+            ids = [
+                int(r[0])
+                for r in conn.execute(
+                    sql.SQL("SELECT id FROM {} WHERE id > %s AND embedding IS NOT NULL ORDER BY id LIMIT %s").format(
+                        c.table
+                    ),
+                    (after_id, scan),
+                )
+            ]
+            settings = SearchSettings(
+                ef_search=max(c.default_ef_search, per_item), exact=False, max_scan_tuples=self.settings.max_scan_tuples
+            )
+            params = {"ids": ids, "per": per_item + 1, "threshold": float(threshold)}  # + 1: the item itself
+            rows = search_sql.run_search(conn, settings, search_sql.duplicates_statement(c), params) if ids else []
+        pairs = [DuplicatePair(int(r[0]), r[1], int(r[2]), r[3], float(r[4])) for r in rows]
+        return pairs, (ids[-1] if len(ids) == scan else None)
 
     def recommend(
         self,

@@ -294,6 +294,26 @@ class SearchBatch(Strict):
     searches: list[SearchRequest] = Field(min_length=1, max_length=MAX_BATCH_SEARCHES)
 
 
+class DuplicatesRequest(Strict):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"threshold": 0.02, "scan": 500}]})
+
+    threshold: float = Field(ge=0, description="The largest distance of a pair (cosine: 1 - similarity).")
+    after: int = Field(default=0, ge=0, le=2**63 - 1, description="Go on after this item id (the answer's next).")
+    scan: int = Field(default=500, ge=1, le=5000, description="Items searched for their duplicates in this page.")
+    per_item: int = Field(default=5, ge=1, le=100, description="Nearest items looked at for each.")
+
+
+class DuplicateOut(BaseModel):
+    a: dict[str, Any] = Field(description="id and external_id of the item with the lower id.")
+    b: dict[str, Any]
+    distance: float
+
+
+class DuplicatesOut(BaseModel):
+    pairs: list[DuplicateOut]
+    next: int | None = Field(description="Pass as after for the next page; null once every item was scanned.")
+
+
 class HitRanks(BaseModel):
     vector: int | None = Field(description="Where the vector list placed the item (null: not in it).")
     keyword: int | None = Field(description="Where the keyword list placed the item (null: not in it).")

@@ -268,3 +268,25 @@ def test_group_by_answers_the_best_hits_of_each_group(client: httpx.Client, stor
     assert [[h.external_id for h in g] for g in groups] == [
         [h["external_id"] for h in g["hits"]] for g in answer["groups"]
     ]
+
+
+def test_duplicates_come_in_pairs_page_by_page(client: httpx.Client, collection_name: str) -> None:
+    r = client.post("/v1/collections", json={"name": collection_name, "dimensions": 8})
+    assert r.status_code == 201, r.text
+    rng = np.random.default_rng(9)
+    base = rng.normal(size=(40, 8))
+    items = [{"external_id": f"u{i}", "vector": v.tolist()} for i, v in enumerate(base)]
+    # Three near copies of u3, u10 and u30 (a re-saved photo, a resized one).
+    items += [{"external_id": f"copy-of-u{i}", "vector": (base[i] * 1.001 + 1e-4).tolist()} for i in (3, 10, 30)]
+    assert client.post(f"/v1/collections/{collection_name}/items", json={"items": items}).status_code == 201
+    url = f"/v1/collections/{collection_name}/duplicates"
+    found, after, pages = [], 0, 0
+    while after is not None:
+        page = client.post(url, json={"threshold": 0.001, "scan": 15, "after": after}).json()
+        found += [(p["a"]["external_id"], p["b"]["external_id"]) for p in page["pairs"]]
+        after, pages = page["next"], pages + 1
+    assert pages == 3  # 43 items, 15 a page
+    assert sorted(found) == [("u10", "copy-of-u10"), ("u3", "copy-of-u3"), ("u30", "copy-of-u30")]
+    _problem(client.post(url, json={"threshold": -1}), 422)
+    _problem(client.post(url, json={"threshold": 0.1, "scan": 5001}), 422)
+    _problem(client.post(url, json={}), 422)

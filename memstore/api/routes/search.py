@@ -22,7 +22,16 @@ from memstore.api.ingest import check_encodable, check_text
 from memstore.api.problems import ERROR_RESPONSES, Problem, from_exception, validation_problem
 from memstore.api.routes.items import content_url
 from memstore.api.runtime import Runtime
-from memstore.api.schemas import Example, RecommendRequest, SearchBatch, SearchBatchOut, SearchOut, SearchRequest
+from memstore.api.schemas import (
+    DuplicatesOut,
+    DuplicatesRequest,
+    Example,
+    RecommendRequest,
+    SearchBatch,
+    SearchBatchOut,
+    SearchOut,
+    SearchRequest,
+)
 from memstore.collections import validate_name
 from memstore.keys import ApiKey
 from memstore.models import SearchResult
@@ -337,6 +346,40 @@ async def recommend(request: Request, name: str) -> JSONResponse:
     if body.k > rt.api.max_k:
         raise Problem("invalid-input", f"k is {body.k}; the limit is {rt.api.max_k} (MEMSTORE_API_MAX_K)")
     out = await asyncio.get_running_loop().run_in_executor(rt.executor, _recommend, rt, name, body)
+    return JSONResponse(out, media_type="application/json")
+
+
+@router.post(
+    "/duplicates",
+    openapi_extra=SECURITY_DOC,
+    summary="Near-duplicate pairs, a page at a time",
+    response_model=DuplicatesOut,
+)
+async def duplicates(request: Request, name: str) -> JSONResponse:
+    """Pairs of items within ``threshold`` of each other: the ``scan`` items after ``after`` (by id)
+    are each searched for their ``per_item`` nearest; each pair comes once, closest first. Walk a
+    collection by passing the answer's ``next`` as ``after`` until it is null."""
+    rt = runtime(request)
+    authorize(await key_from_header(request), name)
+    body = await bodies.read_json(request, DuplicatesRequest)
+
+    def find() -> dict[str, Any]:
+        pairs, after = rt.store.duplicates(
+            collection=name, threshold=body.threshold, after_id=body.after, scan=body.scan, per_item=body.per_item
+        )
+        return {
+            "pairs": [
+                {
+                    "a": {"id": p.a_id, "external_id": p.a_external_id},
+                    "b": {"id": p.b_id, "external_id": p.b_external_id},
+                    "distance": p.distance,
+                }
+                for p in pairs
+            ],
+            "next": after,
+        }
+
+    out = await asyncio.get_running_loop().run_in_executor(rt.executor, find)
     return JSONResponse(out, media_type="application/json")
 
 
