@@ -13,6 +13,7 @@ import signal
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,6 +94,10 @@ class Report:
         for name in ("claimed", "written", "retried", "failed", "released", "dropped"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.errors.extend(other.errors[-5:])
+
+
+# One thread for the process's thumbnails: beside the encoder's work, not in its way.
+_THUMBNAILER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstore-thumbnails")
 
 
 class Processor:
@@ -180,6 +185,14 @@ class Processor:
         mismatch = self._mismatch(collection)
         if mismatch:
             return self._settle_failure(claims, mismatch, permanent=True, collection=collection)
+        # The web pages' thumbnails are made from the bytes in hand while the encoder embeds them (the
+        # imaging library works outside the GIL), so they cost the worker little of its time; they are
+        # written with the vectors, in the same row version.
+        thumbs = (
+            _THUMBNAILER.submit(thumbnails.make_many, {it.claim.item_id: it.content for it in group.items})
+            if group.modality == "image"
+            else None
+        )
         try:
             vectors = self._encode(group, priority)
         except QueueFullError as exc:
@@ -195,15 +208,12 @@ class Processor:
             for it in group.items:
                 report.add(self._encode_group(EncodeGroup(group.collection_id, group.modality, (it,)), priority))
             return report
-        thumbs = None
-        if group.modality == "image":  # the bytes are in hand: the web pages' thumbnails cost no extra read
-            thumbs = thumbnails.make_many({it.claim.item_id: it.content for it in group.items})
         written = queue_claims.complete(
             self.engine,
             collection,
             claims,
             {it.claim.item_id: vectors[i] for i, it in enumerate(group.items)},
-            thumbs,
+            thumbs.result() if thumbs is not None else None,
         )
         report.written += len(written)
         return report

@@ -53,9 +53,21 @@ def keywords_expression(language: str, text_fields: tuple[str, ...] | list[str])
     )
 
 
-def query(c: Collection) -> sql.Composed:
-    """The tsquery of ``%(text)s`` as a person would type it (quotes, ``or``, ``-word``)."""
-    return sql.SQL("websearch_to_tsquery({cfg}::regconfig, %(text)s)").format(cfg=sql.Literal(c.language))
+_IDENTIFIER = re.compile(r"\S*[^\w\s]\S*")
+
+
+def query(c: Collection, text: str) -> sql.Composed:
+    """The tsquery of ``%(text)s`` as a person would type it (quotes, ``or``, ``-word``). A single
+    token with punctuation (an identifier: ``SKU-88121-B``, ``shutil.copytree``) also matches as the
+    phrase of its parts, which is how the lowest-weight keywords hold it wherever the parser splits
+    it differently (``sku-88121-b.jpg`` is one file-name token, ``SKU-88121-B`` three)."""
+    typed = sql.SQL("websearch_to_tsquery({cfg}::regconfig, %(text)s)").format(cfg=sql.Literal(c.language))
+    if not _IDENTIFIER.fullmatch(text.strip()):
+        return typed
+    parts = sql.SQL("phraseto_tsquery({cfg}::regconfig, regexp_replace(%(text)s, '[[:punct:]]+', ' ', 'g'))").format(
+        cfg=sql.Literal(c.language)
+    )
+    return sql.SQL("({} || {})").format(typed, parts)
 
 
 def index_name(c: Collection) -> str:
@@ -98,6 +110,11 @@ def build_index(conn: psycopg.Connection[Any], c: Collection) -> None:
     )
 
 
+# The registry option that says which keyword setting a change under way is building: read when a
+# change stopped half way (a crash, a kill) to finish it or undo it.
+PENDING = "keywords_next"
+
+
 def change(
     conn: psycopg.Connection[Any],
     c: Collection,
@@ -111,7 +128,7 @@ def change(
     holds the collection's lock: the new index is built concurrently under its own names while
     searches use the old one; ``record()`` then makes searches use the new expression; once every
     process has seen that (``grace_s``, the registry's cache time) the old index is dropped and the
-    new one takes the usual names."""
+    new one takes the usual names (``promote``)."""
     changed = replace(c, language=language, text_fields=text_fields)
     online_ddl.build_index(
         conn,
@@ -122,14 +139,35 @@ def change(
     )
     record()
     time.sleep(grace_s)
+    promote(conn, c)
+
+
+def leftovers(conn: psycopg.Connection[Any], c: Collection) -> bool:
+    """Whether a change stopped half way left indexes under the names it builds under."""
+    names = [next_index_name(c)] + [next_index_name(c, i) for i in range(c.partitions if c.partitions > 1 else 0)]
+    return any(online_ddl.index_valid(conn, name) is not None for name in names)
+
+
+def promote(conn: psycopg.Connection[Any], c: Collection) -> None:
+    """The last step of a change, safe to run again after it stopped anywhere: the old index dropped
+    (a partitioned one takes its partitions' with it), then the new partitions' indexes and last the
+    new parent's take the usual names."""
+    if online_ddl.index_valid(conn, next_index_name(c)) is None:
+        return
     partitioned = c.partitions > 1
     online_ddl.drop_index(conn, index_name(c), partitioned=partitioned)
-    if partitioned:  # the parent's drop took the attached partitions' indexes with it
-        for i in range(c.partitions):
-            online_ddl.drop_index(conn, partition_index_name(c, i), partitioned=False)
-    online_ddl.rename_index(conn, next_index_name(c), index_name(c))
     for i in range(c.partitions if partitioned else 0):
-        online_ddl.rename_index(conn, next_index_name(c, i), partition_index_name(c, i))
+        if online_ddl.index_valid(conn, next_index_name(c, i)) is not None:
+            online_ddl.rename_index(conn, next_index_name(c, i), partition_index_name(c, i))
+    online_ddl.rename_index(conn, next_index_name(c), index_name(c))
+
+
+def clear(conn: psycopg.Connection[Any], c: Collection) -> None:
+    """Undo a change that stopped before it was recorded: its indexes dropped."""
+    partitioned = c.partitions > 1
+    online_ddl.drop_index(conn, next_index_name(c), partitioned=partitioned)
+    for i in range(c.partitions if partitioned else 0):  # built but never attached
+        online_ddl.drop_index(conn, next_index_name(c, i), partitioned=False)
 
 
 def check_language(conn: psycopg.Connection[Any], language: Any) -> str:
@@ -155,9 +193,10 @@ def check_text_fields(value: Any) -> tuple[str, ...]:
         raise InvalidInputError(f"text_fields lists {len(value)} fields; the limit is {MAX_TEXT_FIELDS}")
     out: list[str] = []
     for i, name in enumerate(value):
-        if not isinstance(name, str) or not name or len(name) > MAX_FIELD_NAME or "\x00" in name:
+        # No "%": the names are literals of the search statement, where psycopg reads "%" as a placeholder.
+        if not isinstance(name, str) or not name or len(name) > MAX_FIELD_NAME or "\x00" in name or "%" in name:
             raise InvalidInputError(
-                f"text_fields[{i}] must be a field name of 1 to {MAX_FIELD_NAME} characters without NUL, "
+                f"text_fields[{i}] must be a field name of 1 to {MAX_FIELD_NAME} characters without NUL or %, "
                 f"not {name!r:.80}"
             )
         if name in out:

@@ -91,7 +91,10 @@ def check_query(
                 f"text has {len(text)} characters; the limit for a keyword search is {MAX_QUERY_TEXT}"
             )
     if candidates is None:
-        candidates = min(MAX_WINDOW, max(50, 4 * (offset + k)))
+        # Not a function of offset while the page fits: the pages of one query then fuse the same two
+        # lists and neither skip nor repeat a hit. Deeper pages must pass the same candidates on
+        # each page (docs/search.md).
+        candidates = min(MAX_WINDOW, max(50, 4 * k, offset + k))
     candidates = check_count("candidates", candidates, 1, MAX_WINDOW)
     if candidates < offset + k:
         raise InvalidInputError(f"candidates ({candidates}) must be at least offset + k ({offset + k})")

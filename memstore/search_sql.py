@@ -118,7 +118,7 @@ def _rows(where: sql.Composable | None) -> sql.Composable:
 RRF_K = 60
 
 
-def keyword_statement(c: Collection, *, where: sql.Composable | None) -> sql.Composed:
+def keyword_statement(c: Collection, text: str, *, where: sql.Composable | None) -> sql.Composed:
     """The ``%(k)s`` rows (after ``%(offset)s``) of ``c`` whose keywords best match ``%(text)s``, best
     first by ``ts_rank_cd``: id, external_id, metadata, NULL distance, rank, NULL vector rank, keyword
     rank. The GIN index on the keywords finds the matches; only they are ranked."""
@@ -126,18 +126,20 @@ def keyword_statement(c: Collection, *, where: sql.Composable | None) -> sql.Com
         "SELECT id, external_id, metadata, NULL::float8 AS distance, score, NULL::bigint AS vector_rank, "
         "row_number() OVER (ORDER BY score DESC, id) + %(offset)s AS keyword_rank "
         "FROM ({matches} ORDER BY score DESC, id LIMIT %(k)s OFFSET %(offset)s) AS m ORDER BY score DESC, id"
-    ).format(matches=_keyword_matches(c, where, sql.SQL("id, external_id, metadata")))
+    ).format(matches=_keyword_matches(c, text, where, sql.SQL("id, external_id, metadata")))
 
 
-def _keyword_matches(c: Collection, where: sql.Composable | None, columns: sql.Composable) -> sql.Composed:
+def _keyword_matches(c: Collection, text: str, where: sql.Composable | None, columns: sql.Composable) -> sql.Composed:
     words = keywords.expression(c)
-    query = keywords.query(c)
+    query = keywords.query(c, text)
     return sql.SQL(
         "SELECT {columns}, ts_rank_cd({words}, {query})::float8 AS score FROM {t} WHERE {words} @@ {query} AND {rows}"
     ).format(columns=columns, words=words, query=query, t=c.table, rows=_rows(where))
 
 
-def hybrid_statement(c: Collection, *, nearest: sql.Composable, where: sql.Composable | None) -> sql.Composed:
+def hybrid_statement(
+    c: Collection, text: str, *, nearest: sql.Composable, where: sql.Composable | None
+) -> sql.Composed:
     """Reciprocal Rank Fusion of two lists, in one statement: ``nearest`` (a vector search of this
     module or of ``memstore.compact``, its ``%(k)s`` bound to the number of candidates) and the as
     many best keyword matches of ``%(text)s`` under the same filter. A row scores ``%(wv)s / (60 + its
@@ -148,7 +150,7 @@ def hybrid_statement(c: Collection, *, nearest: sql.Composable, where: sql.Compo
     An empty keyword query (only stop words or punctuation) matches nothing, so the answer is the
     vector list's order: hybrid falls back to vector search without an error."""
     op = sql.SQL(c.spec.operator)
-    matches = _keyword_matches(c, where, sql.SQL("id"))
+    matches = _keyword_matches(c, text, where, sql.SQL("id"))
     return sql.SQL(
         "WITH v AS MATERIALIZED ({nearest}), "
         "vr AS (SELECT id, row_number() OVER (ORDER BY distance, id) AS r FROM v), "

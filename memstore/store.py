@@ -42,7 +42,15 @@ from memstore.filter_language import CompiledFilter, compile_filter
 from memstore.filters import check_external_id, check_item_text, check_metadata
 from memstore.metadata_indexes import MetadataIndex
 from memstore.models import CollectionStats, DuplicatePair, Item, ItemIn, Original, SearchResult, UpsertResult
-from memstore.registry import CACHE_SECONDS, Registry, deregister, register, set_keywords
+from memstore.registry import (
+    CACHE_SECONDS,
+    Registry,
+    deregister,
+    read_collection,
+    register,
+    set_keywords,
+    set_option,
+)
 from memstore.search_query import MAX_K, SearchQuery, Weights, check_query
 from memstore.search_sql import SearchSettings
 from memstore.settings import Settings, get_settings
@@ -158,23 +166,47 @@ class VectorStore:
     ) -> Collection:
         """Change the collection's text-search configuration or keyword fields, online: searches go on
         while its keyword index is rebuilt (``memstore.keywords.change``); returns the collection."""
+        wanted_fields = None if text_fields is None else keywords.check_text_fields(list(text_fields))
         c = self.get_collection(name=collection, fresh=True)
-        fields = c.text_fields if text_fields is None else keywords.check_text_fields(list(text_fields))
-        with self._ddl_connection("memstore-keywords") as conn:
+        busy = partial(ConflictError, f"another process is changing the indexes of collection {c.name!r}")
+        with (
+            self._ddl_connection("memstore-keywords") as conn,
+            locks.session_lock(conn, locks.collection_key(c.id), busy=busy),
+        ):
+            c = read_collection(conn, id=c.id)  # afresh, under the lock: no other change is under way
+            self._recover_keywords(conn, c)
             chosen = c.language if language is None else keywords.check_language(conn, language)
+            fields = c.text_fields if wanted_fields is None else wanted_fields
             if (chosen, fields) == (c.language, c.text_fields):
                 return c
-            busy = partial(ConflictError, f"another process is changing the indexes of collection {c.name!r}")
-            with locks.session_lock(conn, locks.collection_key(c.id), busy=busy):
+            set_option(conn, c, keywords.PENDING, {"language": chosen, "text_fields": list(fields)})
 
-                def record() -> Collection:
-                    with conn.transaction():
-                        changed = set_keywords(conn, c, language=chosen, text_fields=fields)
-                    self.forget_collection(collection)
-                    return changed
+            def record() -> Collection:
+                with conn.transaction():
+                    changed = set_keywords(conn, c, language=chosen, text_fields=fields)
+                self.forget_collection(collection)
+                return changed
 
-                keywords.change(conn, c, language=chosen, text_fields=fields, record=record, grace_s=grace_s)
+            keywords.change(conn, c, language=chosen, text_fields=fields, record=record, grace_s=grace_s)
+            set_option(conn, c, keywords.PENDING, None)
         return self.get_collection(name=collection, fresh=True)
+
+    @staticmethod
+    def _recover_keywords(conn: psycopg.Connection[Any], c: Collection) -> None:
+        """A keyword change that stopped half way: finished when the registry already records its
+        setting (only the renames were missing), else undone."""
+        pending = c.options.get(keywords.PENDING)
+        if keywords.leftovers(conn, c):
+            recorded = isinstance(pending, dict) and (
+                pending.get("language"),
+                tuple(pending.get("text_fields") or ()),
+            ) == (c.language, c.text_fields)
+            if recorded:
+                keywords.promote(conn, c)
+            else:
+                keywords.clear(conn, c)
+        if pending:
+            set_option(conn, c, keywords.PENDING, None)
 
     # ------------------------------------------------------------------ typed metadata indexes
 
@@ -421,9 +453,9 @@ class VectorStore:
             raise InvalidInputError("give exactly one of ids, external_ids or filter")
         params: dict[str, Any]
         if filter is not None:
-            if not filter:
-                raise InvalidInputError("an empty filter would delete every item; drop the collection instead")
             compiled = compile_filter(filter)
+            if not filter or compiled.where.as_string() == "TRUE":
+                raise InvalidInputError("this filter matches every item; to delete them all, drop the collection")
             clause, params = compiled.where, compiled.params
         elif ids is not None:
             clause, params = sql.SQL("id = ANY(%(ids)s)"), {"ids": [int(i) for i in ids]}
@@ -674,7 +706,8 @@ class VectorStore:
             settings = SearchSettings(
                 ef_search=_ef_search(c, ef_search), exact=exact, max_scan_tuples=self.settings.max_scan_tuples
             )
-            return SearchPlan(search_sql.keyword_statement(c, where=where), settings, params)
+            assert q.text is not None
+            return SearchPlan(search_sql.keyword_statement(c, q.text, where=where), settings, params)
         # The vector list: as long as the answer in a vector search, the candidates in a hybrid one.
         depth = q.window if q.mode == "vector" else q.candidates
         nearest = self._vector_plan(c, q, depth, ef_search=ef_search, exact=exact, conn=conn)
@@ -688,7 +721,8 @@ class VectorStore:
             "wv": q.weights.vector,
             "wk": q.weights.keyword,
         }
-        statement = search_sql.hybrid_statement(c, nearest=nearest.statement, where=where)
+        assert q.text is not None
+        statement = search_sql.hybrid_statement(c, q.text, nearest=nearest.statement, where=where)
         return SearchPlan(statement, nearest.settings, params)
 
     def _vector_plan(

@@ -209,7 +209,10 @@ def test_search_arguments_are_checked_before_any_work() -> None:
             check_query(k=10, **args)
     assert check_query(mode=None, vector=v, text="x", k=10).mode == "hybrid"
     assert check_query(mode=None, vector=v, text=None, k=10).mode == "vector"
-    assert check_query(mode=None, vector=v, text="x", k=10, offset=20).candidates == 120
+    # The default depth of a hybrid search's lists does not move with the page (pages stay consistent).
+    assert check_query(mode=None, vector=v, text="x", k=10, offset=20).candidates == 50
+    assert check_query(mode=None, vector=v, text="x", k=10, offset=0).candidates == 50
+    assert check_query(mode=None, vector=v, text="x", k=20).candidates == 80
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -295,3 +298,98 @@ def test_a_keyword_index_is_built_for_collections_made_before_it(
         keywords.build_index(conn, c)  # idempotent
     hits = store.search(collection=collection_name, text="SKU-88121-B", mode="keyword", k=3)
     assert [r.external_id for r in hits] == ["t2"]
+
+
+def test_field_names_with_percent_are_refused() -> None:
+    from memstore import keywords
+
+    with pytest.raises(InvalidInputError, match="%"):
+        keywords.check_text_fields(["discount%"])
+
+
+def test_an_identifier_query_finds_it_however_the_parser_split_it(store: VectorStore, collection_name: str) -> None:
+    rng = np.random.default_rng(21)
+    store.create_collection(name=collection_name, dimensions=4)
+    store.upsert_items(
+        collection=collection_name,
+        items=[
+            ItemIn(vector=rng.normal(size=4), external_id="file", metadata={"filename": "SKU-88121-B.jpg"}),
+            ItemIn(vector=rng.normal(size=4), external_id="other", metadata={"filename": "SKU-12345-C.jpg"}),
+        ],
+    )
+    hits = store.search(collection=collection_name, text="SKU-88121-B", mode="keyword", k=3)
+    assert [h.external_id for h in hits] == ["file"]
+
+
+def test_a_long_text_is_stored_and_its_first_words_are_keywords(store: VectorStore, collection_name: str) -> None:
+    store.create_collection(name=collection_name, dimensions=2)
+    text = "opening-marker " + " ".join(f"w{i:06d}" for i in range(120_000))  # ~960,000 characters
+    store.upsert_items(collection=collection_name, items=[ItemIn(vector=[1.0, 0.0], external_id="long", text=text)])
+    assert store.get_item(collection=collection_name, external_id="long").text == text
+    assert [h.external_id for h in store.search(collection=collection_name, text="w000010", mode="keyword")] == ["long"]
+
+
+def test_deleting_by_a_filter_that_matches_everything_is_refused(store: VectorStore, collection_name: str) -> None:
+    store.create_collection(name=collection_name, dimensions=2)
+    store.upsert_items(collection=collection_name, items=[ItemIn(vector=[1.0, 0.0], external_id="a")])
+    for everything in ({}, {"$and": [{}]}, {"$or": [{}]}):
+        with pytest.raises(InvalidInputError, match="every item"):
+            store.delete_items(collection=collection_name, filter=everything)
+    assert store.get_item(collection=collection_name, external_id="a")
+
+
+@pytest.mark.parametrize("partitions", [1, 3])
+@pytest.mark.parametrize("stop", ["before_record", "after_record"])
+def test_a_keyword_change_that_stopped_half_way_is_finished_or_undone(
+    store: VectorStore, engine: sa.Engine, collection_name: str, monkeypatch, partitions: int, stop: str
+) -> None:
+    from memstore import keywords, online_ddl
+
+    rng = np.random.default_rng(22)
+    store.create_collection(name=collection_name, dimensions=4, partitions=partitions)
+    store.upsert_items(
+        collection=collection_name,
+        items=[
+            ItemIn(vector=rng.normal(size=4), external_id=str(i), metadata={"title": f"T-{i}", "brand": f"B-{i}"})
+            for i in range(30)
+        ],
+    )
+
+    class Crash(Exception):
+        pass
+
+    real_build, real_promote = online_ddl.build_index, keywords.promote
+
+    def build_then_crash(*args, **kwargs):
+        real_build(*args, **kwargs)
+        raise Crash
+
+    def crash(*args, **kwargs):
+        raise Crash
+
+    if stop == "before_record":
+        monkeypatch.setattr(online_ddl, "build_index", build_then_crash)
+    else:
+        monkeypatch.setattr(keywords, "promote", crash)
+    with pytest.raises(Crash):
+        store.set_keywords(collection=collection_name, text_fields=["title"], grace_s=0)
+    monkeypatch.setattr(online_ddl, "build_index", real_build)
+    monkeypatch.setattr(keywords, "promote", real_promote)
+
+    # The next change first finishes or undoes the one that stopped, then makes its own.
+    changed = store.set_keywords(collection=collection_name, text_fields=["brand"], grace_s=0)
+    assert changed.text_fields == ("brand",)
+    assert keywords.PENDING not in changed.options or changed.options[keywords.PENDING] is None
+    assert [h.external_id for h in store.search(collection=collection_name, text="B-7", mode="keyword")] == ["7"]
+    assert store.search(collection=collection_name, text="T-7", mode="keyword") == []
+    with raw_connection(engine) as conn:
+        rows = conn.execute(
+            "SELECT c.relname, pg_get_indexdef(c.oid), x.indisvalid FROM pg_class c JOIN pg_index x "
+            "ON x.indexrelid = c.oid WHERE c.relname LIKE %s OR c.relname LIKE %s",
+            (f"{changed.table_name}%keywords", f"memstore_next_kw_c{changed.id}%"),
+        ).fetchall()
+    assert sorted(r[0] for r in rows) == sorted(
+        [keywords.index_name(changed)]
+        + [keywords.partition_index_name(changed, i) for i in range(partitions if partitions > 1 else 0)]
+    )
+    assert all("brand" in definition and valid for _, definition, valid in rows), rows

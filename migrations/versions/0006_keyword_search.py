@@ -28,14 +28,16 @@ depends_on = None
 
 
 def upgrade() -> None:
-    op.execute("ALTER TABLE memstore_collections ADD COLUMN language text NOT NULL DEFAULT 'simple'")
-    op.execute("ALTER TABLE memstore_collections ADD COLUMN text_fields text[] NOT NULL DEFAULT '{}'")
+    # Re-runnable: the columns and the function are committed before the indexes are built outside
+    # the transaction, so a build that fails leaves them behind for the next run.
+    op.execute("ALTER TABLE memstore_collections ADD COLUMN IF NOT EXISTS language text NOT NULL DEFAULT 'simple'")
+    op.execute("ALTER TABLE memstore_collections ADD COLUMN IF NOT EXISTS text_fields text[] NOT NULL DEFAULT '{}'")
     # IMMUTABLE holds: to_tsvector with an explicit configuration, jsonpath and regexp_replace are,
     # and an index on the expression needs it. Weights: the file name and the listed fields (A) over
     # the text (B) over the parts of identifiers (D), which ts_rank_cd scores 1.0, 0.4 and 0.1.
     op.execute(
         r"""
-        CREATE FUNCTION memstore_keywords(body text, metadata jsonb, fields text[], config regconfig)
+        CREATE OR REPLACE FUNCTION memstore_keywords(body text, metadata jsonb, fields text[], config regconfig)
         RETURNS tsvector LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
             SELECT setweight(to_tsvector(config, concat_ws(' ', metadata ->> 'filename', named.words)), 'A')
                 || setweight(to_tsvector(config, coalesce(body, '')), 'B')

@@ -232,3 +232,18 @@ def test_no_encoder_means_503_for_text_search(settings, admin_key, collection_na
         assert r.status_code == 200 and r.json() == {"results": []}
         health = c.get("/health").json()
         assert health["encoder"] == {"state": "off"} and health["status"] == "ok"
+
+
+def test_a_bad_search_is_refused_before_the_query_is_embedded(
+    fake_client: httpx.Client, fake_collection: str, fake_backend
+) -> None:
+    url = f"/v1/collections/{fake_collection}/search"
+    before = len(fake_backend.calls)
+    for body in (
+        {"text": "a", "filter": {"n": {"$between": 1}}},
+        {"text": "a", "k": 10, "offset": 995},
+        {"text": "a", "weights": {"vector": 0, "keyword": 0}},
+        {"text": "a", "candidates": 5},
+    ):
+        problem(fake_client.post(url, json=body), 422, "invalid-input")
+    assert len(fake_backend.calls) == before

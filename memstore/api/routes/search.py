@@ -195,6 +195,8 @@ def query_image_options(rt: Runtime) -> ImageOptions:
 def _search(rt: Runtime, name: str, body: SearchRequest, image: bytes | None) -> dict[str, Any]:
     source = _sources(body, image)
     mode = _mode(body, source)
+    if mode != "keyword":
+        check(body, mode, [0.0])  # every argument but the vector, before any time goes into making it
     vector = None if mode == "keyword" else _query_vector(rt, name, body, image, source)
     q = check(body, mode, vector)
     results = rt.store.run_search(collection=name, query=q, ef_search=body.ef_search, exact=body.exact)
