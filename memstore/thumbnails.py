@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,20 +42,28 @@ def make(content: bytes) -> bytes | None:
             if img.width * img.height > MAX_PIXELS:
                 return None
             # JPEG decodes at 1/2, 1/4 or 1/8 scale when asked first, the largest reduction that still
-            # covers SIZE on both sides: a 1024 x 768 photo decodes at 512 x 384, in a fifth of the time.
-            img.draft("RGB", (SIZE, SIZE))
+            # covers the thumbnail: a 1024 x 768 photo decodes at 256 x 192, a fraction of the work.
+            img.draft("RGB", _box(img.width, img.height))
             small = ImageOps.exif_transpose(img)
-            small.thumbnail((SIZE, SIZE), Image.Resampling.LANCZOS)
+            # Halved by box averaging first, then resampled: as sharp at this size, a third quicker.
+            small.thumbnail((SIZE, SIZE), Image.Resampling.BICUBIC, reducing_gap=2.0)
             keeps_alpha = small.mode in ("RGBA", "LA", "PA") or (small.mode == "P" and "transparency" in small.info)
             small = small.convert("RGBA" if keeps_alpha else "RGB")
             out = io.BytesIO()
-            # method 2 of 0-6: WebP's effort; past it the bytes shrink by a few percent at twice the
-            # time, and the worker makes one thumbnail per image it embeds.
-            small.save(out, format="WEBP", quality=QUALITY, method=2)
+            # method 0 of 0-6: WebP's least effort; more shrinks a 15 kB picture by a few percent at
+            # up to twice the time, and the worker makes one thumbnail per image it embeds.
+            small.save(out, format="WEBP", quality=QUALITY, method=0)
             return out.getvalue()
     except Exception as exc:  # a corrupt or exotic file: the item simply has no thumbnail
         log.info("no thumbnail: %s: %s", type(exc).__name__, exc)
         return None
+
+
+def _box(width: int, height: int) -> tuple[int, int]:
+    """The thumbnail's own size: what a draft decode must still cover (its longer side SIZE)."""
+    if width >= height:
+        return SIZE, max(1, math.ceil(SIZE * height / max(width, 1)))
+    return max(1, math.ceil(SIZE * width / max(height, 1))), SIZE
 
 
 def make_many(contents: dict[int, bytes | None]) -> dict[int, bytes | None]:

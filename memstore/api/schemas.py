@@ -245,7 +245,10 @@ class SearchRequest(Strict):
     )
     weights: SearchWeights | None = Field(default=None, description="Each list's weight in a hybrid search.")
     score_threshold: float | None = Field(default=None, description="Leave out hits that score lower.")
-    filter: dict[str, Any] | None = Field(default=None, description='Metadata containment, e.g. {"tag": "cat"}.')
+    filter: dict[str, Any] | None = Field(
+        default=None,
+        description='Metadata filter: {"tag": "cat"} (containment), or operators: {"taken": {"$gte": "2024-05"}}.',
+    )
     ef_search: int | None = Field(default=None, ge=1, le=1000)
     exact: bool = Field(default=False, description="Brute force: exact, slower.")
     with_vector: bool = Field(default=False, description="Answer each hit's stored vector too.")
