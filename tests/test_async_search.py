@@ -8,8 +8,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from psycopg import sql
 
 from memstore.async_search import AsyncSearcher
+from memstore.db import raw_connection
 from memstore.errors import DimensionMismatchError
 from memstore.models import ItemIn
 from memstore.search_query import SearchQuery, check_query
@@ -43,6 +45,8 @@ def test_async_search_answers_keyword_and_hybrid_searches_as_the_store_does(
             for i, v in enumerate(base)
         ],
     )
+    with raw_connection(store.engine) as conn:  # stable statistics: see the next test
+        conn.execute(sql.SQL("ANALYZE {}").format(store.get_collection(name=collection_name).table))
     asks: list[dict[str, Any]] = [
         {"mode": "keyword", "text": "copper"},
         {"mode": "keyword", "text": "item-17", "offset": 0},
@@ -78,6 +82,10 @@ def test_async_search_matches_the_store_whatever_the_previous_search_set(
     store.upsert_items(
         collection=collection_name, items=[ItemIn(vector=v, external_id=str(i)) for i, v in enumerate(base)]
     )
+    # Statistics first: an autovacuum ANALYZE landing between the two sides of a comparison could
+    # turn one side's plan from the index to a (exact) scan and make them differ for that reason alone.
+    with raw_connection(store.engine) as conn:
+        conn.execute(sql.SQL("ANALYZE {}").format(store.get_collection(name=collection_name).table))
     queries = rng.normal(size=(4, 24)).astype(np.float32)
     default_ef = store.get_collection(name=collection_name).default_ef_search
     # Default settings, then others, then the defaults again: each must run under its own.

@@ -153,7 +153,7 @@ def test_delete_by_id_external_id_and_filter(store: VectorStore, coll: str) -> N
     assert removed == 9  # e2, e4, ... e18
     remaining = {it.external_id for it in store.list_items(collection=coll)}
     assert remaining == {f"e{i}" for i in range(3, 20, 2)}
-    with pytest.raises(InvalidInputError, match="empty filter"):
+    with pytest.raises(InvalidInputError, match="matches every item"):
         store.delete_items(collection=coll, filter={})
     with pytest.raises(InvalidInputError, match="exactly one"):
         store.delete_items(collection=coll, ids=[1], filter={"a": 1})
