@@ -20,7 +20,7 @@ COPY pyproject.toml README.md ./
 RUN if [ -n "$TORCH_INDEX_URL" ]; then \
         pip install --index-url "$TORCH_INDEX_URL" torch==2.14.1 torchvision==0.29.1; \
     fi \
- && for d in memstore memstore/api memstore/api/routes memstore/commands memstore/compact memstore/services memstore/ui \
+ && for d in memstore memstore/api memstore/api/routes memstore/commands memstore/compact memstore/services memstore/ui memstore/ui/static memstore/ui/templates \
              sql migrations migrations/versions encoder encoder/model_configs maintenance; do \
         mkdir -p "$d" && touch "$d/__init__.py"; \
     done \
@@ -31,9 +31,9 @@ COPY encoder encoder
 COPY maintenance maintenance
 COPY sql sql
 COPY migrations migrations
-# The stubs' __init__.py files in data folders (migrations/versions, encoder/model_configs) go with
-# the reinstall: only what the COPY brought is installed.
-RUN find migrations/versions encoder/model_configs -name __init__.py -size 0 -delete \
+# The stubs' __init__.py files in data folders (migrations/versions, encoder/model_configs, the web
+# pages' static files and templates) go with the reinstall: only what the COPY brought is installed.
+RUN find migrations/versions encoder/model_configs memstore/ui/static memstore/ui/templates -name __init__.py -size 0 -delete \
  && pip install --no-deps . && python -m compileall -q /opt/memstore
 
 FROM ${PYTHON_IMAGE} AS runtime

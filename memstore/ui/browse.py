@@ -123,6 +123,11 @@ def _search_context(rt: Runtime, c: Collection, view: search.SearchView, after: 
             query_vector = search.text_vector(rt, c, view.query)
             results = search.nearest(rt, c, query_vector, k=k, chips=list(view.chips), text=view.query)
             context["mode"] = "text" if query_vector is not None else "keyword"
+            context["score_title"] = (
+                "hybrid: the fused rank of the meaning and keyword matches, higher is better"
+                if query_vector is not None
+                else "keyword rank: higher matches better"
+            )
         else:
             items, more = rt.store.page_items(collection=c.name, after_id=after, limit=BROWSE_PAGE)
             rows = [(i.id, i.external_id, i.metadata, None) for i in items]

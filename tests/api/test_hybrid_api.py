@@ -290,3 +290,13 @@ def test_duplicates_come_in_pairs_page_by_page(client: httpx.Client, collection_
     _problem(client.post(url, json={"threshold": -1}), 422)
     _problem(client.post(url, json={"threshold": 0.1, "scan": 5001}), 422)
     _problem(client.post(url, json={}), 422)
+
+
+def test_a_text_the_model_cannot_embed_for_the_collection_points_to_keyword_search(
+    client: httpx.Client, collection_name: str
+) -> None:
+    _products(client, collection_name)  # 8 dimensions: not the server's model's 64
+    r = client.post(f"/v1/collections/{collection_name}/search", json={"text": "kettle"})
+    assert '"mode": "keyword"' in _problem(r, 422)["detail"]
+    r = client.post(f"/v1/collections/{collection_name}/search", json={"text": "kettle", "mode": "keyword"})
+    assert r.status_code == 200 and r.json()["results"]

@@ -36,10 +36,15 @@ def test_the_new_core_modules_load_no_web_framework() -> None:
 
 
 def test_every_template_and_static_file_is_installed() -> None:
-    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["memstore.ui"]
-    files = [p.relative_to(UI) for p in [*UI.glob("templates/*"), *UI.glob("static/*")] if p.is_file()]
-    assert files
-    missing = [str(f) for f in files if not any(f.match(pattern) for pattern in data)]
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    missing = []
+    for folder in ("templates", "static"):
+        package = f"memstore.ui.{folder}"
+        assert package in setuptools["packages"]  # a data package: listed, so nothing is left behind
+        files = [p for p in (UI / folder).glob("*") if p.is_file()]
+        assert files
+        patterns = setuptools["package-data"][package]
+        missing += [str(f) for f in files if not any(f.match(pattern) for pattern in patterns)]
     assert missing == []
 
 

@@ -161,7 +161,12 @@ def _query_vector(rt: Runtime, name: str, body: SearchRequest, image: bytes | No
         return item.vector
     purpose = "search with mode 'keyword', or by vector or item_id" if source is None else "search by vector or item_id"
     backend = rt.encoder.require(purpose)
-    check_encodable(rt, rt.store.get_collection(name=name))
+    try:
+        check_encodable(rt, rt.store.get_collection(name=name))
+    except Problem as exc:
+        if source is None:  # a text alone: its words can still be searched
+            exc.detail += '; or search the text\'s words alone with "mode": "keyword"'
+        raise
     if source is None:
         assert body.text is not None
         check_text(rt, body.text, "text")
