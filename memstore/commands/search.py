@@ -73,7 +73,8 @@ def command(
         click.echo(f"memstore search: cannot reach {url} ({exc}); is `memstore serve` running?", err=True)
         return EXIT_USAGE
     if r.status_code != 200:
-        click.echo(f"memstore search: {problem(r)}", err=True)
+        hint = " (give the key with --key or MEMSTORE_API_KEY)" if r.status_code == 401 else ""
+        click.echo(f"memstore search: {problem(r)}{hint}", err=True)
         return EXIT_USAGE
     hits = r.json()["results"]
     if as_json:
