@@ -81,6 +81,8 @@ class AsyncSearcher:
     ) -> list[SearchResult] | None:
         """What `VectorStore.search` answers for ``query`` (``memstore.search_query.check_query``), or
         None when the collection needs the blocking path (a compact index)."""
+        if self.store.db.replicas:
+            return None  # reads go to the replicas, through the blocking path (its pools are theirs)
         for attempt in range(2):
             c = await self._collection(collection, fresh=attempt > 0)
             if compact_spec.index_spec(c).compact and not exact and query.mode != "keyword":

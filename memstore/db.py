@@ -7,16 +7,21 @@
   (LISTEN, a session advisory lock, VACUUM and concurrent index builds, long DDL);
 - ``async_pool``: the asyncio pool of the search fast path, on the same URL;
 - ``Database``: all of that for one database, with reads and writes asked for apart (``read()``,
-  ``write()``), so that read replicas can be added here alone. Today both are the primary.
+  ``write()``): reads go to hot standbys when ``MEMSTORE_READ_DATABASE_URLS`` names some
+  (``get_database``), writes to the primary.
 """
 
 from __future__ import annotations
 
+import itertools
+import logging
 import select
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import psycopg
 import sqlalchemy as sa
@@ -27,8 +32,12 @@ from sqlalchemy import event
 from memstore.embedded import start_embedded_server
 from memstore.settings import Settings, get_settings
 
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
 _lock = threading.Lock()
 _engines: dict[str, sa.Engine] = {}
+_databases: dict[tuple[str, tuple[str, ...]], Database] = {}
 _embedded_lock = threading.Lock()
 _embedded_urls: dict[str, str] = {}
 
@@ -180,12 +189,46 @@ def raw_connection(engine: sa.Engine) -> Iterator[psycopg.Connection[Any]]:
         proxied.close()
 
 
+@dataclass
+class Replica:
+    """A hot standby serving reads, and what its last health probe found."""
+
+    url: str  # shown without its password
+    engine: sa.Engine
+    healthy: bool = False  # serves reads: answered the last probe, in recovery, not lagging
+    lag_s: float | None = None
+    error: str | None = None
+    checked_at: float = 0.0
+
+
 class Database:
     """One database as this process reaches it (see the module's docstring). ``VectorStore`` takes
-    one (or an engine, which it wraps)."""
+    one (or an engine, which it wraps).
 
-    def __init__(self, engine: sa.Engine) -> None:
+    With replicas, reads go to a healthy one in turn, and to the primary when none is. A background
+    thread probes each replica every ``probe_s``: one that refuses connections, has left recovery,
+    or lags more than ``max_lag_s`` serves no reads until a later probe finds it well again. A read
+    that fails on a replica with a connection error is run once more elsewhere (``run_read``)."""
+
+    def __init__(
+        self,
+        engine: sa.Engine,
+        replicas: Sequence[sa.Engine] = (),
+        *,
+        max_lag_s: float = 5.0,
+        probe_s: float = 1.0,
+    ) -> None:
         self.engine = engine
+        self.replicas = [Replica(r.url.render_as_string(hide_password=True), r) for r in replicas]
+        self.max_lag_s = max_lag_s
+        self._turn = itertools.count()
+        self._stop = threading.Event()
+        self._prober: threading.Thread | None = None
+        if self.replicas:
+            self.probe()
+            self._prober = threading.Thread(target=self._probe_forever, args=(probe_s,), daemon=True)
+            self._prober.name = "memstore-replica-probe"
+            self._prober.start()
 
     @contextmanager
     def write(self) -> Iterator[psycopg.Connection[Any]]:
@@ -195,10 +238,75 @@ class Database:
 
     @contextmanager
     def read(self) -> Iterator[psycopg.Connection[Any]]:
-        """A pooled connection for one read-only transaction: searches, item reads, listings. The
-        primary today; a replica once replicas are configured."""
-        with raw_connection(self.engine) as conn:
+        """A pooled connection for one read-only transaction: searches, item reads, listings. A
+        healthy replica's when there is one, else the primary's."""
+        with raw_connection(self._reader()) as conn:
             yield conn
+
+    def run_read(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """``fn`` on a read connection; when a replica's connection fails under it, that replica is
+        taken out and ``fn`` runs once more on another target (a read is safe to repeat)."""
+        target = self._reader()
+        try:
+            with raw_connection(target) as conn:
+                return fn(conn)
+        except psycopg.OperationalError as exc:
+            replica = self._replica_of(target)
+            if replica is None:
+                raise
+            self._mark(replica, healthy=False, error=str(exc).strip() or type(exc).__name__)
+            log.warning("read failed on replica %s (%s); taken out, running it elsewhere", replica.url, exc)
+            with raw_connection(self._reader()) as conn:
+                return fn(conn)
+
+    def _reader(self) -> sa.Engine:
+        healthy = [r for r in self.replicas if r.healthy]
+        if not healthy:
+            return self.engine
+        return healthy[next(self._turn) % len(healthy)].engine
+
+    def _replica_of(self, engine: sa.Engine) -> Replica | None:
+        return next((r for r in self.replicas if r.engine is engine), None)
+
+    def probe(self) -> None:
+        """Every replica's health, now (the background thread calls this every ``probe_s``)."""
+        for replica in self.replicas:
+            try:
+                with raw_connection(replica.engine) as conn:
+                    row = conn.execute(_REPLICA_STATE_SQL).fetchone()
+                assert row is not None
+                in_recovery, lag = bool(row[0]), None if row[1] is None else float(row[1])
+                if not in_recovery:
+                    self._mark(replica, healthy=False, error="not a standby (it is not in recovery)")
+                elif lag is not None and lag > self.max_lag_s:
+                    self._mark(replica, healthy=False, lag_s=lag, error=f"{lag:.1f} s behind the primary")
+                else:
+                    self._mark(replica, healthy=True, lag_s=lag)
+            except (psycopg.Error, sa.exc.SQLAlchemyError, OSError) as exc:
+                self._mark(replica, healthy=False, error=str(exc).strip() or type(exc).__name__)
+
+    def _mark(self, replica: Replica, *, healthy: bool, lag_s: float | None = None, error: str | None = None) -> None:
+        if replica.healthy and not healthy:
+            log.warning("replica %s serves no reads: %s", replica.url, error)
+        elif healthy and not replica.healthy and replica.checked_at:
+            log.info("replica %s serves reads again", replica.url)
+        replica.healthy, replica.lag_s, replica.error, replica.checked_at = healthy, lag_s, error, time.monotonic()
+
+    def _probe_forever(self, every_s: float) -> None:
+        while not self._stop.wait(every_s):
+            self.probe()
+
+    def states(self) -> list[dict[str, Any]]:
+        """What /health and /metrics show of each replica."""
+        return [{"url": r.url, "healthy": r.healthy, "lag_s": r.lag_s, "error": r.error} for r in self.replicas]
+
+    def close(self) -> None:
+        """Stop probing and close the replicas' pools (the primary's engine is the process's)."""
+        self._stop.set()
+        if self._prober is not None:
+            self._prober.join(5)
+        for r in self.replicas:
+            r.engine.dispose()
 
     def dedicated(
         self, *, application_name: str, autocommit: bool = True, vector_types: bool = True
@@ -211,6 +319,31 @@ class Database:
         self, *, max_size: int, name: str, configure: Any, check: Any
     ) -> AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
         return async_pool(self.engine, max_size=max_size, name=name, configure=configure, check=check)
+
+
+# Zero lag when the standby has replayed everything it received (an idle primary sends nothing, so
+# the last replayed transaction's age would read as lag); otherwise the age of what it replays.
+_REPLICA_STATE_SQL = (
+    "SELECT pg_is_in_recovery(), CASE WHEN pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() THEN 0 "
+    "ELSE extract(epoch FROM now() - pg_last_xact_replay_timestamp()) END"
+)
+
+
+def get_database(settings: Settings | None = None) -> Database:
+    """The process's database: the primary's engine and, with ``MEMSTORE_READ_DATABASE_URLS``, its
+    replicas (created once per process)."""
+    settings = settings or get_settings()
+    engine = get_engine(settings)
+    key = (str(engine.url), tuple(settings.read_database_urls))
+    with _lock:
+        found = _databases.get(key)
+        if found is None:
+            replicas = [
+                create_engine(url, pool_size=settings.pool_size, max_overflow=settings.pool_max_overflow)
+                for url in settings.read_database_urls
+            ]
+            found = _databases[key] = Database(engine, replicas, max_lag_s=settings.max_replica_lag_s)
+        return found
 
 
 def as_database(target: sa.Engine | Database) -> Database:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Annotated, Any
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 class Settings(BaseSettings):
@@ -15,6 +16,14 @@ class Settings(BaseSettings):
     database_url: str | None = Field(
         default=None,
         description="PostgreSQL >= 16 with pgvector >= 0.8. Unset: the embedded PostgreSQL 18 server.",
+    )
+    read_database_urls: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Hot standbys of the database for reads (searches, item reads, listings), comma-separated; "
+        "writes, the queue, keys and maintenance stay on the primary. Unset: every read goes to the primary.",
+    )
+    max_replica_lag_s: float = Field(
+        default=5.0, gt=0, description="A standby further behind than this serves no reads until it catches up."
     )
     data_dir: Path = Field(
         default=Path.home() / ".memstore",
@@ -40,6 +49,13 @@ class Settings(BaseSettings):
     # HTTP
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
+
+    @field_validator("read_database_urls", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
 
 
 @lru_cache(maxsize=1)

@@ -674,15 +674,20 @@ class VectorStore:
             # second attempt reads the registry afresh.
             c = self.get_collection(name=collection, fresh=attempt > 0)
             try:
-                with self.db.read() as conn:
-                    plan = self.plan(c, q, ef_search=ef_search, exact=exact, conn=conn)
-                    rows = search_sql.run_search(conn, plan.settings, plan.statement, plan.params)
+                # On a replica when there are some; run again elsewhere if that replica's connection fails.
+                rows = self.db.run_read(partial(self._search_rows, c, q, ef_search, exact))
                 break
             except (psycopg.errors.UndefinedTable, LookupError):
                 self.forget_collection(collection)
                 if attempt:
                     raise CollectionNotFoundError(collection) from None
         return search_query.results(c, q, rows)
+
+    def _search_rows(
+        self, c: Collection, q: SearchQuery, ef_search: int | None, exact: bool, conn: psycopg.Connection[Any]
+    ) -> list[tuple[Any, ...]]:
+        plan = self.plan(c, q, ef_search=ef_search, exact=exact, conn=conn)
+        return search_sql.run_search(conn, plan.settings, plan.statement, plan.params)
 
     def plan(
         self,

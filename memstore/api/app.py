@@ -26,7 +26,7 @@ from memstore.api.routes import collections, items, search
 from memstore.api.runtime import Runtime, RuntimeOptions
 from memstore.api.settings import ApiSettings
 from memstore.async_search import AsyncSearcher
-from memstore.db import get_engine
+from memstore.db import get_database
 from memstore.keys import ApiKey, KeyVerifier
 from memstore.queue import IngestSettings
 from memstore.services.query_sampler import QuerySampler
@@ -54,13 +54,14 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine = await run_in_threadpool(get_engine, settings)
+        database = await run_in_threadpool(get_database, settings)
+        engine = database.engine
         rt = Runtime(
             settings=settings,
             api=api,
             ingest=ingest,
             engine=engine,
-            store=VectorStore(engine, settings=settings),
+            store=VectorStore(database, settings=settings),
             verifier=KeyVerifier(engine, ttl=api.key_cache_s),
             sampler=QuerySampler(engine, api.query_sample_rate),
         )
@@ -213,8 +214,15 @@ def _health(rt: Runtime, detailed: bool) -> dict[str, Any]:
         body["encoder"].update(rt.encoder.backend.info.as_dict())
     elif rt.encoder.error:
         body["encoder"]["error"] = rt.encoder.error
+    replicas = rt.store.db.states()
+    if replicas and not any(r["healthy"] for r in replicas):
+        reasons.append("no read replica is serving: reads go to the primary")
+        if body["status"] == "ok":
+            body["status"] = "degraded"
     if not detailed:
         return {"status": body["status"], "reasons": reasons}
+    if replicas:
+        body["replicas"] = replicas
     body["workers"] = {
         "ingest": len(rt.workers.threads),  # running: in-process workers start once the encoder is ready
         "ingest_configured": rt.workers.configured,
