@@ -30,7 +30,8 @@ def _function(bound: str) -> str:
         SELECT setweight(to_tsvector(config, {bound % "concat_ws(' ', metadata ->> 'filename', named.words)"}), 'A')
             || setweight(to_tsvector(config, {bound % "coalesce(body, '')"}), 'B')
             || setweight(to_tsvector(config, regexp_replace(
-                   {bound % "concat_ws(' ', metadata ->> 'filename', named.words, body)"}, '[[:punct:]]+', ' ', 'g')), 'D')
+                   {bound % "concat_ws(' ', metadata ->> 'filename', named.words, body)"},
+                   '[[:punct:]]+', ' ', 'g')), 'D')
         FROM (
             SELECT string_agg(v #>> '{{}}', ' ') AS words
             FROM unnest(fields) AS f(name), jsonb_path_query(
