@@ -73,7 +73,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from memstore.errors import InvalidInputError
-from memstore.filters import MAX_FILTER_BYTES, MAX_FILTER_DEPTH
+from memstore.filters import MAX_FILTER_BYTES, MAX_FILTER_DEPTH, has_nul
 
 MAX_FILTER_CLAUSES = 64
 MAX_LIST_VALUES = 512
@@ -447,7 +447,7 @@ def _check_encoding(value: Mapping[str, Any]) -> None:
         raise InvalidInputError(f"filter: is not valid JSON: {exc}") from None
     if len(encoded) > MAX_FILTER_BYTES:
         raise InvalidInputError(f"filter: is {len(encoded)} bytes; the limit is {MAX_FILTER_BYTES}")
-    if "\\u0000" in encoded:
+    if has_nul(value):
         raise InvalidInputError("filter: may not contain NUL characters (PostgreSQL's jsonb refuses them)")
 
 

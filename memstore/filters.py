@@ -74,6 +74,18 @@ def _encode(value: Any, where: str) -> str:
         json.dumps(value, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
         raise InvalidInputError(f"{where} contains text that is not valid Unicode (a lone surrogate)") from None
-    if "\\u0000" in encoded:
+    if has_nul(value):
         raise InvalidInputError(f"{where} may not contain NUL characters (PostgreSQL's jsonb refuses them)")
     return encoded
+
+
+def has_nul(value: Any) -> bool:
+    """Whether a NUL character is in any key or string of ``value`` (the text ``\\u0000``, six
+    characters, is not one; its JSON holds the same escape, so the JSON cannot be searched for it)."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(has_nul(k) or has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(has_nul(v) for v in value)
+    return False

@@ -78,3 +78,11 @@ def test_lone_surrogates_are_refused() -> None:
         check_metadata({"\ud800": 1})
     with pytest.raises(InvalidInputError, match="Unicode"):
         compile_filter({"k": "\udfff"})
+
+
+def test_the_text_backslash_u0000_is_not_a_nul_character() -> None:
+    """Found by the filter fuzzer: six characters that spell a NUL escape are text like any other."""
+    assert check_metadata({"k": "a\\u0000b", "\\u0000": 1}) == {"k": "a\\u0000b", "\\u0000": 1}
+    assert compile_filter({"k": "a\\u0000b"}).params
+    with pytest.raises(InvalidInputError, match="NUL"):
+        check_metadata({"k": ["fine", {"deep": "a\x00"}]})
