@@ -245,10 +245,17 @@ class Database:
 
     def run_read(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
         """``fn`` on a read connection; when a replica's connection fails under it, that replica is
-        taken out and ``fn`` runs once more on another target (a read is safe to repeat)."""
+        taken out and ``fn`` runs once more on another target (a read is safe to repeat). A table the
+        replica does not have yet (a collection made a moment ago) is read on the primary."""
         target = self._reader()
         try:
             with raw_connection(target) as conn:
+                return fn(conn)
+        except psycopg.errors.UndefinedTable:
+            if self._replica_of(target) is None:
+                raise
+            # A table created a moment ago that the replica has not replayed yet: the primary has it.
+            with raw_connection(self.engine) as conn:
                 return fn(conn)
         except psycopg.OperationalError as exc:
             replica = self._replica_of(target)
