@@ -27,7 +27,8 @@ import click
 import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, retry_if_result, stop_after_attempt
 
-from memstore.cli_support import EXIT_USAGE, SettingDefault, json_option, print_json
+from memstore.cli_support import EXIT_USAGE, json_option, print_json
+from memstore.commands.api_access import api_options, auth_headers, problem
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
 TEXT_SUFFIXES = {".txt", ".md"}
@@ -125,8 +126,7 @@ def batches_of(sources: list[Source], size: int) -> list[list[Source]]:
 
 class Client:
     def __init__(self, url: str, key: str | None, collection: str) -> None:
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        self.http = httpx.Client(base_url=url, headers=headers, timeout=120)
+        self.http = httpx.Client(base_url=url, headers=auth_headers(key), timeout=120)
         self.base = f"/v1/collections/{collection}"
         self.collection = collection
 
@@ -192,34 +192,10 @@ def _retry_after(state: RetryCallState) -> float:
         return fallback
 
 
-def problem(r: httpx.Response) -> str:
-    try:
-        body = r.json()
-        return f"{r.status_code} {body.get('title', '')}: {body.get('detail', r.text)}"
-    except ValueError:
-        return f"{r.status_code} {r.text[:200]}"
-
-
-def default_url() -> str:
-    from memstore.settings import get_settings
-
-    s = get_settings()
-    return f"http://{s.host}:{s.port}"
-
-
 @click.command("ingest", short_help="upload a folder, a JSONL of texts or one file (resumable)")
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--collection", required=True, metavar="NAME", help="target collection (created if missing)")
-@click.option(
-    "--url",
-    metavar="URL",
-    cls=SettingDefault,
-    envvar="MEMSTORE_API_URL",
-    show_envvar=True,
-    default=default_url,
-    help="the API",
-)
-@click.option("--key", metavar="KEY", envvar="MEMSTORE_API_KEY", show_envvar=True, help="API key")
+@api_options
 @click.option("--batch", type=int, metavar="N", default=16, help="items per request")
 @click.option("--concurrency", type=int, metavar="N", default=2, help="requests in flight")
 @click.option("--wait", is_flag=True, help="after uploading, wait until every vector is written")

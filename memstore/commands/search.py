@@ -9,8 +9,8 @@ from typing import Any
 import click
 import httpx
 
-from memstore.cli_support import EXIT_USAGE, SettingDefault, json_option, print_json
-from memstore.commands.ingest import default_url, problem
+from memstore.cli_support import EXIT_USAGE, json_option, print_json
+from memstore.commands.api_access import api_options, auth_headers, problem
 
 
 def _filter(_ctx: click.Context, _param: click.Parameter, value: str | None) -> dict[str, Any] | None:
@@ -36,16 +36,7 @@ def _filter(_ctx: click.Context, _param: click.Parameter, value: str | None) -> 
 @click.option("--filter", "filter_", metavar="JSON", callback=_filter, help='metadata filter, e.g. {"tag": "cat"}')
 @click.option("-k", "k", type=click.IntRange(1, 1000), default=10, help="hits to show")
 @click.option("--offset", type=click.IntRange(0, 999), default=0, help="hits to skip (the next page)")
-@click.option(
-    "--url",
-    metavar="URL",
-    cls=SettingDefault,
-    envvar="MEMSTORE_API_URL",
-    show_envvar=True,
-    default=default_url,
-    help="the API",
-)
-@click.option("--key", metavar="KEY", envvar="MEMSTORE_API_KEY", show_envvar=True, help="API key")
+@api_options
 @json_option("print the API's answer as JSON")
 def command(
     collection: str,
@@ -66,9 +57,8 @@ def command(
         body["mode"] = mode
     if filter_ is not None:
         body["filter"] = filter_
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
-        r = httpx.post(f"{url}/v1/collections/{collection}/search", json=body, headers=headers, timeout=60)
+        r = httpx.post(f"{url}/v1/collections/{collection}/search", json=body, headers=auth_headers(key), timeout=60)
     except httpx.TransportError as exc:
         click.echo(f"memstore search: cannot reach {url} ({exc}); is `memstore serve` running?", err=True)
         return EXIT_USAGE

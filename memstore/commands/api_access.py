@@ -1,0 +1,48 @@
+"""What the commands that talk to a running API share (``memstore ingest``, ``memstore search``):
+its address and key as options, the key as a header, and a refusal as one readable line."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+import httpx
+
+from memstore.cli_support import SettingDefault
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def default_url() -> str:
+    from memstore.settings import get_settings
+
+    s = get_settings()
+    return f"http://{s.host}:{s.port}"
+
+
+def api_options(command: F) -> F:
+    """``--url`` (MEMSTORE_API_URL, default this machine's server) and ``--key`` (MEMSTORE_API_KEY)."""
+    command = click.option("--key", metavar="KEY", envvar="MEMSTORE_API_KEY", show_envvar=True, help="API key")(command)
+    return click.option(
+        "--url",
+        metavar="URL",
+        cls=SettingDefault,
+        envvar="MEMSTORE_API_URL",
+        show_envvar=True,
+        default=default_url,
+        help="the API",
+    )(command)
+
+
+def auth_headers(key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def problem(r: httpx.Response) -> str:
+    """An error answer as one line: status, title and the problem's detail."""
+    try:
+        body = r.json()
+        return f"{r.status_code} {body.get('title', '')}: {body.get('detail', r.text)}"
+    except ValueError:
+        return f"{r.status_code} {r.text[:200]}"
