@@ -128,6 +128,24 @@ def tiny_engine() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
+def server(settings: Settings, tiny_engine: Any) -> Iterator[Any]:
+    """memstore serve as it runs by default, shared by the API and web-page tests: keys required,
+    the tiny model in process, one ingest worker."""
+    from tests.api.api_helpers import start_server
+
+    with start_server(settings, backend=tiny_engine) as live:
+        yield live
+
+
+@pytest.fixture(scope="session")
+def admin_key(engine: sa.Engine) -> str:
+    from memstore import keys
+
+    _, secret = keys.create_key(engine, name=f"admin-{uuid.uuid4().hex[:8]}", scopes=["admin"])
+    return secret
+
+
+@pytest.fixture(scope="session")
 def bge_m3() -> np.ndarray:
     """1,000 real bge-m3 embeddings (1024 dimensions, unit length)."""
     try:

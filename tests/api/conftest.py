@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from typing import Any
 
 import httpx
 import psycopg
@@ -16,19 +15,6 @@ from memstore import keys, migrate
 from memstore.db import create_engine, libpq_url
 from memstore.settings import Settings
 from tests.api.api_helpers import FakeBackend, LiveServer, start_server
-
-
-@pytest.fixture(scope="session")
-def server(settings: Settings, tiny_engine: Any) -> Iterator[LiveServer]:
-    """The main server: keys required, tiny model in process, one ingest worker."""
-    with start_server(settings, backend=tiny_engine) as live:
-        yield live
-
-
-@pytest.fixture(scope="session")
-def admin_key(engine: sa.Engine) -> str:
-    _, secret = keys.create_key(engine, name=f"admin-{uuid.uuid4().hex[:8]}", scopes=["admin"])
-    return secret
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
-"""Fixtures for the web pages' tests: a live server with the tiny model, keys, signed-in clients,
-and headless Chromium for the browser tests."""
+"""Fixtures for the web pages' tests: keys, signed-in clients and headless Chromium (the live server
+and the admin key are the root conftest's, shared with the API tests)."""
 
 from __future__ import annotations
 
@@ -14,16 +14,8 @@ import pytest
 import sqlalchemy as sa
 
 from memstore import keys
-from memstore.settings import Settings
-from tests.api.api_helpers import LiveServer, start_server
+from tests.api.api_helpers import LiveServer
 from tests.ui.ui_helpers import sign_in
-
-
-@pytest.fixture(scope="session")
-def ui_server(settings: Settings, tiny_engine: Any) -> Iterator[LiveServer]:
-    """memstore serve as it runs by default: keys required, the encoder and one ingest worker in process."""
-    with start_server(settings, backend=tiny_engine) as live:
-        yield live
 
 
 @pytest.fixture(scope="session")
@@ -36,24 +28,19 @@ def new_key(engine: sa.Engine) -> Callable[..., str]:
     return make
 
 
-@pytest.fixture(scope="session")
-def admin_secret(new_key: Callable[..., str]) -> str:
-    return new_key("admin")
-
-
 @pytest.fixture
-def api(ui_server: LiveServer, admin_secret: str) -> Iterator[httpx.Client]:
+def api(server: LiveServer, admin_key: str) -> Iterator[httpx.Client]:
     """The REST API with an admin key (to set up what the pages show)."""
-    headers = {"Authorization": f"Bearer {admin_secret}"}
-    with httpx.Client(base_url=ui_server.url, headers=headers, timeout=60) as client:
+    headers = {"Authorization": f"Bearer {admin_key}"}
+    with httpx.Client(base_url=server.url, headers=headers, timeout=60) as client:
         yield client
 
 
 @pytest.fixture
-def admin_page(ui_server: LiveServer, admin_secret: str) -> Iterator[httpx.Client]:
+def admin_page(server: LiveServer, admin_key: str) -> Iterator[httpx.Client]:
     """A browser-like client signed in with the admin key (the session cookie, no API key)."""
-    with httpx.Client(base_url=ui_server.url, timeout=60) as client:
-        sign_in(client, admin_secret)
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        sign_in(client, admin_key)
         yield client
 
 

@@ -31,12 +31,12 @@ def _console_errors(driver: Any) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def site(ui_server, browser, admin_secret, engine) -> Iterator[Any]:
+def site(server, browser, admin_key, engine) -> Iterator[Any]:
     """The browser, signed in through the form (the first test checks that sign-in itself)."""
     browser.delete_all_cookies()
-    browser.get(ui_server.url + "/ui/")
+    browser.get(server.url + "/ui/")
     _wait(browser, ec.url_contains("/ui/signin"))
-    browser.find_element(By.ID, "key").send_keys(admin_secret)
+    browser.find_element(By.ID, "key").send_keys(admin_key)
     browser.find_element(By.ID, "sign-in").click()
     _wait(browser, ec.presence_of_element_located((By.TAG_NAME, "h1")))
     yield browser
@@ -54,8 +54,8 @@ def texts(api: httpx.Client, ui_collection: str) -> dict[str, int]:
     return {it["external_id"]: it["id"] for it in r.json()["items"]}
 
 
-def test_signing_in_opens_the_collections_page(site, ui_server, ui_collection) -> None:
-    site.get(ui_server.url + "/ui/")
+def test_signing_in_opens_the_collections_page(site, server, ui_collection) -> None:
+    site.get(server.url + "/ui/")
     assert site.find_element(By.TAG_NAME, "h1").text == "Collections"
     row = site.find_element(By.CSS_SELECTOR, f'tr[data-collection="{ui_collection}"]')
     assert "healthy" in row.text
@@ -63,8 +63,8 @@ def test_signing_in_opens_the_collections_page(site, ui_server, ui_collection) -
     assert _console_errors(site) == []
 
 
-def test_a_text_search_shows_results(site, ui_server, ui_collection, texts) -> None:
-    site.get(f"{ui_server.url}/ui/c/{ui_collection}")
+def test_a_text_search_shows_results(site, server, ui_collection, texts) -> None:
+    site.get(f"{server.url}/ui/c/{ui_collection}")
     box = site.find_element(By.ID, "q")
     box.send_keys("a red bicycle")
     box.submit()
@@ -75,8 +75,8 @@ def test_a_text_search_shows_results(site, ui_server, ui_collection, texts) -> N
     assert _console_errors(site) == []
 
 
-def test_opening_an_item_and_editing_its_metadata(site, ui_server, ui_collection, texts) -> None:
-    site.get(f"{ui_server.url}/ui/c/{ui_collection}?q=boat")
+def test_opening_an_item_and_editing_its_metadata(site, server, ui_collection, texts) -> None:
+    site.get(f"{server.url}/ui/c/{ui_collection}?q=boat")
     site.find_element(By.CSS_SELECTOR, f'.result[data-item="{texts["boat"]}"] .result-title').click()
     _wait(site, ec.presence_of_element_located((By.ID, "metadata")))
     assert "colour" in site.find_element(By.ID, "metadata").text
@@ -108,8 +108,8 @@ def _image_files(folder: Path) -> list[Path]:
     return paths
 
 
-def test_uploaded_files_become_ready_and_failures_say_why(site, ui_server, ui_collection, tmp_path) -> None:
-    site.get(f"{ui_server.url}/ui/c/{ui_collection}")
+def test_uploaded_files_become_ready_and_failures_say_why(site, server, ui_collection, tmp_path) -> None:
+    site.get(f"{server.url}/ui/c/{ui_collection}")
     site.find_element(By.ID, "upload-files").send_keys("\n".join(str(p) for p in _image_files(tmp_path)))
 
     def settled(driver: Any) -> dict[str, tuple[str, str]] | bool:
@@ -141,14 +141,14 @@ def test_uploaded_files_become_ready_and_failures_say_why(site, ui_server, ui_co
     assert _console_errors(site) == []
 
 
-def test_searching_by_a_picked_image(site, ui_server, api, ui_collection, tmp_path) -> None:
+def test_searching_by_a_picked_image(site, server, api, ui_collection, tmp_path) -> None:
     files = [("files", (f"p{i}.png", make_image(300 + i, fmt="PNG"), "image/png")) for i in range(2)]
     r = api.post(f"/v1/collections/{ui_collection}/items?wait=true", files=files)
     assert r.status_code == 201, r.text
     first = r.json()["items"][0]["id"]
     query = tmp_path / "query.png"
     query.write_bytes(make_image(300, fmt="PNG"))  # the same picture as the first item
-    site.get(f"{ui_server.url}/ui/c/{ui_collection}")
+    site.get(f"{server.url}/ui/c/{ui_collection}")
     site.find_element(By.ID, "image-file").send_keys(str(query))
     _wait(site, ec.text_to_be_present_in_element((By.CLASS_NAME, "results-title"), "Results for the image"))
     cards = site.find_elements(By.CSS_SELECTOR, "#result-grid .result")
@@ -157,7 +157,7 @@ def test_searching_by_a_picked_image(site, ui_server, api, ui_collection, tmp_pa
     assert _console_errors(site) == []
 
 
-def test_the_maintenance_page_renders_its_charts(site, ui_server, ui_collection, engine) -> None:
+def test_the_maintenance_page_renders_its_charts(site, server, ui_collection, engine) -> None:
     with raw_connection(engine) as conn:
         for minutes, recall in ((40, 0.96), (25, 0.9), (5, 0.99)):
             conn.execute(
@@ -166,7 +166,7 @@ def test_the_maintenance_page_renders_its_charts(site, ui_server, ui_collection,
                 "(%s, 'c_t', now() - make_interval(mins => %s), 100, 5, 2000000, 1500000, %s)",
                 (ui_collection, minutes, recall),
             )
-    site.get(f"{ui_server.url}/ui/maintenance?c={ui_collection}")
+    site.get(f"{server.url}/ui/maintenance?c={ui_collection}")
     svgs = site.find_elements(By.CSS_SELECTOR, f'section[data-collection="{ui_collection}"] svg.chart-svg')
     assert len(svgs) == 3
     for svg in svgs:
@@ -178,10 +178,10 @@ def test_the_maintenance_page_renders_its_charts(site, ui_server, ui_collection,
     assert _console_errors(site) == []
 
 
-def test_a_thumbnail_is_a_small_webp(site, ui_server, api, ui_collection) -> None:
+def test_a_thumbnail_is_a_small_webp(site, server, api, ui_collection) -> None:
     files = [("files", ("big.png", make_image(400, size=(1600, 900), fmt="PNG"), "image/png"))]
     item = api.post(f"/v1/collections/{ui_collection}/items?wait=true", files=files).json()["items"][0]["id"]
     cookies = {c["name"]: c["value"] for c in site.get_cookies()}
-    r = httpx.get(f"{ui_server.url}/ui/c/{ui_collection}/items/{item}/thumbnail", cookies=cookies)
+    r = httpx.get(f"{server.url}/ui/c/{ui_collection}/items/{item}/thumbnail", cookies=cookies)
     with Image.open(io.BytesIO(r.content)) as img:
         assert img.format == "WEBP" and img.size == (256, 144)

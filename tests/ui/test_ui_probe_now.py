@@ -55,8 +55,8 @@ def test_a_request_waits_on_the_page_until_a_worker_takes_it(admin_page, ui_coll
         assert history.take_requests(conn, [ui_collection]) == [ui_collection]
 
 
-def test_only_an_admin_may_ask_for_a_probe(ui_server, new_key, ui_collection, engine) -> None:
-    with httpx.Client(base_url=ui_server.url) as client:
+def test_only_an_admin_may_ask_for_a_probe(server, new_key, ui_collection, engine) -> None:
+    with httpx.Client(base_url=server.url) as client:
         sign_in(client, new_key(f"write:{ui_collection}"))
         page = client.get("/ui/maintenance", params={"c": ui_collection}).text
         assert f'id="probe-{ui_collection}"' not in page

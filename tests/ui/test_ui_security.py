@@ -25,15 +25,15 @@ def _text_item(api: httpx.Client, name: str, text: str, metadata: dict | None = 
 
 
 @pytest.mark.parametrize("path", ["/ui/", "/ui/c/anything?q=x", "/ui/maintenance", "/ui/c/a/items/1/thumbnail"])
-def test_without_a_session_every_page_redirects_to_sign_in(ui_server, path) -> None:
-    r = httpx.get(ui_server.url + path)
+def test_without_a_session_every_page_redirects_to_sign_in(server, path) -> None:
+    r = httpx.get(server.url + path)
     assert r.status_code == 303
     assert r.headers["location"].startswith("/ui/signin?next=%2Fui%2F")
 
 
-def test_without_a_session_a_change_is_refused_before_its_body_is_read(ui_server) -> None:
+def test_without_a_session_a_change_is_refused_before_its_body_is_read(server) -> None:
     """A 1 GB upload announced, no byte of it sent: the answer comes at once, on the headers."""
-    host, port = urlsplit(ui_server.url).hostname, urlsplit(ui_server.url).port
+    host, port = urlsplit(server.url).hostname, urlsplit(server.url).port
     with socket.create_connection((host, port), timeout=5) as sock:
         sock.sendall(
             b"POST /ui/c/x/upload HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b\r\n"
@@ -43,18 +43,18 @@ def test_without_a_session_a_change_is_refused_before_its_body_is_read(ui_server
     assert answer.startswith(b"HTTP/1.1 401"), answer
 
 
-def test_the_session_cookie_is_httponly_strict_and_scoped_to_the_pages(ui_server, admin_secret) -> None:
-    with httpx.Client(base_url=ui_server.url) as client:
-        answer = sign_in(client, admin_secret)
+def test_the_session_cookie_is_httponly_strict_and_scoped_to_the_pages(server, admin_key) -> None:
+    with httpx.Client(base_url=server.url) as client:
+        answer = sign_in(client, admin_key)
     cookie = answer.headers["set-cookie"]
     assert cookie.startswith("memstore_session=")
     for attribute in ("HttpOnly", "SameSite=strict", "Path=/ui"):
         assert attribute.lower() in cookie.lower(), cookie
-    assert admin_secret not in cookie  # the key never leaves the server
+    assert admin_key not in cookie  # the key never leaves the server
 
 
-def test_a_wrong_key_is_refused_and_the_form_says_so(ui_server) -> None:
-    with httpx.Client(base_url=ui_server.url) as client:
+def test_a_wrong_key_is_refused_and_the_form_says_so(server) -> None:
+    with httpx.Client(base_url=server.url) as client:
         fields = hidden_fields(client.get("/ui/signin").text)
         r = client.post("/ui/signin", data={**fields, "key": "msk_not-a-key"})
     assert r.status_code == 401
@@ -62,27 +62,27 @@ def test_a_wrong_key_is_refused_and_the_form_says_so(ui_server) -> None:
     assert "memstore_session" not in r.headers.get("set-cookie", "")
 
 
-def test_sign_in_refuses_a_form_from_elsewhere(ui_server, admin_secret) -> None:
+def test_sign_in_refuses_a_form_from_elsewhere(server, admin_key) -> None:
     """Login CSRF: without the form's own cookie, or with another token, no session is made."""
-    with httpx.Client(base_url=ui_server.url) as client:
-        no_cookie = client.post("/ui/signin", data={"key": admin_secret, "csrf": "x"})
+    with httpx.Client(base_url=server.url) as client:
+        no_cookie = client.post("/ui/signin", data={"key": admin_key, "csrf": "x"})
         assert no_cookie.status_code == 403
         fields = hidden_fields(client.get("/ui/signin").text)
-        wrong = client.post("/ui/signin", data={**fields, "csrf": "forged", "key": admin_secret})
+        wrong = client.post("/ui/signin", data={**fields, "csrf": "forged", "key": admin_key})
         assert wrong.status_code == 403
         assert "memstore_session" not in client.cookies
 
 
 @pytest.mark.parametrize("target", ["//evil.example/", "https://evil.example/", "/v1/collections", "/ui/\\evil"])
-def test_sign_in_never_redirects_off_the_pages(ui_server, admin_secret, target) -> None:
-    with httpx.Client(base_url=ui_server.url) as client:
-        answer = sign_in(client, admin_secret, next_page=target)
+def test_sign_in_never_redirects_off_the_pages(server, admin_key, target) -> None:
+    with httpx.Client(base_url=server.url) as client:
+        answer = sign_in(client, admin_key, next_page=target)
     assert answer.headers["location"] == "/ui/"
 
 
-def test_sign_in_returns_to_the_page_asked_for(ui_server, admin_secret, ui_collection) -> None:
-    with httpx.Client(base_url=ui_server.url) as client:
-        answer = sign_in(client, admin_secret, next_page=f"/ui/c/{ui_collection}?q=cat")
+def test_sign_in_returns_to_the_page_asked_for(server, admin_key, ui_collection) -> None:
+    with httpx.Client(base_url=server.url) as client:
+        answer = sign_in(client, admin_key, next_page=f"/ui/c/{ui_collection}?q=cat")
     assert answer.headers["location"] == f"/ui/c/{ui_collection}?q=cat"
 
 
@@ -112,9 +112,9 @@ def test_a_change_sent_from_another_site_is_refused_even_with_the_token(admin_pa
     assert api.get(f"/v1/collections/{ui_collection}/items/{item}").status_code == 200
 
 
-def test_a_read_key_searches_and_reads_but_cannot_edit_delete_or_upload(ui_server, api, new_key, ui_collection) -> None:
+def test_a_read_key_searches_and_reads_but_cannot_edit_delete_or_upload(server, api, new_key, ui_collection) -> None:
     item = _text_item(api, ui_collection, "look but do not touch", {"k": "v"})
-    with httpx.Client(base_url=ui_server.url) as reader:
+    with httpx.Client(base_url=server.url) as reader:
         sign_in(reader, new_key(f"read:{ui_collection}"))
         search = reader.get(f"/ui/c/{ui_collection}", params={"q": "look"})
         assert search.status_code == 200 and f'data-item="{item}"' in search.text
@@ -137,9 +137,9 @@ def test_a_read_key_searches_and_reads_but_cannot_edit_delete_or_upload(ui_serve
     assert api.get(f"/v1/collections/{ui_collection}").json()["items"] == 1
 
 
-def test_revoking_the_key_ends_its_sessions_at_once(ui_server, engine, new_key, ui_collection) -> None:
+def test_revoking_the_key_ends_its_sessions_at_once(server, engine, new_key, ui_collection) -> None:
     secret = new_key("admin")
-    with httpx.Client(base_url=ui_server.url) as client:
+    with httpx.Client(base_url=server.url) as client:
         sign_in(client, secret)
         assert client.get("/ui/").status_code == 200
         [key] = [k for k in keys.list_keys(engine) if secret.startswith(k.prefix) and k.name.startswith("ui-")][-1:]
@@ -148,22 +148,22 @@ def test_revoking_the_key_ends_its_sessions_at_once(ui_server, engine, new_key, 
         assert after.status_code == 303 and after.headers["location"].startswith("/ui/signin")
 
 
-def test_signing_out_ends_the_session_on_the_server(ui_server, admin_secret) -> None:
-    with httpx.Client(base_url=ui_server.url) as client:
-        sign_in(client, admin_secret)
+def test_signing_out_ends_the_session_on_the_server(server, admin_key) -> None:
+    with httpx.Client(base_url=server.url) as client:
+        sign_in(client, admin_key)
         token = client.cookies["memstore_session"]
         out = client.post("/ui/signout", data={"csrf": csrf_of(client.get("/ui/").text)})
         assert out.status_code == 303
-    with httpx.Client(base_url=ui_server.url, cookies={"memstore_session": token}) as replay:
+    with httpx.Client(base_url=server.url, cookies={"memstore_session": token}) as replay:
         assert replay.get("/ui/").status_code == 303  # the old cookie is worth nothing
 
 
-def test_a_key_for_one_collection_cannot_see_another(ui_server, api, new_key, collection_name) -> None:
+def test_a_key_for_one_collection_cannot_see_another(server, api, new_key, collection_name) -> None:
     mine, theirs = f"{collection_name}_a", f"{collection_name}_b"
     for name in (mine, theirs):
         assert api.post("/v1/collections", json={"name": name}).status_code == 201
     secret_item = _text_item(api, theirs, "the other collection's secret")
-    with httpx.Client(base_url=ui_server.url) as client:
+    with httpx.Client(base_url=server.url) as client:
         sign_in(client, new_key(f"write:{mine}"))
         listing = client.get("/ui/").text
         assert f'data-collection="{mine}"' in listing and theirs not in listing
