@@ -87,10 +87,27 @@ def json_image(body: SearchRequest) -> bytes | None:
     """The base64 image of a JSON search, decoded."""
     if body.image is None:
         return None
+    return _base64_image(body.image, "image: not valid base64 (or upload the file as multipart)")
+
+
+def _base64_image(value: str, refusal: str) -> bytes:
     try:
-        return base64.b64decode(body.image, validate=True)
+        return base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
-        raise Problem("invalid-input", "image: not valid base64 (or upload the file as multipart)") from None
+        raise Problem("invalid-input", refusal) from None
+
+
+def _embed_query(rt: Runtime, *, label: str, text: str | None = None, image: bytes | None = None) -> Any:
+    """A query's text or image (the field ``label`` names) as the encoder embeds it, at query
+    priority, after the same checks as ingest (the text's length; the image's bytes and pixels, with
+    a search's lower pixel budget). The caller has made sure the encoder can fill this collection."""
+    backend = rt.encoder.require("search by vector or item_id instead")
+    if text is not None:
+        check_text(rt, text, label)
+        return np.asarray(backend.embed_texts([text], priority=Priority.QUERY))[0]
+    assert image is not None
+    data, _ = bodies.check_image(image, label, query_image_options(rt))
+    return np.asarray(backend.embed_images([data], priority=Priority.QUERY))[0]
 
 
 async def _parse(request: Request, rt: Runtime) -> tuple[SearchRequest, bytes | None]:
@@ -160,7 +177,7 @@ def _query_vector(rt: Runtime, name: str, body: SearchRequest, image: bytes | No
             )
         return item.vector
     purpose = "search with mode 'keyword', or by vector or item_id" if source is None else "search by vector or item_id"
-    backend = rt.encoder.require(purpose)
+    rt.encoder.require(purpose)
     try:
         check_encodable(rt, rt.store.get_collection(name=name))
     except Problem as exc:
@@ -168,12 +185,8 @@ def _query_vector(rt: Runtime, name: str, body: SearchRequest, image: bytes | No
             exc.detail += '; or search the text\'s words alone with "mode": "keyword"'
         raise
     if source is None:
-        assert body.text is not None
-        check_text(rt, body.text, "text")
-        return np.asarray(backend.embed_texts([body.text], priority=Priority.QUERY))[0]
-    assert image is not None
-    data, _ = bodies.check_image(image, "image", query_image_options(rt))
-    return np.asarray(backend.embed_images([data], priority=Priority.QUERY))[0]
+        return _embed_query(rt, label="text", text=body.text)
+    return _embed_query(rt, label="image", image=image)
 
 
 def check(body: SearchRequest, mode: str, vector: Any) -> SearchQuery:
@@ -204,12 +217,13 @@ def query_image_options(rt: Runtime) -> ImageOptions:
 def _search(rt: Runtime, name: str, body: SearchRequest, image: bytes | None) -> dict[str, Any]:
     source = _sources(body, image)
     mode = _mode(body, source)
+    # Every argument but the vector is checked before any time goes into making it (a placeholder
+    # stands for it; the store checks the real one against the collection).
+    q = check(body, mode, None if mode == "keyword" else [0.0])
     if mode != "keyword":
-        check(body, mode, [0.0])  # every argument but the vector, before any time goes into making it
-    vector = None if mode == "keyword" else _query_vector(rt, name, body, image, source)
-    q = check(body, mode, vector)
+        q = replace(q, vector=_query_vector(rt, name, body, image, source))
     results = rt.store.run_search(collection=name, query=q, ef_search=body.ef_search, exact=body.exact)
-    return _answer(rt, name, results, vector if source != "item_id" else None)
+    return _answer(rt, name, results, q.vector if source != "item_id" else None)
 
 
 def _answer(rt: Runtime, name: str, results: list[SearchResult], query: Any) -> dict[str, Any]:
@@ -311,17 +325,12 @@ def _example(rt: Runtime, name: str, example: int | Example, where: str) -> Any:
         raise Problem("invalid-input", f"{where}: give exactly one of text, image or vector")
     if example.vector is not None:
         return example.vector
-    backend = rt.encoder.require("give item ids or vectors as examples instead")
+    rt.encoder.require("give item ids or vectors as examples instead")
     check_encodable(rt, rt.store.get_collection(name=name))
     if example.text is not None:
-        check_text(rt, example.text, f"{where}.text")
-        return np.asarray(backend.embed_texts([example.text], priority=Priority.QUERY))[0]
-    try:
-        data = base64.b64decode(example.image or "", validate=True)
-    except (binascii.Error, ValueError):
-        raise Problem("invalid-input", f"{where}.image: not valid base64") from None
-    checked, _ = bodies.check_image(data, f"{where}.image", query_image_options(rt))
-    return np.asarray(backend.embed_images([checked], priority=Priority.QUERY))[0]
+        return _embed_query(rt, label=f"{where}.text", text=example.text)
+    image = _base64_image(example.image or "", f"{where}.image: not valid base64")
+    return _embed_query(rt, label=f"{where}.image", image=image)
 
 
 def _recommend(rt: Runtime, name: str, body: RecommendRequest) -> dict[str, Any]:
