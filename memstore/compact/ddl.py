@@ -30,10 +30,6 @@ log = logging.getLogger(__name__)
 
 FILL_BATCH_IDS = 20_000
 
-# The statements' runner and the index builder are the ones every online schema change uses.
-execute = online_ddl.execute
-drop_index = online_ddl.drop_index
-
 
 class CompactBusyError(RuntimeError):
     """Another process is switching or refitting this collection's index."""
@@ -135,7 +131,7 @@ def projection_params(p: Projection) -> dict[str, Any]:
 def build_side(conn: psycopg.Connection[Any], c: Collection, p: Projection) -> None:
     """Side table of projections: created, kept in step by triggers, back-filled, then indexed."""
     table = sql.Identifier(specs.side_table(c.id, p.version))
-    execute(
+    online_ddl.execute(
         conn,
         sql.SQL("CREATE TABLE IF NOT EXISTS {} (id bigint PRIMARY KEY, v halfvec({}) NOT NULL)").format(
             table, sql.Literal(p.rank)
@@ -144,7 +140,7 @@ def build_side(conn: psycopg.Connection[Any], c: Collection, p: Projection) -> N
     # Triggers first: every write from here on reaches the side table; the back-fill then covers the
     # rest (ON CONFLICT DO NOTHING: a row a trigger wrote meanwhile is newer than what the fill read).
     for statement in _triggers(c, p):
-        execute(conn, statement)
+        online_ddl.execute(conn, statement)
     params = projection_params(p)
     bounds = conn.execute(sql.SQL("SELECT min(id), max(id) FROM {}").format(c.table)).fetchone()
     if bounds and bounds[0] is not None:
@@ -153,15 +149,15 @@ def build_side(conn: psycopg.Connection[Any], c: Collection, p: Projection) -> N
             "FROM {t} WHERE id >= %(lo)s AND id < %(hi)s AND embedding IS NOT NULL ON CONFLICT (id) DO NOTHING"
         ).format(s=table, t=c.table)
         for lo in range(int(bounds[0]), int(bounds[1]) + 1, FILL_BATCH_IDS):
-            execute(conn, fill, {**params, "lo": lo, "hi": lo + FILL_BATCH_IDS})
+            online_ddl.execute(conn, fill, {**params, "lo": lo, "hi": lo + FILL_BATCH_IDS})
     # A row deleted (or emptied) while the fill ran may have been filled from the older snapshot.
-    execute(
+    online_ddl.execute(
         conn,
         sql.SQL(
             "DELETE FROM {s} s WHERE NOT EXISTS (SELECT 1 FROM {t} m WHERE m.id = s.id AND m.embedding IS NOT NULL)"
         ).format(s=table, t=c.table),
     )
-    execute(
+    online_ddl.execute(
         conn,
         sql.SQL("CREATE INDEX CONCURRENTLY IF NOT EXISTS {i} ON {s} USING hnsw (v {o}) {w}").format(
             i=sql.Identifier(specs.side_index(c.id, p.version)),
@@ -170,13 +166,13 @@ def build_side(conn: psycopg.Connection[Any], c: Collection, p: Projection) -> N
             w=_with(c),
         ),
     )
-    execute(conn, sql.SQL("ANALYZE {}").format(table))
+    online_ddl.execute(conn, sql.SQL("ANALYZE {}").format(table))
 
 
 def drop_side(conn: psycopg.Connection[Any], c: Collection, version: int) -> None:
     for name in specs.trigger_names(version).values():
-        execute(conn, sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(sql.Identifier(name), c.table))
-    execute(conn, sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(specs.side_table(c.id, version))))
+        online_ddl.execute(conn, sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(sql.Identifier(name), c.table))
+    online_ddl.execute(conn, sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(specs.side_table(c.id, version))))
 
 
 def side_versions(conn: psycopg.Connection[Any], c: Collection) -> list[int]:

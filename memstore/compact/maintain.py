@@ -31,7 +31,7 @@ import psycopg
 import sqlalchemy as sa
 from psycopg import sql
 
-from memstore import history, locks, query_samples
+from memstore import history, locks, online_ddl, query_samples
 from memstore.compact import ddl
 from memstore.compact import projection as proj
 from memstore.compact import search as compact_search
@@ -222,7 +222,7 @@ def _reindex(conn: psycopg.Connection[Any], c: Any, spec: specs.IndexSpec) -> No
         # The maintenance worker's own lock on this index: never two rebuilds of one index at once.
         busy = partial(ddl.CompactBusyError, f"the maintenance worker holds {name}")
         with locks.session_lock(conn, locks.index_key(name), busy=busy):
-            ddl.execute(conn, sql.SQL("REINDEX INDEX CONCURRENTLY {}").format(sql.Identifier(name)))
+            online_ddl.execute(conn, sql.SQL("REINDEX INDEX CONCURRENTLY {}").format(sql.Identifier(name)))
 
 
 def maintain_compact_index(

@@ -21,6 +21,7 @@ from typing import Any
 import psycopg
 import sqlalchemy as sa
 
+from memstore import online_ddl
 from memstore.collections import Collection
 from memstore.compact import ddl
 from memstore.compact import projection as proj
@@ -61,14 +62,14 @@ def reconcile(conn: psycopg.Connection[Any], c: Collection) -> list[str]:
         if wanted_on_main and fits(nxt) and not fits(usual):
             # Flipped before a crash: the new index is the one in use; finish the promotion.
             if usual is not None:
-                ddl.drop_index(conn, c.index_name, partitioned=partitioned)
+                online_ddl.drop_index(conn, c.index_name, partitioned=partitioned)
             ddl.promote_next_index(conn, c)
             done.append(f"promoted {specs.next_index(c.id)}")
         else:
-            ddl.drop_index(conn, specs.next_index(c.id), partitioned=partitioned)
+            online_ddl.drop_index(conn, specs.next_index(c.id), partitioned=partitioned)
             done.append(f"dropped unfinished {specs.next_index(c.id)}")
     elif usual is not None and not wanted_on_main and spec.version is not None:
-        ddl.drop_index(conn, c.index_name, partitioned=partitioned)
+        online_ddl.drop_index(conn, c.index_name, partitioned=partitioned)
         done.append(f"dropped {c.index_name} (the low-rank index serves)")
     for version in ddl.side_versions(conn, c):
         if spec.representation == "lowrank" and version == spec.version:
@@ -107,7 +108,7 @@ def _inline_vectors(conn: psycopg.Connection[Any], c: Collection) -> None:
         (c.table_name,),
     ).fetchone()
     if row and row[0] != "m":
-        ddl.execute(conn, specs.inline_vectors_statement(c.table))
+        online_ddl.execute(conn, specs.inline_vectors_statement(c.table))
 
 
 def _retire_old(conn: psycopg.Connection[Any], c: Collection, old: specs.IndexSpec, new: specs.IndexSpec) -> None:
@@ -117,7 +118,7 @@ def _retire_old(conn: psycopg.Connection[Any], c: Collection, old: specs.IndexSp
         if old.projection_id is not None:
             _set_projection_status(conn, old.projection_id, "retired")
     elif any(ix["name"] == c.index_name for ix in ddl.main_indexes(conn, c)):
-        ddl.drop_index(conn, c.index_name, partitioned=partitioned)
+        online_ddl.drop_index(conn, c.index_name, partitioned=partitioned)
     if new.representation != "lowrank":
         ddl.promote_next_index(conn, c)
 
