@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
+from psycopg.pq import TransactionStatus
 
 from memstore import keywords
 
@@ -180,11 +181,27 @@ def duplicates_statement(c: Collection) -> sql.Composed:
 def run_search(
     conn: psycopg.Connection[Any], settings: SearchSettings, statement: sql.Composed, params: dict[str, Any]
 ) -> list[tuple[Any, ...]]:
-    """The transaction-local settings, then the search."""
-    with conn.cursor() as cur:
-        apply(cur, settings)
-        cur.execute(statement, params)
+    """The transaction-local settings, then the search, in one round trip.
+
+    Both statements are pipelined up to one Sync. On a connection in no transaction, they run in
+    autocommit mode: the extended protocol runs everything up to a Sync as one implicit
+    transaction, so the settings hold for the search and end with it, and no BEGIN or COMMIT costs
+    a round trip of its own (a non-autocommit psycopg connection would send BEGIN and wait for it).
+    Inside a caller's transaction they run in it, as before.
+    """
+    implicit = not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE
+    cur = conn.cursor()
+    try:
+        if implicit:
+            conn.autocommit = True
+        with conn.pipeline():
+            apply(cur, settings)
+            cur.execute(statement, params)
         return cur.fetchall()
+    finally:
+        cur.close()
+        if implicit and not conn.closed:
+            conn.autocommit = False
 
 
 def apply(cur: psycopg.Cursor[Any], settings: SearchSettings) -> None:

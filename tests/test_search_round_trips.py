@@ -1,0 +1,140 @@
+"""A search through the Python API is one round trip, and what one search sets never reaches the next.
+
+The round trips are counted from libpq's own protocol trace of the pooled connection: every round
+trip ends with a Sync (extended protocol) or is a simple Query, so a search that sends one Sync and
+no Query waited on the server once.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import pytest
+import sqlalchemy as sa
+from psycopg import pq
+
+from memstore.db import create_engine
+from memstore.errors import CollectionNotFoundError
+from memstore.models import ItemIn
+from memstore.settings import Settings
+from memstore.store import VectorStore
+
+
+@pytest.fixture
+def one_connection(database_url: str) -> Iterator[sa.Engine]:
+    """A pool of exactly one connection, so every search runs on the one the previous search used."""
+    engine = create_engine(database_url, pool_size=1, max_overflow=0)
+    yield engine
+    engine.dispose()
+
+
+@contextmanager
+def traced(engine: sa.Engine) -> Iterator[list[str]]:
+    """The protocol messages the pooled connection sends while the block runs (frontend lines only)."""
+    sent: list[str] = []
+    proxied = engine.raw_connection()
+    pgconn = proxied.driver_connection.pgconn  # type: ignore[union-attr]
+    proxied.close()  # back to the pool: the next checkout is this same connection
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)
+    pgconn.trace(write_end)
+    pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+    try:
+        yield sent
+    finally:
+        pgconn.untrace()
+        os.close(write_end)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(read_end, 1 << 16)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        os.close(read_end)
+        lines = b"".join(chunks).decode(errors="replace").splitlines()
+        sent.extend(line.split("\t")[2].strip() for line in lines if line.startswith("F\t"))
+
+
+def _round_trips(sent: list[str]) -> int:
+    return sum(1 for message in sent if message.startswith(("Sync", "Query")))
+
+
+def _filled(store: VectorStore, name: str, rows: int = 300) -> np.ndarray:
+    rng = np.random.default_rng(3)
+    base = rng.normal(size=(rows, 16)).astype(np.float32)
+    store.create_collection(name=name, dimensions=16)
+    store.upsert_items(collection=name, items=[ItemIn(vector=v, external_id=str(i)) for i, v in enumerate(base)])
+    return base
+
+
+def _setting(engine: sa.Engine, name: str) -> Any:
+    proxied = engine.raw_connection()
+    try:
+        cur = proxied.cursor()
+        cur.execute("SELECT current_setting(%s, true)", (name,))
+        value = cur.fetchone()[0]  # type: ignore[index]
+        proxied.commit()
+        return value
+    finally:
+        proxied.close()
+
+
+@pytest.mark.parametrize("kind", ["vector", "filtered", "hybrid", "exact"])
+def test_a_search_is_one_round_trip(
+    one_connection: sa.Engine, settings: Settings, collection_name: str, kind: str
+) -> None:
+    store = VectorStore(one_connection, settings=settings)
+    base = _filled(store, collection_name)
+    args: dict[str, Any] = {"collection": collection_name, "vector": base[7], "k": 5}
+    if kind == "filtered":
+        args["filter"] = {"missing": "no"}
+    elif kind == "hybrid":
+        args["text"] = "anything"
+    elif kind == "exact":
+        args["exact"] = True
+    store.search(**args)  # the registry row is cached from here on
+    with traced(one_connection) as sent:
+        hits = store.search(**args)
+    assert _round_trips(sent) == 1, sent
+    assert "Parse" in sent or "Bind" in sent  # the trace saw the search itself
+    if kind == "vector" or kind == "exact":
+        assert hits[0].external_id == "7"
+
+
+def test_settings_of_one_search_never_reach_the_next(
+    one_connection: sa.Engine, settings: Settings, collection_name: str
+) -> None:
+    store = VectorStore(one_connection, settings=settings)
+    base = _filled(store, collection_name)
+    before = {name: _setting(one_connection, name) for name in ("enable_indexscan", "hnsw.ef_search", "jit")}
+    store.search(collection=collection_name, vector=base[1], k=3, exact=True)
+    store.search(collection=collection_name, vector=base[1], k=3, ef_search=7)
+    after = {name: _setting(one_connection, name) for name in before}
+    assert after == before
+    hits = store.search(collection=collection_name, vector=base[1], k=3)
+    assert hits[0].external_id == "1"
+
+
+def test_a_search_that_fails_on_the_server_leaves_the_connection_usable_and_clean(
+    one_connection: sa.Engine, settings: Settings, collection_name: str
+) -> None:
+    store = VectorStore(one_connection, settings=settings)
+    base = _filled(store, collection_name)
+    gone = f"{collection_name}_gone"
+    _filled(store, gone, rows=20)
+    store.search(collection=gone, vector=base[0], k=3)
+    table = store.get_collection(name=gone).table
+    with one_connection.connect() as conn:  # the table goes behind the store's back
+        conn.exec_driver_sql(f"DROP TABLE {table.as_string()}")
+        conn.commit()
+    with pytest.raises(CollectionNotFoundError):
+        store.search(collection=gone, vector=base[0], k=3, ef_search=3, exact=True)
+    assert _setting(one_connection, "enable_indexscan") == "on"
+    assert store.search(collection=collection_name, vector=base[2], k=1)[0].external_id == "2"
