@@ -24,11 +24,12 @@ from maintenance.policy import Decision, decide
 from maintenance.probes import Probe, attach_recall, probe, record_probe
 from maintenance.progress import ProgressCallback
 from maintenance.targets import Target, every_target
+from memstore import bulk_load
 from memstore import history as core_history
 from memstore.collections import Collection
 from memstore.compact.maintain import maintain_compact_index
 from memstore.compact.spec import index_spec
-from memstore.db import dedicated_connection
+from memstore.db import as_database, dedicated_connection
 from memstore.registry import read_collections
 from memstore.settings import Settings, get_settings
 
@@ -230,6 +231,7 @@ class MaintenanceWorker:
         self.last_outcomes = []
         failed = False
         try:
+            self._finish_bulk_loads(self.session())
             targets = self.targets(self.session())
         except (psycopg.Error, LookupError) as exc:
             log.error("maintenance pass failed before it started: %s", exc)
@@ -253,6 +255,18 @@ class MaintenanceWorker:
                 self.last_outcomes.append(outcome)
                 failed |= outcome.outcome == "failed"
         return EXIT_FAILED if failed else EXIT_OK
+
+    def _finish_bulk_loads(self, conn: psycopg.Connection[Any]) -> None:
+        """Build the index of any bulk load whose process died before it could (a running load holds
+        the collection's lock and is left alone)."""
+        for c in self.list_collections(conn):
+            if bulk_load.in_progress(c) and not self.stop.is_set():
+                t0 = time.monotonic()
+                if bulk_load.finish_interrupted(as_database(self.engine), c, self.settings):
+                    reason = "a bulk load ended before it built its index"
+                    self.last_outcomes.append(
+                        ActionOutcome(c.name, c.table_name, "build", reason, "ok", duration_s=time.monotonic() - t0)
+                    )
 
     def _maintain_compact(self, c: Collection) -> ActionOutcome:
         """Compact indexes (halfvec, binary, low-rank) are checked against exact search on full vectors:

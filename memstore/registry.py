@@ -128,6 +128,12 @@ def set_option(conn: psycopg.Connection[Any], c: Collection, key: str, value: An
     return replace(c, options={**c.options, key: value})
 
 
+def clear_option(conn: psycopg.Connection[Any], c: Collection, key: str) -> Collection:
+    """Remove ``options[key]``; other processes see it within CACHE_SECONDS."""
+    conn.execute("UPDATE memstore_collections SET options = options - %s WHERE id = %s", (key, c.id))
+    return replace(c, options={k: v for k, v in c.options.items() if k != key})
+
+
 class Registry:
     """Registry rows by name or id through ``engine``, cached for ``ttl`` seconds."""
 

@@ -46,6 +46,20 @@ class Settings(BaseSettings):
     # The most a filtered search or a search through dead tuples may visit before giving up.
     max_scan_tuples: int = Field(default=20_000, ge=1)
 
+    # Bulk loads (memstore.bulk_load): a load this large against its collection goes in without the
+    # HNSW index and builds it afterwards; smaller ones go into the live index.
+    bulk_min_rows: int = Field(
+        default=10_000, ge=1, description="The fewest rows a load needs before it may build the index afresh."
+    )
+    bulk_fraction: float = Field(
+        default=0.5,
+        ge=0,
+        description="A load builds the index afresh when it brings at least this fraction of the rows already there.",
+    )
+    bulk_connections: int = Field(
+        default=2, ge=1, le=64, description="Connections inserting side by side when a load goes into a live index."
+    )
+
     # HTTP
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)

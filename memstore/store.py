@@ -6,8 +6,13 @@ is refused before anything is written. The REST API, the ingest workers and main
 
 from __future__ import annotations
 
+import itertools
+import threading
+import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
@@ -19,9 +24,10 @@ import sqlalchemy as sa
 from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
+from tqdm import tqdm
 
+from memstore import bulk_load, keywords, locks, metadata_indexes, online_ddl, queue, search_query, search_sql
 from memstore import items as item_sql
-from memstore import keywords, locks, metadata_indexes, online_ddl, queue, search_query, search_sql
 from memstore.collections import (
     Collection,
     create_table_statements,
@@ -303,9 +309,23 @@ class VectorStore:
         """Insert new items and update changed ones, keyed by ``external_id``; results in input order.
 
         Re-sending an identical item changes nothing (no dead tuple, no index churn). When one batch
-        names the same external_id twice, the last occurrence wins.
+        names the same external_id twice, the last occurrence wins. A batch large against its
+        collection (``memstore.bulk_load.defers``) goes in without the HNSW index, which is built
+        again before this returns; searches meanwhile are exact scans.
         """
         c = self._collection_for_write(collection)
+        if len(items) >= self.settings.bulk_min_rows and not bulk_load.in_progress(c):
+            rows_now = self.collection_stats(name=collection).items
+            if bulk_load.defers(c, len(items), rows_now, self.settings):
+                try:
+                    with bulk_load.deferred_index(self.db, c, self.settings):
+                        return self._write_items(c, items)
+                except bulk_load.BulkLoadBusyError:
+                    pass  # a switch, a rebuild or another load holds the index: into the live graph
+        return self._write_items(c, items)
+
+    def _write_items(self, c: Collection, items: Sequence[ItemIn]) -> list[UpsertResult]:
+        """One upsert transaction (COPY into a staging table above ``COPY_THRESHOLD`` items)."""
         if not items:
             return []
         ids = [_check_external_id(it.external_id) for it in items]
@@ -327,9 +347,87 @@ class VectorStore:
                     ):
                         returned[eid] = (int(row_id), "unchanged")
         except psycopg.errors.UndefinedTable:
-            self.forget_collection(collection)
-            raise CollectionNotFoundError(collection) from None
+            self.forget_collection(c.name)
+            raise CollectionNotFoundError(c.name) from None
         return [UpsertResult(id=returned[eid][0], external_id=eid, status=returned[eid][1]) for eid in ids]
+
+    def bulk_load(
+        self,
+        *,
+        collection: str,
+        items: Iterable[ItemIn],
+        batch_rows: int = 10_000,
+        total: int | None = None,
+        connections: int | None = None,
+        progress: bool = False,
+    ) -> bulk_load.LoadResult:
+        """Load many items (an iterable, read lazily in batches of ``batch_rows``) and return once every
+        one is searchable through the index. Large against the collection (``total`` or the length of
+        ``items`` says how large; an iterable of unknown length is looked at up to the threshold), the
+        load writes without the HNSW index and builds it afterwards (``memstore.bulk_load``); else
+        ``connections`` (default ``MEMSTORE_BULK_CONNECTIONS``) insert batches into the live index
+        side by side. Each batch is its own transaction: after a failure, the batches before it stay."""
+        if isinstance(batch_rows, bool) or not isinstance(batch_rows, int) or not 1 <= batch_rows <= 1_000_000:
+            raise InvalidInputError(f"batch_rows must be between 1 and 1,000,000, not {batch_rows!r}")
+        workers = self.settings.bulk_connections if connections is None else connections
+        if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 64:
+            raise InvalidInputError(f"connections must be between 1 and 64, not {workers!r}")
+        c = self.get_collection(name=collection, fresh=True)
+        if bulk_load.in_progress(c):
+            bulk_load.finish_interrupted(self.db, c, self.settings, progress=progress)
+            c = self.get_collection(name=collection, fresh=True)
+        batches = _batches(items, batch_rows)
+        size = total if total is not None else (len(items) if isinstance(items, Sized) else None)
+        rows_now = self.collection_stats(name=collection).items
+        ahead: list[list[ItemIn]] = []
+        if size is None:  # look ahead as far as the decision needs (bounded: pass total= beyond that)
+            need = min(max(self.settings.bulk_min_rows, int(self.settings.bulk_fraction * rows_now)), 200_000)
+            for batch in batches:
+                ahead.append(batch)
+                if sum(map(len, ahead)) >= need:
+                    break
+            size = sum(map(len, ahead))  # the whole load when it ended sooner
+        stream = itertools.chain(ahead, batches)
+        counts: Counter[str] = Counter()
+        build_s: list[float] = []
+        t0 = time.perf_counter()
+        bar = tqdm(
+            total=total if total is not None else (size if isinstance(items, Sized) else None),
+            desc=f"{collection}: loading",
+            unit="row",
+            disable=not progress,
+            leave=False,
+        )
+        with bar:
+            counting = threading.Lock()
+
+            def write(batch: list[ItemIn]) -> None:
+                written = self._write_items(c, batch)
+                with counting:
+                    counts.update(r.status for r in written)
+                    bar.update(len(batch))
+
+            deferred = bulk_load.defers(c, size, rows_now, self.settings)
+            if deferred:
+                try:
+                    with bulk_load.deferred_index(
+                        self.db, c, self.settings, progress=progress, on_build=build_s.append
+                    ):
+                        _side_by_side(stream, write, workers)
+                except bulk_load.BulkLoadBusyError:
+                    deferred = False
+            if not deferred:
+                _side_by_side(stream, write, workers)
+        total_s = time.perf_counter() - t0
+        built = build_s[0] if build_s else 0.0
+        return bulk_load.LoadResult(
+            created=counts["created"],
+            updated=counts["updated"],
+            unchanged=counts["unchanged"],
+            deferred_index=bool(build_s),
+            load_s=total_s - built,
+            build_s=built,
+        )
 
     def get_item(
         self, *, collection: str, id: int | None = None, external_id: str | None = None, with_vector: bool = False
@@ -851,3 +949,31 @@ def _ef_search(c: Collection, ef_search: int | None) -> int:
     if not isinstance(efs, int) or isinstance(efs, bool) or not 1 <= efs <= 1000:
         raise InvalidInputError(f"ef_search must be an integer between 1 and 1000, not {efs!r}")
     return efs
+
+
+def _batches(items: Iterable[ItemIn], size: int) -> Iterator[list[ItemIn]]:
+    it = iter(items)
+    while batch := list(itertools.islice(it, size)):
+        yield batch
+
+
+def _side_by_side(batches: Iterator[list[ItemIn]], write: Callable[[list[ItemIn]], None], workers: int) -> None:
+    """``write`` every batch, ``workers`` at a time on their own connections (disjoint batches, so
+    they never wait on one another's rows; only on the index's pages)."""
+    if workers == 1:
+        for batch in batches:
+            write(batch)
+        return
+    taking = threading.Lock()
+
+    def drain() -> None:
+        while True:
+            with taking:
+                batch = next(batches, None)
+            if batch is None:
+                return
+            write(batch)
+
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="memstore-load") as pool:
+        for done in [pool.submit(drain) for _ in range(workers)]:
+            done.result()
