@@ -52,12 +52,12 @@ class Settings(BaseSettings):
         default=10_000, ge=1, description="The fewest rows a load needs before it may build the index afresh."
     )
     bulk_fraction: float = Field(
-        default=0.5,
+        default=1.0,
         ge=0,
         description="A load builds the index afresh when it brings at least this fraction of the rows already there.",
     )
     bulk_connections: int = Field(
-        default=2, ge=1, le=64, description="Connections inserting side by side when a load goes into a live index."
+        default=4, ge=1, le=64, description="Connections inserting side by side when a load goes into a live index."
     )
 
     # HTTP

@@ -51,6 +51,15 @@ def test_churn_benchmark_runs_every_strategy(database_url: str, tmp_path: Path) 
     assert plot.stat().st_size > 10_000
 
 
+def test_bulk_benchmark_measures_live_scaling_and_the_crossover(database_url: str) -> None:
+    result = _run("bench.bulk", database_url, "--rows", "600", "--extra", "200", "--fractions", "0.5,1.0")
+    scaling = result["live_scaling"]
+    assert set(scaling["rows_per_s"]) == {"1", "2", "4"} and all(v > 0 for v in scaling["rows_per_s"].values())
+    assert scaling["ratio_to_one"]["1"] == 1.0
+    assert [row["fraction"] for row in result["crossover"]] == [0.5, 1.0]
+    assert all(row["live"] > 0 and row["rebuilt"] > 0 and row["speedup"] > 0 for row in result["crossover"])
+
+
 def test_recall_probe_benchmark_agrees_with_brute_force(database_url: str) -> None:
     result = _run("bench.recall_probe", database_url, "--rows", "3000", "--repeats", "1")
     for n in (5, 20):

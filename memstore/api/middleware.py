@@ -26,6 +26,7 @@ from memstore.api.settings import ApiSettings
 # Routes that take uploads (new items; an item's new image); every other route takes small JSON only.
 _ITEMS_UPLOAD = re.compile(r"^/v1/collections/[^/]+/items/?$")
 _CONTENT_UPLOAD = re.compile(r"^/v1/collections/[^/]+/items/[^/]+/content/?$")
+_LOAD = re.compile(r"^/v1/collections/[^/]+/load/?$")
 _SEARCH = re.compile(r"^/v1/collections/[^/]+/(search|search/batch|recommend)/?$")
 # The web pages' upload (one file) and search by image (memstore.ui) take the same limits.
 _UI_UPLOAD = re.compile(r"^/ui/c/[^/]+/upload/?$")
@@ -44,6 +45,7 @@ class BodyTooLargeError(HTTPException):
 
 _LIMIT_SETTINGS = {
     "upload": "MEMSTORE_API_MAX_BODY_BYTES",
+    "load": "MEMSTORE_API_MAX_LOAD_BODY_BYTES",
     "search": "MEMSTORE_API_MAX_SEARCH_BODY_BYTES",
     "json": "MEMSTORE_API_MAX_JSON_BODY_BYTES",
 }
@@ -56,12 +58,14 @@ def too_large_detail(limit: int, kind: str) -> str:
 
 
 def body_kind(scope: Scope) -> str:
-    """Which body limit a request falls under: ``upload``, ``search`` or ``json``."""
+    """Which body limit a request falls under: ``upload``, ``load``, ``search`` or ``json``."""
     path, method = route_path(scope), scope.get("method")
     if (method == "POST" and (_ITEMS_UPLOAD.match(path) or _UI_UPLOAD.match(path))) or (
         method == "PUT" and _CONTENT_UPLOAD.match(path)
     ):
         return "upload"
+    if method == "POST" and _LOAD.match(path):
+        return "load"
     if _SEARCH.match(path) or _UI_SEARCH.match(path):
         return "search"
     return "json"
@@ -75,6 +79,7 @@ class BodyLimit:
         self.app = app
         self.limits = {
             "upload": api.max_body_bytes,
+            "load": api.max_load_body_bytes,
             "search": api.max_search_body_bytes,
             "json": api.max_json_body_bytes,
         }

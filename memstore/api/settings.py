@@ -28,6 +28,11 @@ class ApiSettings(BaseSettings):
         ge=1024,
         description="Largest body of every other route (lookups, deletes, edits, collections): small JSON only.",
     )
+    max_load_body_bytes: int = Field(
+        default=4 * 1024**3,
+        ge=1024,
+        description="Largest bulk load body (POST .../load: NDJSON vectors), spooled to a temporary file.",
+    )
     max_files_per_request: int = Field(default=64, ge=1, le=10_000, description="Image files per upload.")
     max_items_per_request: int = Field(default=1000, ge=1, le=100_000, description="JSON items (texts or vectors).")
     max_text_chars: int = Field(default=8192, ge=1, description="Longest text item or text query.")

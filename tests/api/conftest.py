@@ -51,6 +51,7 @@ def fake_server(settings: Settings, fake_url: str, fake_backend: FakeBackend) ->
         "max_body_bytes": 256 * 1024,
         "max_search_body_bytes": 256 * 1024,
         "max_json_body_bytes": 64 * 1024,
+        "max_load_body_bytes": 256 * 1024,
         "max_files_per_request": 3,
         "max_items_per_request": 4,
         "max_text_chars": 100,
