@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "memstore.commands.keys",
     "memstore.commands.worker",
     "memstore.commands.ingest",
+    "memstore.commands.load",
     "memstore.commands.search",
 )
 

@@ -108,6 +108,27 @@ def test_ingest_a_jsonl_of_texts(tmp_path, server, admin_key, collection_name, c
     assert (out["created"], out["pending"], out["failed"]) == (5, 0, 0)
 
 
+def test_load_an_ndjson_file_of_vectors_and_refuse_a_bad_one(tmp_path, server, admin_key, collection_name, capsys):
+    import httpx
+
+    headers = {"Authorization": f"Bearer {admin_key}"}
+    r = httpx.post(f"{server.url}/v1/collections", json={"name": collection_name, "dimensions": 3}, headers=headers)
+    assert r.status_code == 201, r.text
+    path = tmp_path / "vectors.ndjson"
+    path.write_text("".join(json.dumps({"external_id": f"e{i}", "vector": [1, i, 2]}) + "\n" for i in range(40)))
+    common = ["--collection", collection_name, "--url", server.url, "--key", admin_key]
+    assert main(["load", str(path), *common, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["rows"], out["created"]) == (40, 40)
+    assert main(["load", str(path), *common]) == 0
+    assert "40 items (0 created, 0 updated, 40 unchanged)" in capsys.readouterr().out
+    bad = tmp_path / "bad.ndjson"
+    bad.write_text('{"external_id": "ok", "vector": [1, 2, 3]}\n{"external_id": "short", "vector": [1, 2]}\n')
+    assert main(["load", str(bad), *common]) == 2
+    assert "line 2" in capsys.readouterr().err
+    assert main(["load", str(tmp_path / "missing.ndjson"), *common]) == 2
+
+
 def test_ingest_one_image_file_and_one_text_file(tmp_path, server, admin_key, collection_name, capsys) -> None:
     """A single file is ingested as what it is: an image by its suffix or its first bytes (a PNG named
     without a suffix), else UTF-8 text; a binary file that is neither is refused with the choices."""
