@@ -65,23 +65,25 @@ def cli(
     import uvicorn  # imported late so --help stays fast
 
     from .engine import EmbeddingEngine
-    from .models import create_encoder_from_settings, resolve_device
+    from .models import create_encoders_from_settings, resolve_device
     from .service import create_app
 
     try:
-        enc = create_encoder_from_settings(
+        encoders = create_encoders_from_settings(
             settings, threads=settings.service_torch_threads(resolve_device(settings.device))
         )
     except (EncoderError, ValueError) as exc:
         click.echo(f"encoder: {exc}", err=True)
         return EXIT_USAGE
-    engine = EmbeddingEngine(enc, settings)
+    engine = EmbeddingEngine(encoders, settings)
     exit_cleanly_on_sigterm()
-    click.echo(
-        f"encoder: serving {enc.info.model} ({enc.info.dimensions} dims, {enc.info.device}, "
-        f"{enc.info.precision}, pretrained={enc.info.pretrained_weights}) on http://{settings.host}:{settings.port}",
-        err=True,
-    )
+    for enc in encoders:
+        click.echo(
+            f"encoder: serving {enc.info.model} ({enc.info.dimensions} dims, {enc.info.device}, "
+            f"{enc.info.precision}, pretrained={enc.info.pretrained_weights})",
+            err=True,
+        )
+    click.echo(f"encoder: listening on http://{settings.host}:{settings.port}", err=True)
     app = create_app(engine, own_engine=True, api_key=settings.api_key)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=log_level)
     return 0

@@ -17,6 +17,7 @@ from .errors import (
     QueueFullError,
     RequestCancelledError,
     RequestTooLargeError,
+    UnknownModelError,
 )
 from .types import EncoderInfo, ImageEmbedding, Priority
 
@@ -26,6 +27,7 @@ _ERRORS: dict[str, type[EncoderError]] = {
     "request-too-large": RequestTooLargeError,
     "image-rejected": ImageRejectedError,
     "cancelled": RequestCancelledError,
+    "model-not-found": UnknownModelError,
 }
 
 
@@ -51,6 +53,7 @@ class RemoteEncoder:
         self._owns_client = client is None
         self.timeout = timeout
         self._info: EncoderInfo | None = None
+        self._infos: dict[str, EncoderInfo] | None = None
 
     def close(self) -> None:
         if self._owns_client:
@@ -98,7 +101,26 @@ class RemoteEncoder:
         data: list[dict[str, Any]] = sorted(resp.json()["data"], key=lambda d: d["index"])
         return data
 
-    def _payload(self, items: list[str], modality: str, priority: Priority, deadline_s: float | None) -> dict[str, Any]:
+    @property
+    def infos(self) -> dict[str, EncoderInfo]:
+        """Every model the service runs, its default first."""
+        if self._infos is None:
+            listed = self.health().get("models") or [self.info.as_dict()]
+            self._infos = {str(m["model"]): EncoderInfo.from_dict(m) for m in listed}
+        return self._infos
+
+    def _dimensions(self, model: str | None) -> int:
+        if model is None:
+            return self.info.dimensions
+        if model not in self.infos:
+            raise UnknownModelError(
+                f"the encoder service does not run model {model!r}; it runs {', '.join(self.infos)}"
+            )
+        return self.infos[model].dimensions
+
+    def _payload(
+        self, items: list[str], modality: str, priority: Priority, deadline_s: float | None, model: str | None
+    ) -> dict[str, Any]:
         payload: dict[str, Any] = {
             "input": items,
             "modality": modality,
@@ -107,14 +129,21 @@ class RemoteEncoder:
         }
         if deadline_s is not None:
             payload["deadline_ms"] = deadline_s * 1000.0
+        if model is not None:
+            payload["model"] = model
         return payload
 
     def embed_texts(
-        self, texts: Sequence[str], *, priority: Priority = Priority.QUERY, deadline_s: float | None = None
+        self,
+        texts: Sequence[str],
+        *,
+        priority: Priority = Priority.QUERY,
+        deadline_s: float | None = None,
+        model: str | None = None,
     ) -> np.ndarray:
         if not texts:
-            return np.zeros((0, self.info.dimensions), dtype=np.float32)
-        data = self._post(self._payload(list(texts), "text", priority, deadline_s))
+            return np.zeros((0, self._dimensions(model)), dtype=np.float32)
+        data = self._post(self._payload(list(texts), "text", priority, deadline_s, model))
         return np.stack([_vector(d["embedding"]) for d in data])
 
     def embed_images(
@@ -124,11 +153,12 @@ class RemoteEncoder:
         priority: Priority = Priority.QUERY,
         deadline_s: float | None = None,
         return_tiles: bool = False,
+        model: str | None = None,
     ) -> np.ndarray | list[ImageEmbedding]:
         if not images:
-            return [] if return_tiles else np.zeros((0, self.info.dimensions), dtype=np.float32)
+            return [] if return_tiles else np.zeros((0, self._dimensions(model)), dtype=np.float32)
         items = [base64.b64encode(bytes(b)).decode("ascii") for b in images]
-        payload = self._payload(items, "image", priority, deadline_s)
+        payload = self._payload(items, "image", priority, deadline_s, model)
         payload["return_tiles"] = return_tiles
         data = self._post(payload)
         if not return_tiles:

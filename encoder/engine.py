@@ -4,6 +4,10 @@ Threads: callers submit (cheap header checks happen in the caller); a preprocess
 and tiles images while the model runs; one scheduler thread runs ticks. Each tick asks a planner
 (a pure function of the queue state) for at most B units, runs them as one fixed-shape batch and
 scatters the vectors back. A request's future resolves when its last unit is done.
+
+An engine may hold several models (``MEMSTORE_MODELS``): a request names one (default: the first),
+and a tick runs one model, the one the most urgent waiting request needs, so the priority classes
+hold across models (a query on one model goes before a re-embedding on another).
 """
 
 from __future__ import annotations
@@ -19,7 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ImageRejectedError, QueueFullError, RequestCancelledError, RequestTooLargeError
+from .errors import (
+    ImageRejectedError,
+    QueueFullError,
+    RequestCancelledError,
+    RequestTooLargeError,
+    UnknownModelError,
+)
 from .images import load_views, plan_for, probe_image
 from .metrics import EngineMetrics
 from .models import combine_views
@@ -38,20 +48,30 @@ class EmbeddingEngine:
 
     def __init__(
         self,
-        encoder: BatchEncoder,
+        encoder: BatchEncoder | Sequence[BatchEncoder],
         settings: EncoderSettings | None = None,
         *,
         planner: Planner = plan_batch,
         adaptive_shares: bool = True,
     ) -> None:
-        self.encoder = encoder
+        """``encoder``: one model, or several (the first is the default); each is named by its
+        ``info.model``, and all share the engine's fixed batch size."""
+        encoders = [encoder] if not isinstance(encoder, Sequence) else list(encoder)
+        if not encoders:
+            raise ValueError("an engine needs at least one encoder")
         self.settings = settings or EncoderSettings()
-        if self.settings.batch_size != encoder.batch_size:
-            raise ValueError(
-                f"settings.batch_size is {self.settings.batch_size} but the encoder was built for "
-                f"{encoder.batch_size}; create it with create_encoder(..., batch_size={self.settings.batch_size})"
-            )
-        self.batch_size = encoder.batch_size
+        self.encoders: dict[str, BatchEncoder] = {}
+        for enc in encoders:
+            if enc.info.model in self.encoders:
+                raise ValueError(f"model {enc.info.model!r} is given twice")
+            if self.settings.batch_size != enc.batch_size:
+                raise ValueError(
+                    f"settings.batch_size is {self.settings.batch_size} but {enc.info.model} was built for "
+                    f"{enc.batch_size}; create it with create_encoder(..., batch_size={self.settings.batch_size})"
+                )
+            self.encoders[enc.info.model] = enc
+        self.encoder = encoders[0]  # the default model
+        self.batch_size = self.encoder.batch_size
         self.planner = planner
         self.image_options = self.settings.image_options()
         self.limits = self.settings.queue_limits()
@@ -80,7 +100,24 @@ class EmbeddingEngine:
     # -- lifecycle --------------------------------------------------------------------------------
     @property
     def info(self) -> EncoderInfo:
+        """The default model's facts."""
         return self.encoder.info
+
+    @property
+    def infos(self) -> dict[str, EncoderInfo]:
+        """Every model this engine runs, the default first."""
+        return {name: enc.info for name, enc in self.encoders.items()}
+
+    def model(self, name: str | None) -> BatchEncoder:
+        """The encoder for ``name`` (None: the default); UnknownModelError names the ones there are."""
+        if name is None:
+            return self.encoder
+        found = self.encoders.get(name)
+        if found is None:
+            raise UnknownModelError(
+                f"this encoder does not run model {name!r}; it runs {', '.join(self.encoders)} (MEMSTORE_MODELS)"
+            )
+        return found
 
     def start(self) -> EmbeddingEngine:
         if self._thread is None:
@@ -135,7 +172,9 @@ class EmbeddingEngine:
                 f"(MEMSTORE_ENCODER_QUEUE_UNITS_{priority.name}); split it into smaller requests"
             )
 
-    def _admit(self, priority: Priority, modality: Modality, n_units: int, deadline_s: float | None) -> QueuedRequest:
+    def _admit(
+        self, priority: Priority, modality: Modality, n_units: int, deadline_s: float | None, encoder: BatchEncoder
+    ) -> QueuedRequest:
         self._check_size(priority, n_units)
         limit = self.limits[priority]
         now = time.monotonic()
@@ -163,20 +202,28 @@ class EmbeddingEngine:
                 now + deadline_s,
                 self._next_id,
                 now,
-                self.encoder.info.dimensions,
+                encoder.info.dimensions,
+                encoder.info.model,
             )
             self._requests[req.id] = req
             self._queued[priority] += n_units
         return req
 
     def submit_texts(
-        self, texts: Sequence[str], *, priority: Priority = Priority.QUERY, deadline_s: float | None = None
+        self,
+        texts: Sequence[str],
+        *,
+        priority: Priority = Priority.QUERY,
+        deadline_s: float | None = None,
+        model: str | None = None,
     ) -> Future[np.ndarray]:
-        """Future of an (n, d) float32 array of unit vectors, one row per text."""
+        """Future of an (n, d) float32 array of unit vectors, one row per text, from ``model``
+        (default: the engine's first)."""
         if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
             raise TypeError("texts must be a list of strings")
+        encoder = self.model(model)
         if not texts:
-            return done_future(np.zeros((0, self.info.dimensions), dtype=np.float32))
+            return done_future(np.zeros((0, encoder.info.dimensions), dtype=np.float32))
         # Refused before tokenising (the costly part of a text request): too many, or too long.
         self._check_size(Priority.parse(priority), len(texts))
         longest = max(range(len(texts)), key=lambda i: len(texts[i]))
@@ -185,8 +232,8 @@ class EmbeddingEngine:
                 f"text {longest} has {len(texts[longest])} characters; the limit is {self.settings.max_text_chars} "
                 "(MEMSTORE_ENCODER_MAX_TEXT_CHARS)"
             )
-        tokens = np.asarray(self.encoder.tokenize(texts))
-        req = self._admit(Priority.parse(priority), Modality.TEXT, len(texts), deadline_s)
+        tokens = np.asarray(encoder.tokenize(texts))
+        req = self._admit(Priority.parse(priority), Modality.TEXT, len(texts), deadline_s, encoder)
         with self._lock:
             for i in range(len(texts)):
                 req.inputs[i] = tokens[i]
@@ -202,21 +249,24 @@ class EmbeddingEngine:
         priority: Priority = Priority.QUERY,
         deadline_s: float | None = None,
         return_tiles: bool = False,
+        model: str | None = None,
     ) -> Future[Any]:
-        """Future of an (n, d) array, or of a list of ImageEmbedding when return_tiles.
+        """Future of an (n, d) array, or of a list of ImageEmbedding when return_tiles, from
+        ``model`` (default: the engine's first).
 
         Header checks run here (ImageRejectedError, DecompressionBombError raise at once); decoding
         errors arrive through the future. Cancelling the future drops the tiles not yet encoded.
         """
         if not all(isinstance(b, bytes | bytearray | memoryview) for b in images):
             raise TypeError("images must be a list of encoded image bytes")
+        encoder = self.model(model)
         if not images:
-            return done_future([] if return_tiles else np.zeros((0, self.info.dimensions), dtype=np.float32))
+            return done_future([] if return_tiles else np.zeros((0, encoder.info.dimensions), dtype=np.float32))
         blobs = [bytes(b) for b in images]
         probes = [probe_image(b, self.image_options) for b in blobs]
-        plans = [plan_for(p, self.encoder.spec, self.image_options) for p in probes]
+        plans = [plan_for(p, encoder.spec, self.image_options) for p in probes]
         offsets = np.cumsum([0] + [p.n_units for p in plans]).tolist()
-        req = self._admit(Priority.parse(priority), Modality.IMAGE, offsets[-1], deadline_s)
+        req = self._admit(Priority.parse(priority), Modality.IMAGE, offsets[-1], deadline_s, encoder)
         req.plans, req.return_tiles = plans, return_tiles
         for i, (blob, probe, plan) in enumerate(zip(blobs, probes, plans, strict=True)):
             job = (req, offsets[i], blob, probe, plan)
@@ -230,7 +280,7 @@ class EmbeddingEngine:
         if req.future.done():
             return  # cancelled or failed meanwhile: do not decode for nothing
         try:
-            views = load_views(blob, probe, plan, self.encoder.spec)
+            views = load_views(blob, probe, plan, self.encoders[req.model].spec)
         except Exception as exc:
             error = exc if isinstance(exc, ImageRejectedError) else ImageRejectedError(f"cannot decode image: {exc}")
             with self._lock:
@@ -254,8 +304,10 @@ class EmbeddingEngine:
         priority: Priority = Priority.QUERY,
         deadline_s: float | None = None,
         timeout: float | None = None,
+        model: str | None = None,
     ) -> np.ndarray:
-        result: np.ndarray = wait_future(self.submit_texts(texts, priority=priority, deadline_s=deadline_s), timeout)
+        fut = self.submit_texts(texts, priority=priority, deadline_s=deadline_s, model=model)
+        result: np.ndarray = wait_future(fut, timeout)
         return result
 
     def embed_images(
@@ -266,8 +318,11 @@ class EmbeddingEngine:
         deadline_s: float | None = None,
         return_tiles: bool = False,
         timeout: float | None = None,
+        model: str | None = None,
     ) -> np.ndarray | list[ImageEmbedding]:
-        fut = self.submit_images(images, priority=priority, deadline_s=deadline_s, return_tiles=return_tiles)
+        fut = self.submit_images(
+            images, priority=priority, deadline_s=deadline_s, return_tiles=return_tiles, model=model
+        )
         result: np.ndarray | list[ImageEmbedding] = wait_future(fut, timeout)
         return result
 
@@ -317,21 +372,21 @@ class EmbeddingEngine:
 
     def _execute(self, batch: list[tuple[QueuedRequest, int]], rows: list[Any]) -> tuple[Any, float]:
         """One fixed-shape pass: the vectors, or the exception the model raised, and its seconds."""
-        modality = batch[0][0].modality
+        modality, encoder = batch[0][0].modality, self.encoders[batch[0][0].model]
         urgent = any(req.priority is Priority.QUERY for req, _ in batch)
         started = time.perf_counter()
         try:
             if modality is Modality.TEXT:
-                outcome: Any = self.encoder.encode_text_batch(np.stack(rows), urgent=urgent)
+                outcome: Any = encoder.encode_text_batch(np.stack(rows), urgent=urgent)
             else:
-                outcome = self.encoder.encode_image_batch(rows, urgent=urgent)
+                outcome = encoder.encode_image_batch(rows, urgent=urgent)
         except Exception as exc:  # a model failure fails the requests in the batch, not the engine
             outcome = exc
         return outcome, time.perf_counter() - started
 
     def _settle(self, batch: list[tuple[QueuedRequest, int]], outcome: Any, seconds: float) -> TickReport:
         """Scatter a pass's vectors to their requests and resolve the requests it completed."""
-        modality = batch[0][0].modality
+        modality, model = batch[0][0].modality, batch[0][0].model
         if isinstance(outcome, Exception):
             with self._lock:
                 failed = {req.id: req for req, _ in batch}
@@ -339,7 +394,7 @@ class EmbeddingEngine:
                     self._remove(req)
             for req in failed.values():
                 fail_future(req.future, outcome)
-            return TickReport(modality, len(batch), tuple(failed), (), seconds)
+            return TickReport(modality, len(batch), tuple(failed), (), seconds, model)
         finished: list[QueuedRequest] = []
         with self._lock:
             for (req, unit), vec in zip(batch, outcome, strict=False):
@@ -361,7 +416,7 @@ class EmbeddingEngine:
         for req in finished:
             self._finish(req, done_at)
         ids = tuple(dict.fromkeys(req.id for req, _ in batch))
-        return TickReport(modality, len(batch), ids, tuple(r.id for r in finished), seconds)
+        return TickReport(modality, len(batch), ids, tuple(r.id for r in finished), seconds, model)
 
     def _finish(self, req: QueuedRequest, now: float) -> None:
         latency = now - req.submitted

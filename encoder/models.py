@@ -357,11 +357,26 @@ def create_encoder(
     return Encoder(model, tokenizer, info, spec, image_options=image_options, graph=graph)
 
 
-def create_encoder_from_settings(settings: EncoderSettings, *, threads: int | None = None) -> Encoder:
-    """`create_encoder` with everything `EncoderSettings` says (the service, `memstore serve`, benchmarks)."""
+def create_encoders_from_settings(settings: EncoderSettings, *, threads: int | None = None) -> list[Encoder]:
+    """Every model the settings name (MEMSTORE_MODEL first, then MEMSTORE_MODELS), for one engine."""
+    return [
+        create_encoder_from_settings(settings, threads=threads, model=name, pretrained=pretrained)
+        for name, pretrained in settings.all_models()
+    ]
+
+
+def create_encoder_from_settings(
+    settings: EncoderSettings,
+    *,
+    threads: int | None = None,
+    model: str | None = None,
+    pretrained: str | None = DEFAULT,
+) -> Encoder:
+    """`create_encoder` with everything `EncoderSettings` says (the service, `memstore serve`, benchmarks);
+    ``model``/``pretrained``: another of the settings' models than the default."""
     return create_encoder(
-        settings.model,
-        pretrained=settings.pretrained,
+        settings.model if model is None else model,
+        pretrained=settings.pretrained if model is None else pretrained,
         device=settings.device,
         precision=settings.precision,
         batch_size=settings.batch_size,

@@ -38,6 +38,7 @@ class TickReport:
     requests: tuple[int, ...]  # ids of the requests that had units in it
     completed: tuple[int, ...]  # ids of the requests that finished with it
     seconds: float
+    model: str = ""
 
 
 class QueuedRequest:
@@ -51,8 +52,9 @@ class QueuedRequest:
         seq: int,
         submitted: float,
         dims: int,
+        model: str = "",
     ) -> None:
-        self.id, self.priority, self.modality, self.seq = rid, priority, modality, seq
+        self.id, self.priority, self.modality, self.seq, self.model = rid, priority, modality, seq, model
         self.deadline, self.submitted, self.n_units = deadline, submitted, n_units
         self.future: Future[Any] = Future()
         self.inputs: list[Any] = [None] * n_units
@@ -75,6 +77,7 @@ class QueuedRequest:
             tuple(self.ready),
             self.pending,
             self.served,
+            self.model,
         )
 
 

@@ -33,6 +33,7 @@ class RequestState:
     ready: tuple[int, ...]  # units preprocessed and waiting, in unit order
     pending: int = 0  # units still being preprocessed
     served: int = 0  # units already handed to the model in earlier ticks
+    model: str = ""  # which of the engine's models embeds it (one model per micro-batch)
 
 
 def full_query_shares() -> dict[Priority, float]:
@@ -75,11 +76,11 @@ def _round_robin(requests: list[RequestState], budget: int, taken: dict[int, int
 
 
 def plan_batch(state: QueueState) -> list[UnitRef]:
-    """The next micro-batch (at most batch_size units, one modality).
+    """The next micro-batch (at most batch_size units, one model and one modality).
 
-    1. The most urgent waiting request decides the modality; only requests of that modality take
-       part (one tower per forward pass). Urgency: class, then not-yet-started before in-progress,
-       then earliest deadline, then arrival.
+    1. The most urgent waiting request decides the model and the modality; only requests of that
+       model and modality take part (one model's tower per forward pass). Urgency: class, then
+       not-yet-started before in-progress, then earliest deadline, then arrival.
     2. Pass 1: classes in priority order each claim up to floor(share * B) slots.
     3. Pass 2: slots left over go to whatever still waits, in strict priority order, so idle
        capacity always flows to bulk work.
@@ -90,7 +91,7 @@ def plan_batch(state: QueueState) -> list[UnitRef]:
     if not waiting or state.batch_size < 1:
         return []
     lead = min(waiting, key=_urgency)
-    pool = sorted((r for r in waiting if r.modality == lead.modality), key=_urgency)
+    pool = sorted((r for r in waiting if (r.model, r.modality) == (lead.model, lead.modality)), key=_urgency)
     by_class = {c: [r for r in pool if r.priority == c] for c in _CLASSES}
     taken: dict[int, int] = {}
     slots = state.batch_size
@@ -107,12 +108,12 @@ def plan_fifo(state: QueueState) -> list[UnitRef]:
 
     Like a batcher fed by a preprocessing stage, a request joins the line once all its units are
     ready. Its units all run before the next request's; a request larger than B spans consecutive
-    batches, and a modality change ends the batch.
+    batches, and a change of model or modality ends the batch.
     """
     order = sorted((r for r in state.requests if r.ready and not r.pending), key=lambda r: r.seq)
     out: list[UnitRef] = []
     for r in order:
-        if r.modality != order[0].modality or len(out) == state.batch_size:
+        if (r.model, r.modality) != (order[0].model, order[0].modality) or len(out) == state.batch_size:
             break
         out.extend(UnitRef(r.request_id, u) for u in r.ready[: state.batch_size - len(out)])
     return out

@@ -215,19 +215,23 @@ def create_app(
 
     @app.post("/v1/embeddings")
     async def embeddings(body: EmbeddingRequest, request: Request) -> Any:
-        if body.model is not None and body.model != info.model:
+        served = engine.infos
+        if body.model is not None and body.model not in served:
             return problem(
                 404,
                 "model-not-found",
                 "Model not served",
-                f"model {body.model!r} is not served here; this service serves {info.model!r}",
+                f"model {body.model!r} is not served here; this service serves {', '.join(map(repr, served))} "
+                "(MEMSTORE_MODELS)",
             )
-        if body.dimensions is not None and body.dimensions != info.dimensions:
+        model = info if body.model is None else served[body.model]
+        if body.dimensions is not None and body.dimensions != model.dimensions:
             return problem(
                 422,
                 "invalid-request",
                 "Unsupported dimensions",
-                f"{info.model} returns {info.dimensions} dimensions; omit `dimensions` or set it to {info.dimensions}",
+                f"{model.model} returns {model.dimensions} dimensions; omit `dimensions` or set it to "
+                f"{model.dimensions}",
             )
         items = [body.input] if isinstance(body.input, str) else body.input
         if not items:
@@ -236,11 +240,18 @@ def create_app(
         deadline_s = None if body.deadline_ms is None else body.deadline_ms / 1000.0
         # Submission tokenises or reads image headers: off the event loop, like any blocking call.
         if body.modality == "text":
-            fut = await run_in_threadpool(engine.submit_texts, items, priority=priority, deadline_s=deadline_s)
+            fut = await run_in_threadpool(
+                engine.submit_texts, items, priority=priority, deadline_s=deadline_s, model=model.model
+            )
         else:
             blobs = [decode_image_input(v, i) for i, v in enumerate(items)]
             fut = await run_in_threadpool(
-                engine.submit_images, blobs, priority=priority, deadline_s=deadline_s, return_tiles=True
+                engine.submit_images,
+                blobs,
+                priority=priority,
+                deadline_s=deadline_s,
+                return_tiles=True,
+                model=model.model,
             )
         result = await _await(fut, request)
         data: list[dict[str, Any]] = []
@@ -260,19 +271,26 @@ def create_app(
         return {
             "object": "list",
             "data": data,
-            "model": info.model,
+            "model": model.model,
             "usage": {"prompt_tokens": units, "total_tokens": units},
         }
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": info.model, "object": "model", "owned_by": "memstore"}]}
+        """Every model served, the default first, with what stored vectors depend on."""
+        return {
+            "object": "list",
+            "data": [
+                {"id": name, "object": "model", "owned_by": "memstore", **i.as_dict()}
+                for name, i in engine.infos.items()
+            ],
+        }
 
     @app.get("/health")
     async def health() -> JSONResponse:
         stats = engine.stats()
         status = "ok" if stats["running"] else "stopped"
-        body = {"status": status, **info.as_dict(), **stats}
+        body = {"status": status, **info.as_dict(), "models": [i.as_dict() for i in engine.infos.values()], **stats}
         return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
     @app.get("/metrics")

@@ -8,17 +8,21 @@ core's settings.
 from __future__ import annotations
 
 import os
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from .images import ImageOptions
 from .types import Priority
 
 # The weights a model gets when MEMSTORE_PRETRAINED is not set. A model missing here gets its first
 # known tag ("default", resolved when it loads), or untrained weights, with a warning, if it has none.
-DEFAULT_WEIGHTS: dict[str, str | None] = {"ViT-B-32": "laion2b_s34b_b79k", "memstore-tiny": None}
+DEFAULT_WEIGHTS: dict[str, str | None] = {
+    "ViT-B-32": "laion2b_s34b_b79k",
+    "memstore-tiny": None,
+    "memstore-tiny-wide": None,
+}
 DEFAULT_PRETRAINED = "default"
 OFFLINE_HINT = "MEMSTORE_MODEL=memstore-tiny MEMSTORE_PRETRAINED=none make run"
 
@@ -32,6 +36,11 @@ class EncoderSettings(BaseSettings):
     # None ("none"/"" in the environment). Unset: DEFAULT_WEIGHTS for the model.
     pretrained: str | None = Field(
         default=DEFAULT_PRETRAINED, validation_alias=AliasChoices("MEMSTORE_PRETRAINED", "pretrained")
+    )
+    # More models served beside MEMSTORE_MODEL (the default): "name" (its usual weights) or
+    # "name=pretrained", comma-separated. A request picks one by name; one scheduler serves them all.
+    models: Annotated[list[tuple[str, str | None]], NoDecode] = Field(
+        default_factory=list, validation_alias=AliasChoices("MEMSTORE_MODELS", "models")
     )
     device: str | None = None  # None: cuda when available, else cpu
     precision: str | None = None  # None: fp16 on cuda, fp32 on cpu
@@ -79,11 +88,33 @@ class EncoderSettings(BaseSettings):
             return None
         return value
 
+    @field_validator("models", mode="before")
+    @classmethod
+    def _model_list(cls, value: object) -> object:
+        """ "a,b=tag" -> [("a", usual weights), ("b", "tag")]; "b=none": untrained weights."""
+        if not isinstance(value, str):
+            return value
+        out: list[tuple[str, str | None]] = []
+        for part in (p.strip() for p in value.split(",")):
+            if not part:
+                continue
+            name, _, tag = part.partition("=")
+            weights = DEFAULT_WEIGHTS.get(name.strip(), DEFAULT_PRETRAINED) if not tag else tag.strip()
+            out.append((name.strip(), None if str(weights).lower() in ("", "none", "null") else weights))
+        return out
+
     @model_validator(mode="after")
     def _model_default_weights(self) -> EncoderSettings:
         if "pretrained" not in self.model_fields_set:
             self.pretrained = DEFAULT_WEIGHTS.get(self.model, DEFAULT_PRETRAINED)
+        names = [self.model, *(name for name, _ in self.models)]
+        if len(set(names)) != len(names):
+            raise ValueError(f"MEMSTORE_MODELS names a model twice (or the default, {self.model}): {names}")
         return self
+
+    def all_models(self) -> list[tuple[str, str | None]]:
+        """(name, pretrained) of every model to serve, the default (MEMSTORE_MODEL) first."""
+        return [(self.model, self.pretrained), *self.models]
 
     def service_torch_threads(self, device: str) -> int | None:
         if self.torch_threads is not None or device.startswith("cuda"):

@@ -28,6 +28,7 @@ from memstore import thumbnails
 from memstore.claims import Claim, Claimer
 from memstore.collections import Collection
 from memstore.db import raw_connection
+from memstore.encoding import model_for
 from memstore.queue import IngestSettings
 from memstore.registry import Registry
 
@@ -154,24 +155,11 @@ class Processor:
                     loaded.append(Loaded(c, text, None if content is None else bytes(content)))
         return loaded, missing
 
-    def _mismatch(self, collection: Collection) -> str | None:
-        info = self.backend.info
-        if collection.model and collection.model != info.model:
-            return (
-                f"collection {collection.name!r} holds {collection.model} vectors but this encoder runs {info.model}; "
-                "run a worker with MEMSTORE_MODEL set to the collection's model"
-            )
-        if collection.dimensions != info.dimensions:
-            return (
-                f"collection {collection.name!r} has {collection.dimensions} dimensions but {info.model} makes "
-                f"{info.dimensions}"
-            )
-        return None
-
-    def _encode(self, group: EncodeGroup, priority: Priority) -> np.ndarray:
+    def _encode(self, group: EncodeGroup, priority: Priority, how: dict[str, Any]) -> np.ndarray:
+        """``how``: ``model_for``'s keyword arguments (the collection's model, when the encoder runs several)."""
         if group.modality == "text":
-            return np.asarray(self.backend.embed_texts([it.text or "" for it in group.items], priority=priority))
-        vectors = self.backend.embed_images([it.content or b"" for it in group.items], priority=priority)
+            return np.asarray(self.backend.embed_texts([it.text or "" for it in group.items], priority=priority, **how))
+        vectors = self.backend.embed_images([it.content or b"" for it in group.items], priority=priority, **how)
         return np.asarray(vectors)
 
     def _encode_group(self, group: EncodeGroup, priority: Priority) -> Report:
@@ -182,7 +170,7 @@ class Processor:
             queue_claims.drop(self.engine, claims)
             report.dropped += len(claims)
             return report
-        mismatch = self._mismatch(collection)
+        how, mismatch = model_for(self.backend, collection)
         if mismatch:
             return self._settle_failure(claims, mismatch, permanent=True, collection=collection)
         # The web pages' thumbnails are made from the bytes in hand while the encoder embeds them (the
@@ -194,7 +182,7 @@ class Processor:
             else None
         )
         try:
-            vectors = self._encode(group, priority)
+            vectors = self._encode(group, priority, how)
         except QueueFullError as exc:
             queue_claims.release(self.engine, claims, delay_s=exc.retry_after)
             report.released += len(claims)

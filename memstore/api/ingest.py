@@ -15,6 +15,7 @@ from memstore.api.problems import Problem
 from memstore.api.runtime import Runtime
 from memstore.api.schemas import ItemAck, ItemBody, ItemsAck
 from memstore.collections import Collection
+from memstore.encoding import model_for
 from memstore.filters import check_metadata
 from memstore.models import ItemIn
 from memstore.queue import PendingItem
@@ -29,23 +30,15 @@ class IngestAnswer:
     body: ItemsAck
 
 
-def check_encodable(rt: Runtime, c: Collection) -> None:
-    """Refuse texts/images for a collection this server's encoder cannot fill (when it runs one)."""
+def check_encodable(rt: Runtime, c: Collection) -> dict[str, Any]:
+    """Refuse texts/images for a collection this server's encoder cannot fill (when it runs one);
+    returns the keyword arguments that ask the encoder for this collection's model."""
     if rt.encoder.backend is None:
-        return
-    info = rt.encoder.backend.info
-    if c.model and c.model != info.model:
-        raise Problem(
-            "invalid-input",
-            f"collection {c.name!r} holds {c.model} vectors but this server encodes with {info.model}; "
-            "send vectors instead",
-        )
-    if c.dimensions != info.dimensions:
-        raise Problem(
-            "invalid-input",
-            f"collection {c.name!r} has {c.dimensions} dimensions but the encoder ({info.model}) makes "
-            f"{info.dimensions}; send vectors instead",
-        )
+        return {}
+    how, refusal = model_for(rt.encoder.backend, c)
+    if refusal:
+        raise Problem("invalid-input", f"{refusal}; send vectors instead")
+    return how
 
 
 def split_json_items(rt: Runtime, c: Collection, items: Sequence[ItemBody]) -> tuple[list[int], list[int]]:

@@ -16,6 +16,7 @@ from encoder.errors import WeightsNotFoundError
 from encoder.images import ImageOptions
 from encoder.settings import OFFLINE_HINT, EncoderSettings
 from encoder.types import EmbeddingBackend
+from memstore.encoding import models_of
 from memstore.errors import EncoderUnavailableError
 
 log = logging.getLogger(__name__)
@@ -51,9 +52,9 @@ def open_backend(choice: EncoderChoice) -> tuple[EmbeddingBackend | None, Callab
         remote = RemoteEncoder(url, api_key=es.api_key)
         return remote, remote.close
     from encoder.engine import EmbeddingEngine
-    from encoder.models import create_encoder_from_settings
+    from encoder.models import create_encoders_from_settings
 
-    engine = EmbeddingEngine(create_encoder_from_settings(es), es).start()
+    engine = EmbeddingEngine(create_encoders_from_settings(es), es).start()
     return engine, engine.stop
 
 
@@ -72,6 +73,7 @@ class EncoderHost:
     state: EncoderState = "off"
     error: str | None = None
     model: str | None = None  # the model a local encoder is loading (known before it is ready)
+    models: tuple[str, ...] = ()  # every model it is loading, the default first
     image_options: ImageOptions = field(default_factory=ImageOptions)
     _closers: list[Callable[[], None]] = field(default_factory=list)
     _thread: threading.Thread | None = None
@@ -87,6 +89,7 @@ class EncoderHost:
         settings = EncoderSettings()
         if not (choice.url or settings.url) and choice.mode != "remote":
             self.model = settings.model
+            self.models = tuple(name for name, _ in settings.all_models())
         self._thread = threading.Thread(target=self._load, args=(choice, on_ready), name="encoder-loader", daemon=True)
         self._thread.start()
 
@@ -119,16 +122,30 @@ class EncoderHost:
         self.state = "ready"
         on_ready(backend)
 
-    def model_dimensions(self) -> tuple[str, int] | None:
-        """The running (or loading) model and its vector size, without waiting for it to load."""
+    def model_dimensions(self, name: str | None = None) -> tuple[str, int] | None:
+        """The running (or loading) model called ``name`` (None: the default) and its vector size,
+        without waiting for it to load; None when no such model runs here."""
         if self.backend is not None:
-            return self.backend.info.model, self.backend.info.dimensions
+            infos = models_of(self.backend)
+            info = self.backend.info if name is None else infos.get(name)
+            return None if info is None else (info.model, info.dimensions)
         if self.state == "loading" and self.model is not None:
             from encoder.models import model_dimensions
 
-            dims = model_dimensions(self.model)
-            return None if dims is None else (self.model, dims)
+            wanted = self.model if name is None else name
+            if wanted not in (self.models or (self.model,)):
+                return None
+            dims = model_dimensions(wanted)
+            return None if dims is None else (wanted, dims)
         return None
+
+    def running_models(self) -> tuple[str, ...]:
+        """The names of the models that run (or load) here, the default first."""
+        if self.backend is not None:
+            return tuple(models_of(self.backend))
+        if self.state == "loading" and self.model is not None:
+            return self.models or (self.model,)
+        return ()
 
     def require(self, purpose: str) -> EmbeddingBackend:
         """The encoder, or EncoderUnavailableError saying why there is none."""

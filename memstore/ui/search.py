@@ -127,17 +127,17 @@ def text_vector(rt: Runtime, c: Collection, text: str) -> np.ndarray | None:
     if rt.encoder.backend is None:
         return None
     try:
-        check_encodable(rt, c)
+        how = check_encodable(rt, c)
     except Problem:
         return None
-    return np.asarray(rt.encoder.backend.embed_texts([text], priority=Priority.QUERY))[0]
+    return np.asarray(rt.encoder.backend.embed_texts([text], priority=Priority.QUERY, **how))[0]
 
 
 def image_vector(rt: Runtime, c: Collection, data: bytes) -> np.ndarray:
     backend = rt.encoder.require("search by a stored item instead ('more like this')")
-    check_encodable(rt, c)
+    how = check_encodable(rt, c)
     checked, _ = bodies.check_image(data, "the query image", query_image_options(rt))
-    return np.asarray(backend.embed_images([checked], priority=Priority.QUERY))[0]
+    return np.asarray(backend.embed_images([checked], priority=Priority.QUERY, **how))[0]
 
 
 def item_vector(rt: Runtime, c: Collection, item_id: int) -> np.ndarray:

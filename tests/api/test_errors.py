@@ -135,7 +135,7 @@ def test_not_found_and_method_and_conflict(fake_client: httpx.Client, fake_colle
     body = problem(fake_client.post("/v1/collections", json={"name": fake_collection}), 409, "conflict")
     assert "already exists" in body["detail"]
     r = fake_client.post("/v1/collections", json={"name": "x_other", "model": "ViT-H-14"})
-    assert "not the one this server runs" in problem(r, 422, "invalid-input")["detail"]
+    assert "is not one this server runs (memstore-tiny)" in problem(r, 422, "invalid-input")["detail"]
     explained = fake_client.get("/problems/payload-too-large")
     assert explained.status_code == 200 and "limit" in explained.text
 

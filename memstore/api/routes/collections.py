@@ -47,9 +47,9 @@ def collection_out(c: Collection, stats: CollectionStats | None = None) -> Colle
 
 def _dimensions_and_model(request: Request, body: CollectionCreate) -> tuple[int, str | None]:
     """The model's vector size comes from its configuration: a collection can be created while the
-    model is still loading."""
+    model is still loading. ``model`` may name any model the encoder runs (MEMSTORE_MODELS)."""
     rt = runtime(request)
-    running = rt.encoder.model_dimensions()
+    running = rt.encoder.model_dimensions(body.model)
     if body.dimensions is None:
         if running is None:
             if rt.encoder.state == "off":
@@ -57,18 +57,16 @@ def _dimensions_and_model(request: Request, body: CollectionCreate) -> tuple[int
                     "invalid-input",
                     "give dimensions: this server runs no encoder to take them from (or start it with one)",
                 )
+            if body.model is not None and rt.encoder.running_models():
+                raise Problem(
+                    "invalid-input",
+                    f"model {body.model!r} is not one this server runs ({', '.join(rt.encoder.running_models())}); "
+                    "name one of those, or give dimensions to store vectors you make yourself",
+                )
             rt.encoder.require("or give dimensions explicitly")
         assert running is not None
-        running_model, running_dims = running
-        model = body.model or running_model
-        if model != running_model:
-            raise Problem(
-                "invalid-input",
-                f"model {model!r} is not the one this server runs ({running_model}); use {running_model!r}, "
-                "or give dimensions to store vectors you make yourself",
-            )
-        return running_dims, model
-    if body.model and running is not None and body.model == running[0] and body.dimensions != running[1]:
+        return running[1], running[0]
+    if body.model and running is not None and body.dimensions != running[1]:
         raise Problem(
             "invalid-input",
             f"model {body.model} makes {running[1]}-dimensional vectors, not {body.dimensions}; "

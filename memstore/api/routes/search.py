@@ -97,17 +97,20 @@ def _base64_image(value: str, refusal: str) -> bytes:
         raise Problem("invalid-input", refusal) from None
 
 
-def _embed_query(rt: Runtime, *, label: str, text: str | None = None, image: bytes | None = None) -> Any:
+def _embed_query(
+    rt: Runtime, how: dict[str, Any], *, label: str, text: str | None = None, image: bytes | None = None
+) -> Any:
     """A query's text or image (the field ``label`` names) as the encoder embeds it, at query
     priority, after the same checks as ingest (the text's length; the image's bytes and pixels, with
-    a search's lower pixel budget). The caller has made sure the encoder can fill this collection."""
+    a search's lower pixel budget). ``how``: what ``check_encodable`` answered for this collection
+    (its model, when the encoder runs several)."""
     backend = rt.encoder.require("search by vector or item_id instead")
     if text is not None:
         check_text(rt, text, label)
-        return np.asarray(backend.embed_texts([text], priority=Priority.QUERY))[0]
+        return np.asarray(backend.embed_texts([text], priority=Priority.QUERY, **how))[0]
     assert image is not None
     data, _ = bodies.check_image(image, label, query_image_options(rt))
-    return np.asarray(backend.embed_images([data], priority=Priority.QUERY))[0]
+    return np.asarray(backend.embed_images([data], priority=Priority.QUERY, **how))[0]
 
 
 async def _parse(request: Request, rt: Runtime) -> tuple[SearchRequest, bytes | None]:
@@ -179,14 +182,14 @@ def _query_vector(rt: Runtime, name: str, body: SearchRequest, image: bytes | No
     purpose = "search with mode 'keyword', or by vector or item_id" if source is None else "search by vector or item_id"
     rt.encoder.require(purpose)
     try:
-        check_encodable(rt, rt.store.get_collection(name=name))
+        how = check_encodable(rt, rt.store.get_collection(name=name))
     except Problem as exc:
         if source is None:  # a text alone: its words can still be searched
             exc.detail += '; or search the text\'s words alone with "mode": "keyword"'
         raise
     if source is None:
-        return _embed_query(rt, label="text", text=body.text)
-    return _embed_query(rt, label="image", image=image)
+        return _embed_query(rt, how, label="text", text=body.text)
+    return _embed_query(rt, how, label="image", image=image)
 
 
 def check(body: SearchRequest, mode: str, vector: Any) -> SearchQuery:
@@ -326,11 +329,11 @@ def _example(rt: Runtime, name: str, example: int | Example, where: str) -> Any:
     if example.vector is not None:
         return example.vector
     rt.encoder.require("give item ids or vectors as examples instead")
-    check_encodable(rt, rt.store.get_collection(name=name))
+    how = check_encodable(rt, rt.store.get_collection(name=name))
     if example.text is not None:
-        return _embed_query(rt, label=f"{where}.text", text=example.text)
+        return _embed_query(rt, how, label=f"{where}.text", text=example.text)
     image = _base64_image(example.image or "", f"{where}.image: not valid base64")
-    return _embed_query(rt, label=f"{where}.image", image=image)
+    return _embed_query(rt, how, label=f"{where}.image", image=image)
 
 
 def _recommend(rt: Runtime, name: str, body: RecommendRequest) -> dict[str, Any]:
