@@ -60,6 +60,22 @@ def test_bulk_benchmark_measures_live_scaling_and_the_crossover(database_url: st
     assert all(row["live"] > 0 and row["rebuilt"] > 0 and row["speedup"] > 0 for row in result["crossover"])
 
 
+def test_space_layout_benchmark_measures_both_layouts() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.space_layout", "--json", "--rows", "600", "--queries", "20", "--rounds", "1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    for layout in ("column", "side"):
+        figures = result[layout]
+        assert figures["rows_per_s"] > 0 and figures["search_qps"] > 0 and figures["first_index_growth"] >= 1.0
+    assert result["side"]["first_index_growth"] == 1.0  # the side table never touches the first index
+
+
 def test_recall_probe_benchmark_agrees_with_brute_force(database_url: str) -> None:
     result = _run("bench.recall_probe", database_url, "--rows", "3000", "--repeats", "1")
     for n in (5, 20):
