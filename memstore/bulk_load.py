@@ -135,9 +135,13 @@ def deferred_index(
             yield
         finally:
             t0 = time.perf_counter()
-            _build(db, conn, c, progress=progress)
-            if on_build is not None:
-                on_build(time.perf_counter() - t0)
+            try:
+                _build(db, conn, c, progress=progress)
+            except psycopg.errors.UndefinedTable:
+                log.info("collection %r was dropped during its bulk load; no index to build", c.name)
+            else:
+                if on_build is not None:
+                    on_build(time.perf_counter() - t0)
 
 
 def finish_interrupted(db: Database, c: Collection, settings: Settings, *, progress: bool = False) -> bool:

@@ -11,6 +11,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -256,3 +257,23 @@ def test_bad_arguments_are_refused_before_anything_is_written(bulk_store: Vector
         with pytest.raises(InvalidInputError):
             bulk_store.bulk_load(collection=collection_name, items=[], **bad)  # type: ignore[arg-type]
     assert bulk_store.collection_stats(name=collection_name).items == 0
+
+
+def test_a_collection_dropped_during_its_load_ends_the_load_with_not_found(
+    bulk_store: VectorStore, collection_name: str
+) -> None:
+    from memstore.errors import CollectionNotFoundError
+
+    rng = np.random.default_rng(16)
+    vectors = rng.normal(size=(1500, 8)).astype(np.float32)
+    bulk_store.create_collection(name=collection_name, dimensions=8)
+
+    def items() -> Iterator[ItemIn]:
+        for i, item in enumerate(_items(vectors)):
+            if i == 700:
+                bulk_store.drop_collection(name=collection_name)
+            yield item
+
+    with pytest.raises(CollectionNotFoundError):
+        bulk_store.bulk_load(collection=collection_name, items=items(), total=1500, batch_rows=500, connections=1)
+    assert collection_name not in {c.name for c in bulk_store.list_collections()}
