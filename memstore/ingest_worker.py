@@ -172,7 +172,9 @@ class Processor:
             return report
         how, mismatch = model_for(self.backend, collection)
         if mismatch:
-            return self._settle_failure(claims, mismatch, permanent=True, collection=collection)
+            # Not this worker's model: handed back with back-off, so a worker that runs it (workers
+            # may run different MEMSTORE_MODELS) takes it; failed once the attempts run out.
+            return self._settle_failure(claims, mismatch, permanent=False, collection=collection)
         # The web pages' thumbnails are made from the bytes in hand while the encoder embeds them (the
         # imaging library works outside the GIL), so they cost the worker little of its time; they are
         # written with the vectors, in the same row version.
