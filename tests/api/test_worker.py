@@ -97,10 +97,24 @@ def test_once_mode_drains_the_queue_and_exits_zero(worker_engine, tiny_collectio
     assert max(n for _, n, _ in backend.calls) <= 16
 
 
-def test_a_mismatched_collection_fails_its_items(worker_engine, worker_store, collection_name) -> None:
+def test_a_collection_the_worker_cannot_embed_is_handed_back_then_failed(
+    worker_engine, worker_store, collection_name
+) -> None:
+    """Another worker may run the collection's model: the items go back to the queue with the reason,
+    and fail with it once their attempts are spent."""
     c = worker_store.create_collection(name=collection_name, dimensions=32)
     [item_id] = enqueue_texts(worker_engine, c, 1)
-    IngestWorker(worker_engine, FakeBackend(), settings=IngestSettings()).run(once=True)
+    settings = IngestSettings(max_attempts=2)
+    IngestWorker(worker_engine, FakeBackend(), settings=settings).run(once=True)
+    assert item_states(worker_engine, c)[item_id] == "pending"
+    with worker_engine.begin() as conn:
+        error = conn.exec_driver_sql(
+            "UPDATE memstore_ingest_queue SET not_before = now() WHERE item_id = %s AND collection_id = %s "
+            "RETURNING last_error",
+            (item_id, c.id),
+        ).scalar_one()
+    assert "has 32 dimensions" in error
+    IngestWorker(worker_engine, FakeBackend(), settings=settings).run(once=True)
     assert item_states(worker_engine, c)[item_id] == "failed"
 
 
