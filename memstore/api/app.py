@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from memstore import migrate, queue, ui
 from memstore.api import problems
 from memstore.api.auth import authenticate_runtime, key_from_header
+from memstore.api.consistency import ReadYourWrites
 from memstore.api.fastpath import SearchFastPath
 from memstore.api.middleware import AuthGate, BodyLimit, BodyTooLargeError, Metrics, too_large_detail
 from memstore.api.routes import collections, items, search
@@ -99,8 +100,10 @@ def create_app(
 
     # The key first (a stranger learns nothing, not even the limits), then the route's body limit.
     limited = BodyLimit(SearchFastPath(app.dispatch, fastapi_app=app), api)
+    # Write answers carry their WAL position; reads given one see those writes (memstore.api.consistency).
+    consistent = ReadYourWrites(limited, lambda: app.state.runtime.store.db)
     # The web pages (/ui) check their session cookie in their own gate, also before any body.
-    app.front = Metrics(AuthGate(ui.install(app, limited), authenticate), registry=registry)
+    app.front = Metrics(AuthGate(ui.install(app, consistent), authenticate), registry=registry)
     # Routes are matched in order: the hot path (search) first.
     app.include_router(search.router)
     app.include_router(collections.router)
