@@ -466,7 +466,11 @@ class Database:
         ]
 
     def close(self) -> None:
-        """Stop probing and close the replicas' pools (the primary's engine is the process's)."""
+        """Stop probing and close the replicas' pools (the primary's engine is the process's); a
+        later ``get_database`` makes a new one."""
+        with _lock:
+            for key in [k for k, v in _databases.items() if v is self]:
+                del _databases[key]
         self._stop.set()
         if self._prober is not None:
             self._prober.join(5)

@@ -13,6 +13,7 @@ import httpx
 import numpy as np
 import pytest
 import sqlalchemy as sa
+from prometheus_client.parser import text_string_to_metric_families
 
 from memstore.api.app import create_app
 from memstore.api.runtime import RuntimeOptions
@@ -271,5 +272,60 @@ def test_the_api_answers_writes_with_their_lsn_and_reads_given_it_see_them(
                 assert refused.status_code == 422 and words in refused.json()["detail"], refused.text
             refused = client.get(f"/v1/collections/{collection_name}/items", params={"min_lsn": "1" * 100})
             assert refused.status_code == 422 and "not a WAL position" in refused.json()["detail"]
+        finally:
+            db.close()
+
+
+def _replica_metrics(client: httpx.Client) -> dict[tuple[str, str], float]:
+    """/metrics' replica samples by (name, replica)."""
+    text = client.get("/metrics").text
+    return {
+        (sample.name, sample.labels.get("replica", "")): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name.startswith(("memstore_replica_", "memstore_primary_reads"))
+    }
+
+
+def test_metrics_show_each_replicas_health_lag_and_reads(
+    settings: Settings, standbys: list[Standby], engine: sa.Engine, collection_name: str
+) -> None:
+    replicated = settings.model_copy(
+        update={"read_database_urls": [s.url for s in reversed(standbys)], "max_replica_lag_s": 1.0}
+    )
+    app = create_app(replicated, api_settings=ApiSettings(auth="off"), options=RuntimeOptions(encoder="none"))
+    with LiveServer(app) as live, httpx.Client(base_url=live.url, timeout=30) as client:
+        db = live.runtime.store.db
+        try:
+            _wait(lambda: all(r["healthy"] for r in db.states()), "both replicas to serve")
+            assert client.post("/v1/collections", json={"name": collection_name, "dimensions": 4}).status_code == 201
+            before = _replica_metrics(client)
+            assert before[("memstore_replica_healthy", "0")] == before[("memstore_replica_healthy", "1")] == 1.0
+            assert before[("memstore_replica_lag_seconds", "1")] >= 0.0
+            for _ in range(4):
+                client.get(f"/v1/collections/{collection_name}/items")
+            after = _replica_metrics(client)
+            served = sum(
+                after[("memstore_replica_reads_total", r)] - before[("memstore_replica_reads_total", r)] for r in "01"
+            )
+            assert (
+                served + after[("memstore_primary_reads_total", "")] - before[("memstore_primary_reads_total", "")] == 4
+            )
+            _replay(db.replicas[1].engine, "pause")
+            try:
+                # WAL the paused replica receives and does not replay: it falls behind by the clock.
+                deadline = time.monotonic() + 30
+                while db.states()[1]["healthy"] and time.monotonic() < deadline:
+                    with engine.begin() as conn:
+                        conn.exec_driver_sql("SELECT pg_logical_emit_message(true, 'memstore-test', 'x')")
+                    time.sleep(0.2)
+                lagging = _replica_metrics(client)
+                assert lagging[("memstore_replica_healthy", "1")] == 0.0
+                assert lagging[("memstore_replica_lag_seconds", "1")] > 1.0
+                assert lagging[("memstore_replica_healthy", "0")] == 1.0
+            finally:
+                _replay(db.replicas[1].engine, "resume")
+            _wait(lambda: db.states()[1]["healthy"], "the replica to catch up")
+            assert _replica_metrics(client)[("memstore_replica_healthy", "1")] == 1.0
         finally:
             db.close()
