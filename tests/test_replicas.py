@@ -3,6 +3,7 @@ reads go to it, writes do not; a standby that dies or lags serves no reads and n
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import time
@@ -18,10 +19,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from memstore.api.app import create_app
 from memstore.api.runtime import RuntimeOptions
 from memstore.api.settings import ApiSettings
+from memstore.cli import main as memstore_main
 from memstore.db import Database, create_engine, parse_lsn
 from memstore.errors import InvalidInputError
 from memstore.models import ItemIn
-from memstore.settings import Settings
+from memstore.settings import Settings, get_settings
 from memstore.standby import Standby, embedded_socket
 from memstore.store import VectorStore
 from tests.api.api_helpers import LiveServer
@@ -329,3 +331,40 @@ def test_metrics_show_each_replicas_health_lag_and_reads(
             assert _replica_metrics(client)[("memstore_replica_healthy", "1")] == 1.0
         finally:
             db.close()
+
+
+def test_memstore_db_replica_create_makes_a_standby_and_stop_stops_it(
+    database_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    socket = embedded_socket(database_url)
+    if os.environ.get("MEMSTORE_TEST_DATABASE_URL") or socket is None or not (Path(socket) / "PG_VERSION").exists():
+        pytest.skip("needs the embedded test server, whose socket is its data folder")
+    # The command as a user runs it: no MEMSTORE_DATABASE_URL, the embedded server's data folder.
+    monkeypatch.delenv("MEMSTORE_DATABASE_URL", raising=False)
+    monkeypatch.setenv("MEMSTORE_DATA_DIR", str(Path(socket).parent))
+    get_settings.cache_clear()
+    folder = Path(tempfile.mkdtemp(prefix="memstore-cli-standby-"))
+    folder.rmdir()
+    try:
+        assert memstore_main(["db", "replica", "create", str(folder), "--json"]) == 0
+        made = json.loads(capsys.readouterr().out)
+        standby = create_engine(made["url"], pool_size=1, max_overflow=0)
+        with standby.connect() as conn:
+            row = conn.exec_driver_sql(
+                "SELECT pg_is_in_recovery(), current_setting('hot_standby_feedback'), "
+                "(SELECT count(*) FROM pg_stat_wal_receiver WHERE status = 'streaming')"
+            ).one()
+        standby.dispose()
+        assert tuple(row) == (True, "on", 1)
+        assert memstore_main(["db", "replica", "stop", str(folder)]) == 0
+        assert not Standby(folder).running
+        # Not for a database the embedded server is not: refused, nothing made.
+        monkeypatch.setenv("MEMSTORE_DATABASE_URL", database_url)
+        get_settings.cache_clear()
+        capsys.readouterr()
+        assert memstore_main(["db", "replica", "create", str(folder.with_name(folder.name + "-2"))]) == 2
+        assert "MEMSTORE_DATABASE_URL" in capsys.readouterr().err
+        assert not folder.with_name(folder.name + "-2").exists()
+    finally:
+        get_settings.cache_clear()
+        Standby(folder).remove()
