@@ -205,6 +205,7 @@ class Replica:
     checked_at: float = 0.0
     replayed: int = 0  # the WAL position it had replayed when last asked (pg_last_wal_replay_lsn)
     reads: int = 0  # reads it served (counted when its connection was handed out)
+    conflicts: int = 0  # reads it cancelled for a recovery conflict (each run again on the primary)
 
 
 _LSN = re.compile(r"^([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})$")
@@ -280,7 +281,8 @@ class Database:
     def run_read(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
         """``fn`` on a read connection; when a replica's connection fails under it, that replica is
         taken out and ``fn`` runs once more on another target (a read is safe to repeat). A table the
-        replica does not have yet (a collection made a moment ago) is read on the primary."""
+        replica does not have yet (a collection made a moment ago), and a read the replica cancelled
+        for a recovery conflict, are read on the primary."""
         replica: Replica | None = None  # stays None when no connection was had (the primary's error)
         try:
             with self._reading() as (replica, conn):
@@ -289,6 +291,16 @@ class Database:
             if replica is None:
                 raise
             # A table created a moment ago that the replica has not replayed yet: the primary has it.
+            with raw_connection(self.engine) as conn:
+                return fn(conn)
+        except psycopg.errors.SerializationFailure as exc:
+            # On a standby: "canceling statement due to conflict with recovery" (the replay of a
+            # VACUUM or an index swap could not wait longer; see docs/operations.md). The standby is
+            # well; the primary has no such conflicts.
+            if replica is None:
+                raise
+            replica.conflicts += 1
+            log.warning("read cancelled on replica %s (%s); running it on the primary", replica.url, exc)
             with raw_connection(self.engine) as conn:
                 return fn(conn)
         except psycopg.OperationalError as exc:
@@ -461,7 +473,14 @@ class Database:
     def states(self) -> list[dict[str, Any]]:
         """What /health and /metrics show of each replica."""
         return [
-            {"url": r.url, "healthy": r.healthy, "lag_s": r.lag_s, "error": r.error, "reads": r.reads}
+            {
+                "url": r.url,
+                "healthy": r.healthy,
+                "lag_s": r.lag_s,
+                "error": r.error,
+                "reads": r.reads,
+                "conflicts": r.conflicts,
+            }
             for r in self.replicas
         ]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -368,3 +369,88 @@ def test_memstore_db_replica_create_makes_a_standby_and_stop_stops_it(
     finally:
         get_settings.cache_clear()
         Standby(folder).remove()
+
+
+def _conflicts_on(replica: sa.Engine) -> int:
+    """Queries this standby has cancelled in this database for a recovery conflict, ever."""
+    with replica.connect() as conn:
+        return int(
+            conn.exec_driver_sql(
+                "SELECT confl_tablespace + confl_lock + confl_snapshot + confl_bufferpin + confl_deadlock "
+                "FROM pg_stat_database_conflicts WHERE datname = current_database()"
+            ).scalar()
+            or 0
+        )
+
+
+def _hnsw_indexes(engine: sa.Engine, table: str) -> list[str]:
+    with engine.connect() as conn:
+        return list(
+            conn.exec_driver_sql(
+                # The table's own index, or its partitions' (a partitioned table's index is rebuilt by
+                # rebuilding each partition's).
+                "SELECT i.indexrelid::regclass::text FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+                "JOIN pg_am a ON a.oid = c.relam WHERE a.amname = 'hnsw' AND c.relkind = 'i' "
+                "AND (i.indrelid = %s::regclass OR i.indrelid IN (SELECT relid FROM pg_partition_tree(%s::regclass)))",
+                (table, table),
+            ).scalars()
+        )
+
+
+def test_maintenance_on_the_primary_cancels_no_search_on_the_standbys(
+    two_replicas: Database, engine: sa.Engine, settings: Settings, collection_name: str
+) -> None:
+    """A VACUUM after many deletes and a concurrent rebuild replay on standbys made as `memstore db
+    replica create` makes them (hot_standby_feedback on) while searches run there: none is cancelled."""
+    db = two_replicas
+    store = VectorStore(db, settings=settings)
+    store.create_collection(name=collection_name, dimensions=16)
+    rng = np.random.default_rng(3)
+    for start in range(0, 4000, 1000):
+        rows = rng.normal(size=(1000, 16))
+        store.upsert_items(
+            collection=collection_name, items=[ItemIn(vector=r, external_id=str(start + i)) for i, r in enumerate(rows)]
+        )
+    table = store.get_collection(name=collection_name).table_name
+    indexes = _hnsw_indexes(engine, table)
+    assert indexes, "the collection has no HNSW index to rebuild"
+    _wait(lambda: all(_rows_on(r.engine, table) == 4000 for r in db.replicas), "the rows on both standbys")
+    conflicts_before = [_conflicts_on(r.engine) for r in db.replicas]
+    stop, failures, searches = threading.Event(), [], [0]
+
+    def search_stream() -> None:
+        local = np.random.default_rng()
+        while not stop.is_set():
+            try:
+                exact = searches[0] % 5 == 0  # some scans of the whole table, which hold their snapshot longer
+                store.search(collection=collection_name, vector=local.normal(size=16), k=10, exact=exact)
+                searches[0] += 1
+            except Exception as exc:  # every failure is the test's finding
+                failures.append(exc)
+
+    streams = [threading.Thread(target=search_stream) for _ in range(3)]
+    for t in streams:
+        t.start()
+    try:
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.exec_driver_sql(f'DELETE FROM "{table}" WHERE mod(id, 3) = 0')
+            conn.exec_driver_sql(f'VACUUM (INDEX_CLEANUP ON) "{table}"')
+            for index in indexes:
+                conn.exec_driver_sql(f"REINDEX INDEX CONCURRENTLY {index}")
+            conn.exec_driver_sql(f'DELETE FROM "{table}" WHERE mod(id, 3) = 1')
+            conn.exec_driver_sql(f'VACUUM "{table}"')
+        target = parse_lsn(db.current_lsn())
+        _wait(lambda: all(_replayed(r.engine) >= target for r in db.replicas), "both standbys to replay it all")
+    finally:
+        stop.set()
+        for t in streams:
+            t.join()
+    assert failures == []
+    assert searches[0] > 0 and sum(r.reads for r in db.replicas) > 0
+    assert [_conflicts_on(r.engine) for r in db.replicas] == conflicts_before
+    assert [r.conflicts for r in db.replicas] == [0, 0]
+
+
+def _replayed(replica: sa.Engine) -> int:
+    with replica.connect() as conn:
+        return parse_lsn(str(conn.exec_driver_sql("SELECT pg_last_wal_replay_lsn()::text").scalar()))

@@ -221,13 +221,20 @@ class _ReplicaCollector(Collector):
             labels=["replica"],
         )
         reads = CounterMetricFamily("memstore_replica_reads", "Reads served by the read replica", labels=["replica"])
+        conflicts = CounterMetricFamily(
+            "memstore_replica_conflicts",
+            "Reads the read replica cancelled for a recovery conflict (each run again on the primary)",
+            labels=["replica"],
+        )
         for i, replica in enumerate(db.replicas):
             healthy.add_metric([str(i)], 1.0 if replica.healthy else 0.0)
             lag.add_metric([str(i)], float("nan") if replica.lag_s is None else replica.lag_s)
             reads.add_metric([str(i)], replica.reads)
+            conflicts.add_metric([str(i)], replica.conflicts)
         yield healthy
         yield lag
         yield reads
+        yield conflicts
         yield CounterMetricFamily(
             "memstore_primary_reads",
             "Reads served by the primary although read replicas are configured",
