@@ -31,7 +31,7 @@ from tests.api.api_helpers import LiveServer
 
 
 @pytest.fixture(scope="module")
-def standbys(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Standby]]:
+def standbys(database_url: str) -> Iterator[list[Standby]]:
     """Two hot standbys of the embedded test server, made as ``memstore db replica create`` makes them."""
     socket = embedded_socket(database_url)
     if os.environ.get("MEMSTORE_TEST_DATABASE_URL") or socket is None:
