@@ -380,6 +380,8 @@ class Database:
         pause = 0.001
         checked_ahead = False
         while True:
+            if not any(r.healthy for r in healthy):
+                return None  # every one was taken out meanwhile: nothing to wait for
             for replica in healthy:
                 if not replica.healthy:
                     continue
