@@ -1,5 +1,8 @@
-"""Reads on hot standbys, with a real standby of the embedded test server (pg_basebackup -R, pg_ctl):
-reads go to it, writes do not; a standby that dies or lags serves no reads and no search fails."""
+"""Reads on hot standbys, with two real standbys of the embedded test server (pg_basebackup -R,
+pg_ctl; made by memstore.standby, as `memstore db replica create` makes them): reads go to them,
+writes do not; a standby that dies or lags serves no reads and no search fails; a read given a
+write's LSN sees that write, also while a standby's replay is paused (in Python and through the
+API); /metrics shows each standby; the primary's maintenance cancels no search on them."""
 
 from __future__ import annotations
 
