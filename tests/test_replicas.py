@@ -346,6 +346,9 @@ def test_memstore_db_replica_create_makes_a_standby_and_stop_stops_it(
     # The command as a user runs it: no MEMSTORE_DATABASE_URL, the embedded server's data folder.
     monkeypatch.delenv("MEMSTORE_DATABASE_URL", raising=False)
     monkeypatch.setenv("MEMSTORE_DATA_DIR", str(Path(socket).parent))
+    # Joining the server applies these: keep the test server's own (tests/conftest.py).
+    monkeypatch.setenv("MEMSTORE_MAINTENANCE_WORK_MEM", "256MB")
+    monkeypatch.setenv("MEMSTORE_MAX_PARALLEL_MAINTENANCE_WORKERS", "1")
     get_settings.cache_clear()
     folder = Path(tempfile.mkdtemp(prefix="memstore-cli-standby-"))
     folder.rmdir()
