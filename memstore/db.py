@@ -8,18 +8,21 @@
 - ``async_pool``: the asyncio pool of the search fast path, on the same URL;
 - ``Database``: all of that for one database, with reads and writes asked for apart (``read()``,
   ``write()``): reads go to hot standbys when ``MEMSTORE_READ_DATABASE_URLS`` names some
-  (``get_database``), writes to the primary.
+  (``get_database``), writes to the primary. Read-your-writes: ``current_lsn()`` is the primary's WAL
+  position after a write, and reads inside ``reading_after(lsn)`` see everything up to it.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import re
 import select
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -30,6 +33,7 @@ from psycopg_pool import AsyncConnectionPool
 from sqlalchemy import event
 
 from memstore.embedded import start_embedded_server
+from memstore.errors import InvalidInputError
 from memstore.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -199,6 +203,32 @@ class Replica:
     lag_s: float | None = None
     error: str | None = None
     checked_at: float = 0.0
+    replayed: int = 0  # the WAL position it had replayed when last asked (pg_last_wal_replay_lsn)
+    reads: int = 0  # reads it served (counted when its connection was handed out)
+    conflicts: int = 0  # reads it cancelled for a recovery conflict (each run again on the primary)
+
+
+_LSN = re.compile(r"^([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})$")
+
+
+def parse_lsn(text: str) -> int:
+    """A PostgreSQL WAL position as ``pg_lsn`` writes it (``16/B374D848``), as a number."""
+    match = _LSN.match(text.strip()) if isinstance(text, str) else None
+    if match is None:
+        raise InvalidInputError(
+            f"min_lsn {str(text)[:40]!r} is not a WAL position: pass the X-Memstore-LSN a write answered with "
+            "(two hexadecimal numbers joined by a slash, such as 0/1A2B3C4)"
+        )
+    return int(match.group(1), 16) << 32 | int(match.group(2), 16)
+
+
+def format_lsn(lsn: int) -> str:
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
+# The WAL position the reads of this context must see (set by ``Database.reading_after``), with the
+# Database it belongs to; copied into the threads a request's work runs in (run_in_threadpool).
+_read_floor: ContextVar[tuple[Database, int] | None] = ContextVar("memstore_read_floor", default=None)
 
 
 class Database:
@@ -217,10 +247,14 @@ class Database:
         *,
         max_lag_s: float = 5.0,
         probe_s: float = 1.0,
+        wait_s: float = 0.5,
     ) -> None:
         self.engine = engine
         self.replicas = [Replica(r.url.render_as_string(hide_password=True), r) for r in replicas]
         self.max_lag_s = max_lag_s
+        self.wait_s = wait_s
+        self._primary_lsn = 0  # the highest WAL position the primary reported to this process
+        self.primary_reads = 0  # reads the primary served although replicas are configured
         self._turn = itertools.count()
         self._stop = threading.Event()
         self._prober: threading.Thread | None = None
@@ -239,41 +273,176 @@ class Database:
     @contextmanager
     def read(self) -> Iterator[psycopg.Connection[Any]]:
         """A pooled connection for one read-only transaction: searches, item reads, listings. A
-        healthy replica's when there is one, else the primary's."""
-        with raw_connection(self._reader()) as conn:
+        healthy replica's when there is one (inside ``reading_after(lsn)``: one that has replayed
+        ``lsn``), else the primary's."""
+        with self._reading() as (_replica, conn):
             yield conn
 
     def run_read(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
         """``fn`` on a read connection; when a replica's connection fails under it, that replica is
         taken out and ``fn`` runs once more on another target (a read is safe to repeat). A table the
-        replica does not have yet (a collection made a moment ago) is read on the primary."""
-        target = self._reader()
+        replica does not have yet (a collection made a moment ago), and a read the replica cancelled
+        for a recovery conflict, are read on the primary."""
+        replica: Replica | None = None  # stays None when no connection was had (the primary's error)
         try:
-            with raw_connection(target) as conn:
+            with self._reading() as (replica, conn):
                 return fn(conn)
         except psycopg.errors.UndefinedTable:
-            if self._replica_of(target) is None:
+            if replica is None:
                 raise
             # A table created a moment ago that the replica has not replayed yet: the primary has it.
             with raw_connection(self.engine) as conn:
                 return fn(conn)
-        except psycopg.OperationalError as exc:
-            replica = self._replica_of(target)
+        except psycopg.errors.SerializationFailure as exc:
+            # On a standby: "canceling statement due to conflict with recovery" (the replay of a
+            # VACUUM or an index swap could not wait longer; see docs/operations.md). The standby is
+            # well; the primary has no such conflicts.
             if replica is None:
                 raise
-            self._mark(replica, healthy=False, error=str(exc).strip() or type(exc).__name__)
-            log.warning("read failed on replica %s (%s); taken out, running it elsewhere", replica.url, exc)
-            with raw_connection(self._reader()) as conn:
+            replica.conflicts += 1
+            log.warning("read cancelled on replica %s (%s); running it on the primary", replica.url, exc)
+            with raw_connection(self.engine) as conn:
+                return fn(conn)
+        except psycopg.OperationalError as exc:
+            if replica is None:
+                raise
+            self._take_out(replica, exc)
+            with self._reading() as (_replica, conn):
                 return fn(conn)
 
-    def _reader(self) -> sa.Engine:
-        healthy = [r for r in self.replicas if r.healthy]
-        if not healthy:
-            return self.engine
-        return healthy[next(self._turn) % len(healthy)].engine
+    # -- read-your-writes --------------------------------------------------------------------------
 
-    def _replica_of(self, engine: sa.Engine) -> Replica | None:
-        return next((r for r in self.replicas if r.engine is engine), None)
+    def current_lsn(self) -> str:
+        """The primary's WAL position now (``pg_current_wal_insert_lsn()``): every transaction
+        committed before this call lies at or before it. What the API's write answers carry as
+        ``X-Memstore-LSN``; pass it to ``reading_after`` to read those writes on a replica."""
+        with raw_connection(self.engine) as conn:
+            row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+        assert row is not None
+        lsn = parse_lsn(row[0])
+        self._primary_lsn = max(self._primary_lsn, lsn)
+        return format_lsn(lsn)
+
+    @contextmanager
+    def reading_after(self, lsn: str | int | None) -> Iterator[None]:
+        """Reads inside see every write up to ``lsn`` (a ``current_lsn()`` or an API write answer's
+        ``X-Memstore-LSN``): they go to a replica that has replayed it, waiting at most ``wait_s``
+        for one, else to the primary. ``None`` changes nothing. A malformed ``lsn`` raises
+        ``InvalidInputError``; so does one ahead of the primary's WAL, when a read would wait on it."""
+        if lsn is None:
+            yield
+            return
+        floor = lsn if isinstance(lsn, int) else parse_lsn(lsn)
+        token = _read_floor.set((self, floor))
+        try:
+            yield
+        finally:
+            _read_floor.reset(token)
+
+    def _floor(self) -> int | None:
+        found = _read_floor.get()
+        return found[1] if found is not None and found[0] is self else None
+
+    @contextmanager
+    def _reading(self) -> Iterator[tuple[Replica | None, psycopg.Connection[Any]]]:
+        """A read connection and the replica it is on (None: the primary)."""
+        healthy = self._healthy_in_turn()
+        floor = self._floor() if healthy else None
+        if floor is None:
+            for replica in healthy:
+                with ExitStack() as stack:
+                    conn = self._checkout(replica, stack)
+                    if conn is None:
+                        continue  # refused: taken out, the next one in turn
+                    replica.reads += 1
+                    yield replica, conn
+                    return
+            with raw_connection(self.engine) as conn:
+                self.primary_reads += bool(self.replicas)
+                yield None, conn
+            return
+        with ExitStack() as stack:
+            found = self._caught_up(healthy, floor, stack)
+            if found is None:  # none caught up in time: the primary has every write
+                self.primary_reads += 1
+                yield None, stack.enter_context(raw_connection(self.engine))
+            else:
+                found[0].reads += 1
+                yield found
+
+    def _caught_up(
+        self, healthy: list[Replica], floor: int, stack: ExitStack
+    ) -> tuple[Replica, psycopg.Connection[Any]] | None:
+        """A connection (entered into ``stack``) to a replica that has replayed ``floor``, asked on
+        that connection itself, so the read that follows sees it; trying each healthy replica in
+        turn for at most ``wait_s``. None: none caught up in time (the caller reads the primary)."""
+        deadline = time.monotonic() + self.wait_s
+        pause = 0.001
+        checked_ahead = False
+        while True:
+            if not any(r.healthy for r in healthy):
+                return None  # every one was taken out meanwhile: nothing to wait for
+            for replica in healthy:
+                if not replica.healthy:
+                    continue
+                attempt = ExitStack()
+                conn = self._checkout(replica, attempt)
+                if conn is None:
+                    continue
+                try:
+                    row = conn.execute("SELECT pg_last_wal_replay_lsn()::text").fetchone()
+                except psycopg.OperationalError as exc:
+                    attempt.__exit__(type(exc), exc, exc.__traceback__)  # the connection is invalidated
+                    self._take_out(replica, exc)
+                    continue
+                except BaseException as exc:
+                    attempt.__exit__(type(exc), exc, exc.__traceback__)
+                    raise
+                replica.replayed = parse_lsn(row[0]) if row and row[0] else 0
+                if replica.replayed >= floor:
+                    stack.push(attempt.pop_all())
+                    return replica, conn
+                attempt.close()
+            if not checked_ahead:
+                # A position no write has reached yet would make every such read wait in vain.
+                self._refuse_future(floor)
+                checked_ahead = True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, 0.02)
+
+    def _refuse_future(self, floor: int) -> None:
+        if floor <= self._primary_lsn:
+            return
+        now = parse_lsn(self.current_lsn())
+        if floor > now:
+            raise InvalidInputError(
+                f"min_lsn {format_lsn(floor)} is ahead of the database's WAL (now at {format_lsn(now)}): "
+                "pass the X-Memstore-LSN a write answered with"
+            )
+
+    def _checkout(self, replica: Replica, stack: ExitStack) -> psycopg.Connection[Any] | None:
+        """A pooled connection to ``replica`` entered into ``stack``; None (and the replica taken
+        out) when it refuses one."""
+        try:
+            return stack.enter_context(raw_connection(replica.engine))
+        except (psycopg.OperationalError, sa.exc.OperationalError) as exc:
+            self._take_out(replica, exc)
+            return None
+
+    def _healthy_in_turn(self) -> list[Replica]:
+        """The healthy replicas, starting with the next one in turn (round robin)."""
+        healthy = [r for r in self.replicas if r.healthy]
+        if len(healthy) > 1:
+            start = next(self._turn) % len(healthy)
+            healthy = healthy[start:] + healthy[:start]
+        return healthy
+
+    def _take_out(self, replica: Replica, exc: BaseException) -> None:
+        self._mark(replica, healthy=False, error=str(exc).strip() or type(exc).__name__)
+        log.warning("read failed on replica %s (%s); taken out, running it elsewhere", replica.url, exc)
 
     def probe(self) -> None:
         """Every replica's health, now (the background thread calls this every ``probe_s``)."""
@@ -305,10 +474,24 @@ class Database:
 
     def states(self) -> list[dict[str, Any]]:
         """What /health and /metrics show of each replica."""
-        return [{"url": r.url, "healthy": r.healthy, "lag_s": r.lag_s, "error": r.error} for r in self.replicas]
+        return [
+            {
+                "url": r.url,
+                "healthy": r.healthy,
+                "lag_s": r.lag_s,
+                "error": r.error,
+                "reads": r.reads,
+                "conflicts": r.conflicts,
+            }
+            for r in self.replicas
+        ]
 
     def close(self) -> None:
-        """Stop probing and close the replicas' pools (the primary's engine is the process's)."""
+        """Stop probing and close the replicas' pools (the primary's engine is the process's); a
+        later ``get_database`` makes a new one."""
+        with _lock:
+            for key in [k for k, v in _databases.items() if v is self]:
+                del _databases[key]
         self._stop.set()
         if self._prober is not None:
             self._prober.join(5)
@@ -349,7 +532,9 @@ def get_database(settings: Settings | None = None) -> Database:
                 create_engine(url, pool_size=settings.pool_size, max_overflow=settings.pool_max_overflow)
                 for url in settings.read_database_urls
             ]
-            found = _databases[key] = Database(engine, replicas, max_lag_s=settings.max_replica_lag_s)
+            found = _databases[key] = Database(
+                engine, replicas, max_lag_s=settings.max_replica_lag_s, wait_s=settings.replica_wait_s
+            )
         return found
 
 

@@ -25,6 +25,12 @@ class Settings(BaseSettings):
     max_replica_lag_s: float = Field(
         default=5.0, gt=0, description="A standby further behind than this serves no reads until it catches up."
     )
+    replica_wait_s: float = Field(
+        default=0.5,
+        ge=0,
+        description="How long a read given a min_lsn (read-your-writes) waits for a standby to replay it "
+        "before it is served by the primary.",
+    )
     data_dir: Path = Field(
         default=Path.home() / ".memstore",
         description="Where the embedded server keeps its data (and other local state).",

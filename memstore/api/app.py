@@ -13,13 +13,14 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from memstore import migrate, queue, ui
 from memstore.api import problems
 from memstore.api.auth import authenticate_runtime, key_from_header
+from memstore.api.consistency import ReadYourWrites
 from memstore.api.fastpath import SearchFastPath
 from memstore.api.middleware import AuthGate, BodyLimit, BodyTooLargeError, Metrics, too_large_detail
 from memstore.api.routes import collections, items, load, search
@@ -93,14 +94,17 @@ def create_app(
     app.add_exception_handler(BodyTooLargeError, on_too_large)
     registry = CollectorRegistry()
     registry.register(_QueueCollector(app))
+    registry.register(_ReplicaCollector(app))
 
     async def authenticate(secret: str | None) -> ApiKey:
         return await authenticate_runtime(app.state.runtime, secret)
 
     # The key first (a stranger learns nothing, not even the limits), then the route's body limit.
     limited = BodyLimit(SearchFastPath(app.dispatch, fastapi_app=app), api)
+    # Write answers carry their WAL position; reads given one see those writes (memstore.api.consistency).
+    consistent = ReadYourWrites(limited, lambda: app.state.runtime.store.db)
     # The web pages (/ui) check their session cookie in their own gate, also before any body.
-    app.front = Metrics(AuthGate(ui.install(app, limited), authenticate), registry=registry)
+    app.front = Metrics(AuthGate(ui.install(app, consistent), authenticate), registry=registry)
     # Routes are matched in order: the hot path (search) first.
     app.include_router(search.router)
     app.include_router(collections.router)
@@ -192,6 +196,51 @@ class _QueueCollector(Collector):
         for status, n in depth.items():
             family.add_metric([status], n)
         yield family
+
+
+class _ReplicaCollector(Collector):
+    """Each read replica's state as its last probe found it (no query at scrape time). A replica is
+    labelled by its place in MEMSTORE_READ_DATABASE_URLS (0, 1, ...): /metrics needs no key, so
+    it names no host."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self.app = app
+
+    def collect(self) -> Any:
+        rt: Runtime | None = getattr(self.app.state, "runtime", None)
+        if rt is None or not rt.store.db.replicas:
+            return
+        db = rt.store.db
+        healthy = GaugeMetricFamily(
+            "memstore_replica_healthy",
+            "1 when the read replica serves reads, 0 when it is taken out",
+            labels=["replica"],
+        )
+        lag = GaugeMetricFamily(
+            "memstore_replica_lag_seconds",
+            "How far the read replica's replay is behind (last probe)",
+            labels=["replica"],
+        )
+        reads = CounterMetricFamily("memstore_replica_reads", "Reads served by the read replica", labels=["replica"])
+        conflicts = CounterMetricFamily(
+            "memstore_replica_conflicts",
+            "Reads the read replica cancelled for a recovery conflict (each run again on the primary)",
+            labels=["replica"],
+        )
+        for i, replica in enumerate(db.replicas):
+            healthy.add_metric([str(i)], 1.0 if replica.healthy else 0.0)
+            lag.add_metric([str(i)], float("nan") if replica.lag_s is None else replica.lag_s)
+            reads.add_metric([str(i)], replica.reads)
+            conflicts.add_metric([str(i)], replica.conflicts)
+        yield healthy
+        yield lag
+        yield reads
+        yield conflicts
+        yield CounterMetricFamily(
+            "memstore_primary_reads",
+            "Reads served by the primary although read replicas are configured",
+            value=db.primary_reads,
+        )
 
 
 def _health(rt: Runtime, detailed: bool) -> dict[str, Any]:

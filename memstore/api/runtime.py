@@ -7,13 +7,15 @@ that starts the server: ``memstore.api`` never imports ``maintenance``.
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
@@ -30,6 +32,8 @@ from memstore.services.query_sampler import QuerySampler
 from memstore.services.workers import BackgroundService, InProcessWorkers, ServiceContext
 from memstore.settings import Settings
 from memstore.store import VectorStore
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +98,12 @@ class Runtime:
             self.notes[service.name] = note
             if thread is not None:
                 self.background.append(thread)
+
+    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in the executor, in a copy of the request's context (a read's ``min_lsn``
+        travels in a context variable; ``run_in_executor`` alone would drop it)."""
+        context = contextvars.copy_context()
+        return await asyncio.get_running_loop().run_in_executor(self.executor, context.run, fn, *args)
 
     def processor(self) -> Processor:
         """The ``?wait=true`` path's processor (kept: it caches collection rows)."""

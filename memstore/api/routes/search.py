@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import time
@@ -310,12 +309,12 @@ async def execute(rt: Runtime, name: str, body: SearchRequest, image: bytes | No
             if results is not None:
                 out = _answer(rt, name, results, q.vector)
     if out is None:
-        out = await asyncio.get_running_loop().run_in_executor(rt.executor, _search, rt, name, body, image)
+        out = await rt.off_loop(_search, rt, name, body, image)
     rt.latency.record(time.perf_counter() - started)
     if body.group_by is not None:
         out = _grouped(out, body.group_by, body.k, body.group_size)
     if body.with_vector and out["results"]:
-        out = await asyncio.get_running_loop().run_in_executor(rt.executor, _with_vectors, rt, name, out)
+        out = await rt.off_loop(_with_vectors, rt, name, out)
     return out
 
 
@@ -368,7 +367,7 @@ async def recommend(request: Request, name: str) -> JSONResponse:
     body = await bodies.read_json(request, RecommendRequest)
     if body.k > rt.api.max_k:
         raise Problem("invalid-input", f"k is {body.k}; the limit is {rt.api.max_k} (MEMSTORE_API_MAX_K)")
-    out = await asyncio.get_running_loop().run_in_executor(rt.executor, _recommend, rt, name, body)
+    out = await rt.off_loop(_recommend, rt, name, body)
     return JSONResponse(out, media_type="application/json")
 
 
@@ -402,7 +401,7 @@ async def duplicates(request: Request, name: str) -> JSONResponse:
             "next": after,
         }
 
-    out = await asyncio.get_running_loop().run_in_executor(rt.executor, find)
+    out = await rt.off_loop(find)
     return JSONResponse(out, media_type="application/json")
 
 
