@@ -1,9 +1,13 @@
 """Text inside images: Tesseract run on an image's bytes, on a bounded rescale and under a time limit.
 
-Tesseract is driven through pytesseract, a thin wrapper that runs the ``tesseract`` program (Debian's
-``tesseract-ocr`` with ``tesseract-ocr-eng``) once per image: its ``timeout=`` kills a run that takes
-too long, and a crash of the program is a failed item, never a failed worker. Calling the program
-directly would mean rewriting that wrapper (temporary files, the timeout, error parsing).
+Tesseract is Debian's ``tesseract-ocr`` with ``tesseract-ocr-eng``, run as its command-line program
+once per image, the image on its standard input and the text on its output. The program rather than
+pytesseract (a wrapper around the same program): each run gets its own environment, so Tesseract's
+OpenMP threads are limited per run (``OcrSettings.threads``: one thread per run reads faster than
+its default on a busy host, measured by ``bench.ocr``, and setting ``OMP_THREAD_LIMIT`` for the
+whole process would also limit the encoder's torch threads); ``subprocess.run``'s timeout kills a
+run that takes too long; and no temporary files are written. A crash of the program is a failed
+item, never a failed worker.
 
 The image is decoded with Pillow, turned upright (EXIF orientation), made grey and rescaled so its
 longest side lies between ``OcrSettings.min_side`` and ``max_side``: a huge scan costs a bounded
@@ -14,8 +18,10 @@ best. Which items are read, and when, is ``memstore.ocr_pass``'s business.
 from __future__ import annotations
 
 import io
+import os
 import re
 import shutil
+import subprocess
 from dataclasses import dataclass
 
 from PIL import Image, ImageOps
@@ -46,29 +52,36 @@ class OcrSettings:
     min_side: int = MIN_SIDE
     max_upscale: float = MAX_UPSCALE
     timeout_s: float = TIMEOUT_S
+    threads: int | None = 1  # Tesseract's OpenMP threads per run (OMP_THREAD_LIMIT); None: its default
+
+
+def _run(args: list[str], *, data: bytes | None = None, timeout: float = 30.0, threads: int | None = 1) -> str:
+    env = {**os.environ, "OMP_THREAD_LIMIT": str(threads)} if threads else None
+    done = subprocess.run(["tesseract", *args], input=data, capture_output=True, timeout=timeout, env=env, check=False)
+    if done.returncode != 0:
+        reason = done.stderr.decode(errors="replace").strip().splitlines()
+        raise OcrFailedError(f"tesseract failed: {reason[-1] if reason else f'exit status {done.returncode}'}")
+    return done.stdout.decode(errors="replace")
 
 
 def tesseract_version() -> str | None:
     """The installed Tesseract's version, or None when the program is missing."""
     if shutil.which("tesseract") is None:
         return None
-    import pytesseract
-
     try:
-        return str(pytesseract.get_tesseract_version())
-    except (pytesseract.TesseractNotFoundError, OSError):
+        first = _run(["--version"], timeout=10).splitlines()
+    except (OSError, OcrFailedError, subprocess.TimeoutExpired):
         return None
+    return first[0].removeprefix("tesseract ").strip() if first else None
 
 
 def require_tesseract(language: str = "eng") -> None:
     """Raise OcrUnavailableError unless Tesseract and its ``language`` data are installed."""
-    import pytesseract
-
     if tesseract_version() is None:
         raise OcrUnavailableError("the tesseract program is not installed (Debian: apt-get install tesseract-ocr)")
     try:
-        languages = pytesseract.get_languages(config="")
-    except (pytesseract.TesseractError, OSError) as exc:
+        languages = _run(["--list-langs"], timeout=10).split()
+    except (OSError, OcrFailedError, subprocess.TimeoutExpired) as exc:
         raise OcrUnavailableError(f"tesseract cannot list its languages: {exc}") from exc
     if language not in languages:
         raise OcrUnavailableError(
@@ -113,15 +126,18 @@ def tidy(text: str) -> str:
 def extract(content: bytes, settings: OcrSettings = OcrSettings()) -> str:
     """The text Tesseract reads in the image ``content`` ('' when it finds none). OcrFailedError when
     the image cannot be decoded, Tesseract fails on it, or it runs past ``settings.timeout_s``."""
-    import pytesseract
-
     image = prepare(content, settings)
+    png = io.BytesIO()
+    image.save(png, "PNG", compress_level=1)  # fast: it is read at once
     try:
-        text = pytesseract.image_to_string(image, lang=settings.language, timeout=settings.timeout_s)
-    except pytesseract.TesseractNotFoundError as exc:
+        text = _run(
+            ["stdin", "stdout", "-l", settings.language],
+            data=png.getvalue(),
+            timeout=settings.timeout_s,
+            threads=settings.threads,
+        )
+    except FileNotFoundError as exc:
         raise OcrUnavailableError("the tesseract program is not installed") from exc
-    except pytesseract.TesseractError as exc:  # a RuntimeError too: caught first
-        raise OcrFailedError(f"tesseract failed: {exc}") from exc
-    except RuntimeError as exc:  # pytesseract's timeout ("Tesseract process timeout")
+    except subprocess.TimeoutExpired as exc:  # subprocess.run has killed it
         raise OcrFailedError(f"tesseract ran past its time limit of {settings.timeout_s:g} s") from exc
-    return tidy(str(text))
+    return tidy(text)
