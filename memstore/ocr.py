@@ -2,12 +2,12 @@
 
 Tesseract is Debian's ``tesseract-ocr`` with ``tesseract-ocr-eng``, run as its command-line program
 once per image, the image on its standard input and the text on its output. The program rather than
-pytesseract (a wrapper around the same program): each run gets its own environment, so Tesseract's
-OpenMP threads are limited per run (``OcrSettings.threads``: one thread per run reads faster than
-its default on a busy host, measured by ``bench.ocr``, and setting ``OMP_THREAD_LIMIT`` for the
-whole process would also limit the encoder's torch threads); ``subprocess.run``'s timeout kills a
-run that takes too long; and no temporary files are written. A crash of the program is a failed
-item, never a failed worker.
+pytesseract (a wrapper around the same program, one more dependency): each run gets its own
+environment, so Tesseract's OpenMP threads are limited per run (``OcrSettings.threads``, 1: a host
+runs several workers, each reading one image at a time, beside the encoder; Tesseract's own advice
+for parallel runs is ``OMP_THREAD_LIMIT=1``, and setting that for the whole process would also
+limit torch's threads); ``subprocess.run``'s timeout kills a run that takes too long; and no
+temporary files are written. A crash of the program is a failed item, never a failed worker.
 
 The image is decoded with Pillow, turned upright (EXIF orientation), made grey and rescaled so its
 longest side lies between ``OcrSettings.min_side`` and ``max_side``: a huge scan costs a bounded

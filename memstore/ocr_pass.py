@@ -75,8 +75,9 @@ class OcrPass:
     def _step_collection(self, c: Collection) -> int:
         work = 0
         try:
-            with raw_connection(self.engine) as conn:
-                work += int(ocr_items.backfill_step(conn, c))
+            if c.options.get(ocr_items.BACKFILL) is not None:  # as of the registry row, CACHE_SECONDS old at most
+                with raw_connection(self.engine) as conn:
+                    work += int(ocr_items.backfill_step(conn, c))
             work += int(self.read_one(c))
         except psycopg.errors.UndefinedTable:  # dropped since it was listed
             self._listed_at = -CACHE_SECONDS
