@@ -85,5 +85,16 @@ def test_collections_made_before_0009_get_the_columns_and_can_turn_ocr_on(empty_
         hits = store.search(collection="old_parts", text=rendered.words[0], mode="keyword", k=3)
         assert [h.external_id for h in hits] == ["a"]
         assert store.get_item(collection="old_plain", external_id="a").ocr_status is None  # OCR off there
+        # New images reach every partition's trigger.
+        parts = store.get_collection(name="old_parts")
+        more = [PendingItem(content=rendered.content + bytes([i]), content_type="image/png") for i in range(6)]
+        queue.enqueue(engine, parts, more)
+        for m in more:
+            assert store.get_item(collection="old_parts", external_id=m.key()).ocr_status == "pending"
+        with engine.connect() as conn:
+            spread = conn.exec_driver_sql(
+                f"SELECT count(DISTINCT tableoid) FROM {parts.table_name} WHERE ocr_status = 'pending'"
+            ).scalar()
+        assert spread == 3
     finally:
         engine.dispose()
