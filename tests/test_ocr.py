@@ -4,6 +4,7 @@ bounded rescale, and failures that are reported, never raised past the pass."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
@@ -67,3 +68,25 @@ def test_undecodable_bytes_and_a_run_past_the_time_limit_fail_with_their_reason(
 def test_tidy_keeps_words_and_drops_blank_runs() -> None:
     assert ocr.tidy("  build   failed \n\n\n  at  step 3 \x00\n") == "build failed\nat step 3"
     assert len(ocr.tidy("word " * 10_000)) == ocr.MAX_TEXT
+
+
+def test_the_benchmark_reports_rates_and_recall(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench import ocr as bench_ocr
+
+    assert bench_ocr.main(["--json", "--images", "5", "--repeat", "1"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["images"] == 5
+    for key in ("embed_images_per_s", "ocr_images_per_s", "ocr_images_per_s_parallel", "ocr_cost_ratio"):
+        assert result[key] > 0, key
+    assert result["word_recall"] >= 0.9
+
+
+def test_a_database_that_is_gone_never_stops_the_worker_it_reads_for() -> None:
+    from memstore.db import create_engine
+    from memstore.ocr_pass import OcrPass
+
+    engine = create_engine("postgresql+psycopg://nobody@127.0.0.1:1/none")
+    try:
+        assert OcrPass(engine).step() == 0  # logged, not raised: the ingest loop goes on
+    finally:
+        engine.dispose()
