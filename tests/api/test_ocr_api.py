@@ -5,12 +5,17 @@ abuse cases of the new PATCH option."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import subprocess
+import sys
 import time
 import uuid
+from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 import sqlalchemy as sa
 
@@ -127,6 +132,47 @@ def test_a_read_interrupted_mid_way_is_done_again(worker_engine, worker_store, c
     assert worker_store.get_item(collection=collection_name, external_id="a").ocr_status == "pending"
     _drain(worker_engine)
     assert worker_store.get_item(collection=collection_name, external_id="a").ocr_status == "done"
+
+
+_WORKER = """
+import sys
+from memstore.db import create_engine
+from memstore.ingest_worker import IngestWorker
+from memstore.queue import IngestSettings
+from tests.api.api_helpers import FakeBackend
+IngestWorker(create_engine(sys.argv[1]), FakeBackend(), settings=IngestSettings(poll_interval_s=0.2)).run()
+"""
+
+
+def test_a_worker_killed_while_reading_leaves_the_image_to_the_next(
+    worker_engine, worker_url, worker_store, collection_name
+):
+    c = worker_store.create_collection(name=collection_name, dimensions=64, model="memstore-tiny", ocr=True)
+    page = ocr_images.render(60, font=FONT, size=28, lines=10, per_line=6, noise=12.0)  # a second or more to read
+    queue.enqueue(worker_engine, c, [_pending(page, "page")])
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _WORKER, worker_url], cwd=Path(__file__).resolve().parents[2], stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 90
+        reader = None
+        while reader is None and time.monotonic() < deadline and proc.poll() is None:
+            reader = next((p for p in psutil.Process(proc.pid).children() if p.name() == "tesseract"), None)
+            time.sleep(0.05)
+        assert reader is not None, "the worker never started reading"
+        proc.kill()  # kill -9 mid-read: its transaction dies with its connection
+        proc.wait(10)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            reader.kill()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    item = worker_store.get_item(collection=collection_name, external_id="page")
+    assert item.status == "ready" and item.ocr_status == "pending" and item.ocr_text is None
+    _drain(worker_engine)
+    item = worker_store.get_item(collection=collection_name, external_id="page")
+    assert item.ocr_status == "done" and ocr_images.recall(page.words, item.ocr_text or "") >= 0.9
 
 
 @pytest.mark.parametrize(
