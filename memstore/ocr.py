@@ -33,6 +33,9 @@ MAX_SIDE = 2000
 MIN_SIDE = 1000
 MAX_UPSCALE = 3.0
 TIMEOUT_S = 30.0
+# Images with more pixels are not decoded (the encoder's own bound, MEMSTORE_ENCODER_MAX_IMAGE_PIXELS'
+# default): read from the header, so a decompression bomb costs nothing.
+MAX_PIXELS = 64_000_000
 # What is kept of an image's text (a page of small print is a few thousand characters).
 MAX_TEXT = 20_000
 
@@ -93,6 +96,8 @@ def prepare(content: bytes, settings: OcrSettings = OcrSettings()) -> Image.Imag
     """The image Tesseract reads: upright, grey, its longest side within [min_side, max_side]."""
     try:
         opened = Image.open(io.BytesIO(content))
+        if opened.width * opened.height > MAX_PIXELS:
+            raise OcrFailedError(f"the image has {opened.width}x{opened.height} pixels; the limit is {MAX_PIXELS:,}")
         # A JPEG decodes at a reduced size directly (much faster for a large photo).
         opened.draft("L", (settings.max_side, settings.max_side))
         image: Image.Image = ImageOps.exif_transpose(opened).convert("L")

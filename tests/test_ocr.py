@@ -60,6 +60,10 @@ def test_an_image_without_text_reads_as_empty() -> None:
 def test_undecodable_bytes_and_a_run_past_the_time_limit_fail_with_their_reason() -> None:
     with pytest.raises(ocr.OcrFailedError, match="cannot be decoded"):
         ocr.extract(b"\x89PNG\r\n\x1a\n not really a png")
+    bomb = io.BytesIO()
+    Image.new("1", (9_000, 8_000)).save(bomb, "PNG")  # a few kilobytes, 72 megapixels
+    with pytest.raises(ocr.OcrFailedError, match="the limit is"):
+        ocr.extract(bomb.getvalue())
     page = ocr_images.render(7, font=ocr_images.fonts()[0], size=30, lines=6, per_line=4).content
     with pytest.raises(ocr.OcrFailedError, match="time limit"):
         ocr.extract(page, ocr.OcrSettings(timeout_s=0.001))
