@@ -55,6 +55,9 @@ class OcrPass:
         except psycopg.Error as exc:
             log.error("ocr: %s", exc)
             return 0
+        except Exception:  # a bug must not end the ingest loop it runs in
+            log.exception("ocr: unexpected error")
+            return 0
 
     def read_one(self, c: Collection) -> bool:
         """Read one pending image of ``c``; False when none waits (or another worker has them all)."""
@@ -65,9 +68,12 @@ class OcrPass:
             item_id, content = claimed
             try:
                 text = ocr.extract(content, self.settings)
-            except ocr.OcrFailedError as exc:
-                log.info("ocr: item %d of %s: %s", item_id, c.name, exc)
-                ocr_items.write_failure(conn, c, item_id, str(exc))
+            except ocr.OcrUnavailableError:
+                raise  # the item waits for a worker that can read it
+            except Exception as exc:  # this image's failure (OcrFailedError, or anything the imaging library raises)
+                reason = str(exc) if isinstance(exc, ocr.OcrFailedError) else f"{type(exc).__name__}: {exc}"
+                log.info("ocr: item %d of %s: %s", item_id, c.name, reason)
+                ocr_items.write_failure(conn, c, item_id, reason)
             else:
                 ocr_items.write_text(conn, c, item_id, text)
         return True

@@ -134,6 +134,30 @@ def test_a_read_interrupted_mid_way_is_done_again(worker_engine, worker_store, c
     assert worker_store.get_item(collection=collection_name, external_id="a").ocr_status == "done"
 
 
+def test_an_unexpected_error_on_one_image_fails_that_read_only(worker_engine, worker_store, collection_name):
+    c = worker_store.create_collection(name=collection_name, dimensions=64, model="memstore-tiny", ocr=True)
+    queue.enqueue(worker_engine, c, [_pending(_image(70), "odd"), _pending(_image(71), "fine")])
+    IngestWorker(worker_engine, FakeBackend(), settings=IngestSettings()).run_batch()  # embedded, not read
+    real = ocr.extract
+    calls = 0
+
+    def flaky(content, settings):
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise ValueError("boom")
+        return real(content, settings)
+
+    reader = OcrPass(worker_engine)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ocr, "extract", flaky)
+        while reader.step():
+            pass
+    first, second = (worker_store.get_item(collection=collection_name, external_id=e) for e in ("odd", "fine"))
+    assert first.status == "ready" and first.ocr_status == "failed" and first.ocr_error == "ValueError: boom"
+    assert second.ocr_status == "done"
+
+
 _WORKER = """
 import sys
 from memstore.db import create_engine
