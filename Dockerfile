@@ -37,9 +37,10 @@ RUN find migrations/versions encoder/model_configs memstore/ui/static memstore/u
  && pip install --no-deps . && python -m compileall -q /opt/memstore
 
 FROM ${PYTHON_IMAGE} AS runtime
-# libgomp for torch's CPU kernels; tini reaps children and forwards SIGTERM for a clean stop.
+# libgomp for torch's CPU kernels; tini reaps children and forwards SIGTERM for a clean stop;
+# Tesseract with its English data reads the text in images (collections with OCR on).
 RUN apt-get update \
- && apt-get install -y --no-install-recommends libgomp1 tini \
+ && apt-get install -y --no-install-recommends libgomp1 tini tesseract-ocr tesseract-ocr-eng \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --user-group --create-home --home-dir /home/memstore memstore \
  && mkdir -p /var/lib/memstore /var/cache/huggingface \

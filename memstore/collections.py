@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from psycopg import sql
 
-from memstore import keywords
+from memstore import keywords, ocr_items
 from memstore.compact import spec as compact_spec
 from memstore.errors import InvalidInputError
 
@@ -82,6 +82,11 @@ class Collection:
     def index_name(self) -> str:
         return f"{self.table_name}_hnsw"
 
+    @property
+    def ocr(self) -> bool:
+        """Text is read in the collection's images and is part of its keywords (``memstore.ocr_items``)."""
+        return bool(self.options.get("ocr"))
+
     def partition_tables(self) -> list[str]:
         """The tables that hold rows: the table itself, or each of its partitions."""
         if self.partitions == 1:
@@ -146,6 +151,9 @@ def create_table_statements(c: Collection) -> list[sql.Composed]:
         content      bytea,
         content_type text,
         thumbnail    bytea,
+        ocr_status   text,
+        ocr_text     text,
+        ocr_error    text,
         created_at   timestamptz NOT NULL DEFAULT now(),
         updated_at   timestamptz NOT NULL DEFAULT now()
         """
@@ -207,6 +215,9 @@ def create_table_statements(c: Collection) -> list[sql.Composed]:
             i=sql.Identifier(f"{c.table_name}_metadata"), t=table
         ),
         keywords.create_statement(c),
+        ocr_items.pending_index_statement(c),
         sql.SQL("ALTER SEQUENCE {s} OWNED BY {t}.id").format(s=seq, t=table),
     ]
+    if c.ocr:
+        out.append(ocr_items.trigger_statement(c))
     return out

@@ -29,6 +29,7 @@ from memstore.claims import Claim, Claimer
 from memstore.collections import Collection
 from memstore.db import raw_connection
 from memstore.encoding import model_for
+from memstore.ocr_pass import OcrPass
 from memstore.queue import IngestSettings
 from memstore.registry import Registry
 
@@ -247,6 +248,8 @@ class IngestWorker:
         self.name = name
         self.totals = Report()
         self._claimer: Claimer | None = None
+        # Text in images, read whenever the ingest queue has nothing due (memstore.ocr_pass).
+        self.ocr = OcrPass(engine, registry=self.processor.registry)
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -297,7 +300,7 @@ class IngestWorker:
                     return 1
                 self.stop_event.wait(min(30.0, 0.5 * 2**failures))
                 continue
-            if report.claimed:
+            if report.claimed or self.ocr.step():
                 continue
             if once:
                 return 0

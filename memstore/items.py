@@ -16,7 +16,7 @@ from memstore.models import Item
 
 ITEM_COLUMNS = (
     "id, external_id, status, metadata, text, content_type, content IS NOT NULL AS has_content, error, "
-    "created_at, updated_at"
+    "created_at, updated_at, ocr_status, ocr_text, ocr_error"  # the last three: memstore.ocr_items
 )
 SIZES_SQL = (
     "SELECT sum(pg_table_size(to_regclass(t))), sum(pg_indexes_size(to_regclass(t))) FROM unnest(%s::text[]) AS t"

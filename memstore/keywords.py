@@ -17,6 +17,10 @@ update non-HOT), so building or changing the keywords of a large collection woul
 index like a full re-ingest. An expression index is built ``CONCURRENTLY`` without writing a row.
 The query side must spell the expression exactly as the index does (``expression(c)``) for the
 planner to use it.
+
+A collection with OCR on (``memstore.ocr_items``) adds the text read in its images (``ocr_text``) at
+weight C, through the five-argument ``memstore_keywords`` (migration 0009); turning OCR on or off
+changes the index like any other keyword change.
 """
 
 from __future__ import annotations
@@ -44,12 +48,13 @@ _LANGUAGE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 def expression(c: Collection) -> sql.Composed:
     """The keywords of a row of ``c``'s table, exactly as its keyword index is defined."""
-    return keywords_expression(c.language, c.text_fields)
+    return keywords_expression(c.language, c.text_fields, ocr=c.ocr)
 
 
-def keywords_expression(language: str, text_fields: tuple[str, ...] | list[str]) -> sql.Composed:
-    return sql.SQL("memstore_keywords(text, metadata, {fields}::text[], {cfg}::regconfig)").format(
-        fields=sql.Literal(list(text_fields)), cfg=sql.Literal(language)
+def keywords_expression(language: str, text_fields: tuple[str, ...] | list[str], *, ocr: bool = False) -> sql.Composed:
+    seen = sql.SQL(", ocr_text") if ocr else sql.SQL("")
+    return sql.SQL("memstore_keywords(text, metadata, {fields}::text[], {cfg}::regconfig{seen})").format(
+        fields=sql.Literal(list(text_fields)), cfg=sql.Literal(language), seen=seen
     )
 
 
@@ -83,19 +88,21 @@ def next_index_name(c: Collection, i: int | None = None) -> str:
     return f"memstore_next_kw_c{c.id}" + ("" if i is None else f"_p{i}")
 
 
-def definition(language: str, text_fields: tuple[str, ...] | list[str]) -> sql.Composed:
+def definition(language: str, text_fields: tuple[str, ...] | list[str], *, ocr: bool = False) -> sql.Composed:
     """The index after its table. ``fastupdate = off``: GIN's default parks new entries in a pending
     list that every search then reads through linearly until a vacuum merges it, so a collection
     searched right after a load runs its keyword matches several times slower; writing the entries
     into the tree at once costs an insert far less than its HNSW insert does."""
-    return sql.SQL("USING gin (({})) WITH (fastupdate = off)").format(keywords_expression(language, text_fields))
+    return sql.SQL("USING gin (({})) WITH (fastupdate = off)").format(
+        keywords_expression(language, text_fields, ocr=ocr)
+    )
 
 
 def create_statement(c: Collection) -> sql.Composed:
     """The keyword index of a new, empty collection (a plain CREATE INDEX: nothing to lock out; on a
     partitioned table it makes each partition's too)."""
     return sql.SQL("CREATE INDEX {i} ON {t} {d}").format(
-        i=sql.Identifier(index_name(c)), t=c.table, d=definition(c.language, c.text_fields)
+        i=sql.Identifier(index_name(c)), t=c.table, d=definition(c.language, c.text_fields, ocr=c.ocr)
     )
 
 
@@ -105,7 +112,7 @@ def build_index(conn: psycopg.Connection[Any], c: Collection) -> None:
         conn,
         c,
         index_name(c),
-        definition(c.language, c.text_fields),
+        definition(c.language, c.text_fields, ocr=c.ocr),
         partition_name=lambda i: partition_index_name(c, i),
     )
 
@@ -123,18 +130,20 @@ def change(
     text_fields: tuple[str, ...],
     record: Callable[[], Collection],
     grace_s: float,
+    ocr: bool | None = None,
 ) -> None:
     """Change what the collection's keyword index holds, online, on an autocommit connection that
     holds the collection's lock: the new index is built concurrently under its own names while
     searches use the old one; ``record()`` then makes searches use the new expression; once every
     process has seen that (``grace_s``, the registry's cache time) the old index is dropped and the
-    new one takes the usual names (``promote``)."""
+    new one takes the usual names (``promote``). ``ocr``: whether the new index holds the text read in
+    images (None: as now)."""
     changed = replace(c, language=language, text_fields=text_fields)
     online_ddl.build_index(
         conn,
         changed,
         next_index_name(c),
-        definition(language, text_fields),
+        definition(language, text_fields, ocr=c.ocr if ocr is None else ocr),
         partition_name=lambda i: next_index_name(c, i),
     )
     record()

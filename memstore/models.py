@@ -85,6 +85,10 @@ class Item:
     error: str | None = None
     created_at: Any = None
     updated_at: Any = None
+    # Text read in the image (memstore.ocr_items): status pending, done or failed; None when never asked for.
+    ocr_status: str | None = None
+    ocr_text: str | None = None
+    ocr_error: str | None = None
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,17 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from tqdm import tqdm
 
-from memstore import bulk_load, keywords, locks, metadata_indexes, online_ddl, queue, search_query, search_sql
+from memstore import (
+    bulk_load,
+    keywords,
+    locks,
+    metadata_indexes,
+    ocr_items,
+    online_ddl,
+    queue,
+    search_query,
+    search_sql,
+)
 from memstore import items as item_sql
 from memstore.collections import (
     Collection,
@@ -108,10 +118,12 @@ class VectorStore:
         pool_factor: float | None = None,
         language: str = keywords.DEFAULT_LANGUAGE,
         text_fields: Sequence[str] = (),
+        ocr: bool = False,
     ) -> Collection:
         """A new, empty collection. ``representation`` picks what its HNSW index holds (see
         ``memstore.compact``); ``lowrank`` needs rows to fit on, so it starts with the full index and
-        is switched to by ``maintain_compact_index`` once enough vectors are stored."""
+        is switched to by ``maintain_compact_index`` once enough vectors are stored. ``ocr``: read the
+        text in its images (``memstore.ocr_items``)."""
         validate_name(name)
         s = self.settings
         m = hnsw_m if hnsw_m is not None else s.default_hnsw_m
@@ -134,7 +146,9 @@ class VectorStore:
             )
         else:
             index = compact_spec.IndexSpec(representation=representation, pool_factor=pool_factor)
-        options = {compact_spec.OPTIONS_KEY: index.to_json()}
+        options: dict[str, Any] = {compact_spec.OPTIONS_KEY: index.to_json()}
+        if ocr:
+            options[ocr_items.OPTION] = True
         fields = keywords.check_text_fields(list(text_fields))
         with self.db.write() as conn:
             keywords.check_language(conn, language)
@@ -169,9 +183,12 @@ class VectorStore:
         language: str | None = None,
         text_fields: Sequence[str] | None = None,
         grace_s: float = CACHE_SECONDS + 1.0,
+        ocr: bool | None = None,
     ) -> Collection:
-        """Change the collection's text-search configuration or keyword fields, online: searches go on
-        while its keyword index is rebuilt (``memstore.keywords.change``); returns the collection."""
+        """Change the collection's text-search configuration or keyword fields, or turn the reading of
+        text in its images on or off (``ocr``: part of its keywords, ``memstore.ocr_items``), online:
+        searches go on while its keyword index is rebuilt (``memstore.keywords.change``); returns the
+        collection."""
         wanted_fields = None if text_fields is None else keywords.check_text_fields(list(text_fields))
         c = self.get_collection(name=collection, fresh=True)
         busy = partial(ConflictError, f"another process is changing the indexes of collection {c.name!r}")
@@ -183,17 +200,22 @@ class VectorStore:
             self._recover_keywords(conn, c)
             chosen = c.language if language is None else keywords.check_language(conn, language)
             fields = c.text_fields if wanted_fields is None else wanted_fields
-            if (chosen, fields) == (c.language, c.text_fields):
+            reads = c.ocr if ocr is None else ocr
+            if (chosen, fields, reads) == (c.language, c.text_fields, c.ocr):
                 return c
-            set_option(conn, c, keywords.PENDING, {"language": chosen, "text_fields": list(fields)})
+            set_option(conn, c, keywords.PENDING, {"language": chosen, "text_fields": list(fields), "ocr": reads})
+            if reads and not c.ocr:
+                ocr_items.install_trigger(conn, c)  # before the backfill starts: no new image is missed
 
             def record() -> Collection:
                 with conn.transaction():
                     changed = set_keywords(conn, c, language=chosen, text_fields=fields)
+                    if reads != c.ocr:
+                        changed = ocr_items.record(conn, changed, reads)
                 self.forget_collection(collection)
                 return changed
 
-            keywords.change(conn, c, language=chosen, text_fields=fields, record=record, grace_s=grace_s)
+            keywords.change(conn, c, language=chosen, text_fields=fields, ocr=reads, record=record, grace_s=grace_s)
             set_option(conn, c, keywords.PENDING, None)
         return self.get_collection(name=collection, fresh=True)
 
@@ -206,7 +228,8 @@ class VectorStore:
             recorded = isinstance(pending, dict) and (
                 pending.get("language"),
                 tuple(pending.get("text_fields") or ()),
-            ) == (c.language, c.text_fields)
+                bool(pending.get("ocr", c.ocr)),
+            ) == (c.language, c.text_fields, c.ocr)
             if recorded:
                 keywords.promote(conn, c)
             else:
@@ -272,6 +295,7 @@ class VectorStore:
             by_status = queue.counts(conn, c)  # no scan of the items
             items, exact = _count_items(conn, c, exact_limit)
             sizes = conn.execute(item_sql.SIZES_SQL, (tables,)).fetchone()
+            ocr_pending = ocr_items.pending_count(conn, c) if c.ocr else None  # through its partial index
         pending, failed = by_status["pending"], by_status["failed"]
         assert sizes is not None
         return CollectionStats(
@@ -283,7 +307,7 @@ class VectorStore:
             table_bytes=int(sizes[0] or 0),
             index_bytes=int(sizes[1] or 0),
             counts_exact=exact,
-            extra={"index": spec.to_json()},
+            extra={"index": spec.to_json(), "ocr_pending": ocr_pending},
         )
 
     def _collection_for_write(self, name: str) -> Collection:

@@ -51,6 +51,7 @@ class CollectionCreate(Strict):
         max_length=MAX_TEXT_FIELDS,
         description="Metadata fields whose values are keywords too (besides the text and the file name).",
     )
+    ocr: bool = Field(default=False, description="Read the text in the images (docs/api.md, OCR).")
 
 
 class CollectionPatch(Strict):
@@ -60,6 +61,7 @@ class CollectionPatch(Strict):
 
     language: str | None = Field(default=None, max_length=63)
     text_fields: list[str] | None = Field(default=None, max_length=MAX_TEXT_FIELDS)
+    ocr: bool | None = Field(default=None, description="Read the text in the images (docs/api.md, OCR).")
 
 
 class MetadataIndexIn(Strict):
@@ -97,6 +99,13 @@ class CollectionOut(BaseModel):
     partitions: int
     language: str
     text_fields: list[str]
+    ocr: bool = Field(default=False, description="Text in the images is read and found by keyword search.")
+    ocr_pending: int | None = Field(
+        default=None, description="Images waiting to be read (only when fetched one at a time, with OCR on)."
+    )
+    ocr_backfilling: bool = Field(
+        default=False, description="Images stored before OCR was turned on are still being reached."
+    )
     created_at: datetime | None = None
     items: int | None = Field(default=None, description="All items (only when fetched one at a time).")
     ready: int | None = None
@@ -154,6 +163,12 @@ class ItemsAck(BaseModel):
     items: list[ItemAck]
 
 
+class OcrOut(BaseModel):
+    status: Literal["pending", "done", "failed"]
+    text: str | None = Field(default=None, description="The words read, once done ('' when the image has none).")
+    error: str | None = Field(default=None, description="Why reading failed (the item itself is unaffected).")
+
+
 class ItemOut(BaseModel):
     id: int
     external_id: str
@@ -167,6 +182,7 @@ class ItemOut(BaseModel):
     created_at: datetime | None = None
     updated_at: datetime | None = None
     vector: list[float] | None = None
+    ocr: OcrOut | None = Field(default=None, description="Text read in the image, where its collection asked for it.")
 
 
 class ItemPage(BaseModel):

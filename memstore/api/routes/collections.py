@@ -6,6 +6,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
+from memstore import ocr_items
 from memstore.api.auth import Key, require, runtime
 from memstore.api.problems import ERROR_RESPONSES, Problem
 from memstore.api.schemas import (
@@ -36,12 +37,15 @@ def collection_out(c: Collection, stats: CollectionStats | None = None) -> Colle
         partitions=c.partitions,
         language=c.language,
         text_fields=list(c.text_fields),
+        ocr=c.ocr,
+        ocr_backfilling=c.ocr and c.options.get(ocr_items.BACKFILL) is not None,
         created_at=c.created_at,
     )
     if stats is not None:
         out.items, out.ready, out.pending, out.failed = stats.items, stats.ready, stats.pending, stats.failed
         out.index_bytes, out.table_bytes = stats.index_bytes, stats.table_bytes
         out.counts_exact = stats.counts_exact
+        out.ocr_pending = stats.extra.get("ocr_pending")
     return out
 
 
@@ -92,6 +96,7 @@ async def create_collection(request: Request, body: CollectionCreate, response: 
             model=model,
             language=body.language,
             text_fields=body.text_fields,
+            ocr=body.ocr,
         )
     )
     response.headers["Location"] = f"/v1/collections/{c.name}"
@@ -113,16 +118,17 @@ async def get_collection(request: Request, name: str, key: Key) -> CollectionOut
     return collection_out(stats.collection, stats)
 
 
-@router.patch("/{name}", summary="Change a collection's keyword search", response_model=CollectionOut)
+@router.patch("/{name}", summary="Change a collection's keyword search or OCR", response_model=CollectionOut)
 async def patch_collection(request: Request, name: str, body: CollectionPatch, key: Key) -> CollectionOut:
-    """``language`` and ``text_fields`` of keyword search. The keyword index is rebuilt online (searches
-    and writes go on; the answer comes once the new index serves, which on a large collection takes
-    as long as building a GIN index over it)."""
+    """``language`` and ``text_fields`` of keyword search, and ``ocr`` (read the text in the images:
+    the images already stored are read in the background, ``ocr_pending`` counts those waiting). The
+    keyword index is rebuilt online (searches and writes go on; the answer comes once the new index
+    serves, which on a large collection takes as long as building a GIN index over it)."""
     validate_name(name)
     require(key, "admin", name)
     store = runtime(request).store
     c = await run_in_threadpool(
-        lambda: store.set_keywords(collection=name, language=body.language, text_fields=body.text_fields)
+        lambda: store.set_keywords(collection=name, language=body.language, text_fields=body.text_fields, ocr=body.ocr)
     )
     return collection_out(c)
 

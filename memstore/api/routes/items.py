@@ -26,6 +26,7 @@ from memstore.api.schemas import (
     ItemsIn,
     LookupOut,
     LookupRequest,
+    OcrOut,
 )
 from memstore.collections import Collection, validate_name
 from memstore.keys import ApiKey
@@ -94,6 +95,9 @@ def item_out(name: str, item: Item, attempts: dict[int, tuple[int, str | None]])
         created_at=item.created_at,
         updated_at=item.updated_at,
         vector=None if item.vector is None else [float(x) for x in item.vector],
+        ocr=None
+        if item.ocr_status is None
+        else OcrOut(status=item.ocr_status, text=item.ocr_text, error=item.ocr_error),  # type: ignore[arg-type]
     )
 
 

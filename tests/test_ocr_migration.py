@@ -1,0 +1,100 @@
+"""Revision 0009 on collections made before it: their tables get the OCR columns and the pending
+index (a partitioned one on every partition), and OCR then works on their stored images."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from alembic import command
+from psycopg import sql
+
+from bench import ocr_images
+from memstore import migrate, queue
+from memstore.db import create_engine, libpq_url
+from memstore.ocr_pass import OcrPass
+from memstore.queue import PendingItem
+from memstore.settings import Settings
+from memstore.store import VectorStore
+
+
+@pytest.fixture
+def empty_database(server_url: str) -> Iterator[str]:
+    name = f"memstore_ocr_{uuid.uuid4().hex[:8]}"
+    admin = libpq_url(server_url)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    yield sa.make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def _columns(url: str) -> dict[str, set[str]]:
+    with psycopg.connect(libpq_url(url)) as conn:
+        rows = conn.execute(
+            "SELECT table_name, column_name FROM information_schema.columns WHERE column_name LIKE 'ocr_%%'"
+        ).fetchall()
+    out: dict[str, set[str]] = {}
+    for table, column in rows:
+        out.setdefault(table, set()).add(column)
+    return out
+
+
+def test_collections_made_before_0009_get_the_columns_and_can_turn_ocr_on(empty_database: str) -> None:
+    migrate.upgrade(empty_database)
+    engine = create_engine(empty_database)
+    rendered = ocr_images.render(7, font=ocr_images.fonts()[0], size=32, lines=1, per_line=3, noise=8.0)
+    try:
+        store = VectorStore(engine, settings=Settings(database_url=empty_database))
+        for name, partitions in (("old_plain", 1), ("old_parts", 3)):
+            c = store.create_collection(name=name, dimensions=4, partitions=partitions)
+            queue.enqueue(engine, c, [PendingItem(content=rendered.content, content_type="image/png", external_id="a")])
+        engine.dispose()
+        command.downgrade(migrate.alembic_config(empty_database), "0008")
+        assert _columns(empty_database) == {}
+        migrate.upgrade(empty_database)
+        tables = _columns(empty_database)
+        assert len(tables) == 1 + 1 + 3  # the plain table, the partitioned parent and its partitions
+        assert all(cols == {"ocr_status", "ocr_text", "ocr_error"} for cols in tables.values())
+        with psycopg.connect(libpq_url(empty_database)) as conn:
+            pending_indexes = conn.execute(
+                "SELECT count(*) FROM pg_index x JOIN pg_class c ON c.oid = x.indexrelid "
+                "WHERE c.relname LIKE '%%_ocr_pending' AND x.indisvalid"
+            ).fetchone()
+        assert pending_indexes == (1 + 1 + 3,)
+
+        store = VectorStore(engine, settings=Settings(database_url=empty_database))
+        store.set_keywords(collection="old_parts", ocr=True, grace_s=0)
+        # The downgrade refuses while a collection's keyword index needs the OCR keywords function.
+        with pytest.raises(RuntimeError, match="turn OCR off first"):
+            command.downgrade(migrate.alembic_config(empty_database), "0008")
+        if shutil.which("tesseract") is None:
+            return
+        with engine.begin() as conn:  # as if embedded: reading waits for the vector
+            for table in (store.get_collection(name=n).table_name for n in ("old_plain", "old_parts")):
+                conn.exec_driver_sql(f"UPDATE {table} SET status = 'ready', embedding = '[1,0,0,0]'")
+        reader = OcrPass(engine)
+        while reader.step():
+            pass
+        item = store.get_item(collection="old_parts", external_id="a")
+        assert item.ocr_status == "done" and ocr_images.recall(rendered.words, item.ocr_text or "") == 1.0
+        hits = store.search(collection="old_parts", text=rendered.words[0], mode="keyword", k=3)
+        assert [h.external_id for h in hits] == ["a"]
+        assert store.get_item(collection="old_plain", external_id="a").ocr_status is None  # OCR off there
+        # New images reach every partition's trigger.
+        parts = store.get_collection(name="old_parts")
+        more = [PendingItem(content=rendered.content + bytes([i]), content_type="image/png") for i in range(6)]
+        queue.enqueue(engine, parts, more)
+        for m in more:
+            assert store.get_item(collection="old_parts", external_id=m.key()).ocr_status == "pending"
+        with engine.connect() as conn:
+            spread = conn.exec_driver_sql(
+                f"SELECT count(DISTINCT tableoid) FROM {parts.table_name} WHERE ocr_status = 'pending'"
+            ).scalar()
+        assert spread == 3
+    finally:
+        engine.dispose()
