@@ -90,12 +90,14 @@ class LadderResult:
 
 def climb(system: System, ladder: Sequence[int], target: float, w: Workload, *, whole: bool = False) -> LadderResult:
     """Recall at each ef of the ladder, lowest first, until one reaches ``target`` (``whole``: every
-    step, for the q/s-against-recall curve). The searches are timed as they go: the curve's q/s are
-    indicative (no warm-up per step); the table's figures come from ``time_searches``."""
+    step, for the q/s-against-recall curve). The searches are timed as they go (after 20 warm-up ones):
+    the curve's q/s are indicative (one pass); the table's figures come from ``time_searches``."""
     curve: dict[int, dict[str, float]] = {}
     chosen: int | None = None
     for ef in tqdm(ladder, desc=f"{system.name}: ef ladder", file=sys.stderr, leave=False):
         system.set_ef(ef)
+        for q in w.queries[:20]:  # a short warm-up at this ef (a reopened client, a colder cache)
+            system.search(q)
         hits, spent = [], 0.0
         for q, t in zip(w.queries, w.truth, strict=True):
             t0 = time.perf_counter()

@@ -73,15 +73,17 @@ class MemstorePython:
 
     def ingest(self, ids: np.ndarray, vectors: np.ndarray) -> None:
         items = (ItemIn(vector=v, external_id=str(i)) for i, v in zip(ids.tolist(), vectors, strict=True))
-        bar = tqdm(items, total=len(ids), desc=f"{self.name}: {self.ingest_path}", file=sys.stderr, leave=False)
         if self.bulk_load is not None:
+            bar = tqdm(items, total=len(ids), desc=f"{self.name}: bulk_load", file=sys.stderr, leave=False)
             self.bulk_load(collection=self.collection, items=bar, batch_rows=BATCH_ROWS, progress=False)
             return
-        self._upsert(list(bar))
+        self._upsert(list(items), "upsert_items")
 
-    def _upsert(self, items: list[ItemIn]) -> None:
-        for part in _batches(len(items), BATCH_ROWS):
-            self.store.upsert_items(collection=self.collection, items=items[part])
+    def _upsert(self, items: list[ItemIn], desc: str) -> None:
+        with tqdm(total=len(items), desc=f"{self.name}: {desc}", file=sys.stderr, leave=False) as bar:
+            for part in _batches(len(items), BATCH_ROWS):
+                self.store.upsert_items(collection=self.collection, items=items[part])
+                bar.update(part.stop - part.start)
 
     def set_ef(self, ef: int) -> None:
         self.ef = ef
@@ -91,7 +93,8 @@ class MemstorePython:
         return [int(h.external_id) for h in hits]
 
     def update(self, ids: np.ndarray, vectors: np.ndarray) -> None:
-        self._upsert([ItemIn(vector=v, external_id=str(i)) for i, v in zip(ids.tolist(), vectors, strict=True)])
+        items = [ItemIn(vector=v, external_id=str(i)) for i, v in zip(ids.tolist(), vectors, strict=True)]
+        self._upsert(items, "update (upsert_items)")
 
     def delete(self, ids: np.ndarray) -> None:
         for part in _batches(len(ids), BATCH_ROWS):
