@@ -92,20 +92,18 @@ def run(args: argparse.Namespace, url: str, folder: Path) -> dict[str, Any]:
     wanted = args.systems.split(",")
     systems: list[System] = []
     serve: Serve | None = None
-    rest: MemstoreRest | None = None
-    if "memstore_python" in wanted:
-        systems.append(MemstorePython(store, args.dims, representation))
-    if "memstore_rest" in wanted:
-        serve = Serve(url, folder, args.rest_batch)
-        rest = MemstoreRest(serve, store, args.dims, representation, args.rest_batch)
-        systems.append(rest)
-    if "raw_pgvector" in wanted:
-        systems.append(RawPgvector(url, args.dims, settings, args.halfvec))
-    optional, skipped = optional_systems([n for n in wanted if n in OPTIONAL], folder, args.dims)
-    systems += optional
     table: dict[str, dict[str, Any]] = {}
     ladders: dict[str, LadderResult] = {}
-    try:
+    try:  # every system started is closed (its collection or table dropped), whatever fails
+        if "memstore_python" in wanted:
+            systems.append(MemstorePython(store, args.dims, representation))
+        if "memstore_rest" in wanted:
+            serve = Serve(url, folder, args.rest_batch)
+            systems.append(MemstoreRest(serve, store, args.dims, representation, args.rest_batch))
+        if "raw_pgvector" in wanted:
+            systems.append(RawPgvector(url, args.dims, settings, args.halfvec))
+        optional, skipped = optional_systems([n for n in wanted if n in OPTIONAL], folder, args.dims)
+        systems += optional
         for s in systems:
             table[s.name] = {"label": s.label, **_ingest(s, w)}
             print(f"{s.name}: ingest {table[s.name]['ingest_rows_per_s']:.0f} rows/s", file=sys.stderr)

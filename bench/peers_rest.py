@@ -17,7 +17,7 @@ import numpy as np
 from tqdm import tqdm
 
 from bench.peers_measure import K
-from bench.peers_pg import maintenance_pass, sample_queries
+from bench.peers_pg import maintenance_pass
 from memstore import keys
 from memstore.db import create_engine
 from memstore.store import VectorStore
@@ -146,9 +146,6 @@ class MemstoreRest:
         # seconds of going idle (PostgreSQL's idle flush); the policy decides on those counts.
         time.sleep(11)
         return maintenance_pass(self.store, self.collection)
-
-    def sample(self, queries: np.ndarray) -> None:
-        sample_queries(self.store, self.collection, queries)
 
     def close(self) -> None:
         if self.collection in {c.name for c in self.store.list_collections()}:
