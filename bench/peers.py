@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--whole-ladder", action="store_true", help="measure every ef of the ladder (for --plot)")
     p.add_argument("--halfvec", action="store_true", help="memstore and raw pgvector index halfvec")
     p.add_argument("--systems", default=",".join((*CORE, *OPTIONAL)), help="comma-separated; default: all")
-    p.add_argument("--rest-batch", type=int, default=5000, help="vectors per POST .../items")
+    p.add_argument("--rest-batch", type=int, default=5000, help="vectors per POST .../items (fewer if over 48 MiB)")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--plot", type=Path, help="write q/s against recall per system here (PNG; needs --whole-ladder)")
     p.add_argument("--database-url", help="an empty database to use (default: a temporary embedded server)")

@@ -143,7 +143,8 @@ class LanceDB:
         return ""
 
     def close(self) -> None:
-        self.db.drop_table("peers")
+        if self.table is not None:
+            self.db.drop_table("peers")
 
 
 class Hnswlib:

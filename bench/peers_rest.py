@@ -22,6 +22,9 @@ from memstore import keys
 from memstore.db import create_engine
 from memstore.store import VectorStore
 
+REQUEST_BYTES = 48 << 20
+BYTES_PER_NUMBER = 24
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -100,6 +103,9 @@ class MemstoreRest:
         batch: int,
         name: str = "bench_peers_rest",
     ) -> None:
+        # JSON numbers take about 20 bytes each: keep a request under the server's default 64 MiB body
+        # limit (MEMSTORE_API_MAX_BODY_BYTES), as a client that leaves the server's settings alone must.
+        batch = max(1, min(batch, REQUEST_BYTES // (dims * BYTES_PER_NUMBER)))
         self.serve, self.store, self.collection, self.batch = serve, store, name, batch
         if name in {c.name for c in store.list_collections()}:
             store.drop_collection(name=name)
