@@ -25,6 +25,7 @@ taking turns query by query so that noise from the machine lands on all alike).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
@@ -121,11 +122,12 @@ def run(args: argparse.Namespace, url: str, folder: Path) -> dict[str, Any]:
             s.set_ef(ladders[s.name].ef)
             table[s.name].update(_churn(s, w))
     finally:
-        for s in systems:
-            s.close()
-        if serve is not None:
-            serve.stop()
-        store.engine.dispose()
+        with contextlib.ExitStack() as cleanup:  # every step runs even when an earlier one raises
+            cleanup.callback(store.engine.dispose)
+            if serve is not None:
+                cleanup.callback(serve.stop)
+            for s in systems:
+                cleanup.callback(s.close)
     with psycopg.connect(libpq_url(url)) as conn:
         server = server_settings(conn)
     py, raw = table.get("memstore_python", {}), table.get("raw_pgvector", {})
