@@ -1,13 +1,18 @@
 """``python -m bench.store --json``: the store against raw psycopg on the same rows, index and SQL.
 
-Measured side by side in one run (the two sides alternate batch by batch, so drift on a noisy machine
-hits both alike):
-- ingest_ratio: rows/s of ``VectorStore.upsert_items`` (COPY BINARY to a staging table, then an
-  idempotent INSERT ... ON CONFLICT) over rows/s of a raw ``COPY ... FORMAT BINARY`` straight into a
-  same-shaped table with the same HNSW index;
+Measured in one run on one server. The baselines are what the same server can do at best:
+- ingest_ratio: rows/s of ``VectorStore.bulk_load`` (batches through COPY BINARY to a staging table,
+  then an idempotent INSERT ... ON CONFLICT; into an empty collection it loads without the HNSW index
+  and builds it after) over rows/s of loading first and building the index after: raw ``COPY ...
+  FORMAT BINARY`` into a same-shaped table without its HNSW index, then one ``CREATE INDEX`` with
+  memstore's build settings, end to end (the raw side first, then the store);
 - search_ratio: queries/s of ``VectorStore.search`` over queries/s of one raw psycopg connection
-  running the same SQL (settings, the search statement, commit);
+  sending one prepared statement per search, the two alternating query by query so that drift on a
+  noisy machine hits both alike (``SELECT id ... ORDER BY embedding <=> q LIMIT k`` on the
+  same table and index, ``hnsw.ef_search`` set once for the session);
 - recall_at_10 of the index at the collection's default ef_search, against exact answers (numpy).
+
+``python -m bench.peers`` puts the same comparison, and the stores people pick instead, in one table.
 """
 
 from __future__ import annotations
@@ -17,16 +22,19 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import psycopg
 from pgvector.psycopg import register_vector
+from psycopg import sql
 from tqdm import tqdm
 
 from bench.data import clustered, exact_neighbours, load_npz, recall_at_k
-from memstore import migrate, search_sql
+from memstore import migrate
+from memstore.collections import Collection
 from memstore.db import create_engine, libpq_url, normalise_url
 from memstore.embedded import start_embedded_server
 from memstore.models import ItemIn
@@ -37,7 +45,9 @@ from memstore.store import VectorStore
 def _database(args: argparse.Namespace, tmp: str) -> str:
     if args.database_url:
         return normalise_url(args.database_url)
-    return start_embedded_server(Path(tmp), maintenance_work_mem="1GB", max_parallel_maintenance_workers=1)
+    s = Settings()  # memstore's own build settings, which the raw build gets too
+    memory, workers = s.maintenance_work_mem, s.max_parallel_maintenance_workers
+    return start_embedded_server(Path(tmp), maintenance_work_mem=memory, max_parallel_maintenance_workers=workers)
 
 
 def _raw_copy(conn: psycopg.Connection[Any], table: str, ids: list[str], rows: np.ndarray) -> None:
@@ -49,36 +59,66 @@ def _raw_copy(conn: psycopg.Connection[Any], table: str, ids: list[str], rows: n
     conn.commit()
 
 
+def _raw_build(conn: psycopg.Connection[Any], c: Collection, settings: Settings) -> None:
+    """The raw side's index, built once after the load, with the memory and workers memstore's builds get."""
+    conn.execute(
+        "SELECT set_config('maintenance_work_mem', %s, false), "
+        "set_config('max_parallel_maintenance_workers', %s, false)",
+        (settings.maintenance_work_mem, str(settings.max_parallel_maintenance_workers)),
+    )
+    conn.execute(
+        sql.SQL("CREATE INDEX {} ON {} USING hnsw (embedding {}) WITH (m = {}, ef_construction = {})").format(
+            sql.Identifier(c.index_name),
+            c.table,
+            sql.SQL(c.spec.opclass),
+            sql.Literal(c.hnsw_m),
+            sql.Literal(c.hnsw_ef_construction),
+        )
+    )
+    conn.commit()
+
+
 def bench_ingest(store: VectorStore, raw: psycopg.Connection[Any], base: np.ndarray, batch: int) -> dict[str, float]:
+    """The store's bulk load of every row (``VectorStore.bulk_load``: into an empty collection it loads
+    without the index and builds it after) against the raw load of the same batches, then one build."""
     store.create_collection(name="bench_store", dimensions=base.shape[1])
-    raw_table = store.create_collection(name="bench_raw", dimensions=base.shape[1]).table_name
-    t_store = t_raw = 0.0
-    for start in tqdm(range(0, len(base), batch), desc="ingest (store vs raw COPY)", file=sys.stderr):
-        rows = base[start : start + batch]
-        ids = [str(i) for i in range(start, start + len(rows))]
-        items = [ItemIn(vector=r, external_id=e, metadata={}) for r, e in zip(rows, ids, strict=True)]
-        # Alternate which side goes first so cache warmth favours neither.
-        order = ("store", "raw") if (start // batch) % 2 == 0 else ("raw", "store")
-        for side in order:
-            t0 = time.perf_counter()
-            if side == "store":
-                store.upsert_items(collection="bench_store", items=items)
-                t_store += time.perf_counter() - t0
-            else:
-                _raw_copy(raw, raw_table, ids, rows)
-                t_raw += time.perf_counter() - t0
+    raw_c = store.create_collection(name="bench_raw", dimensions=base.shape[1])
+    raw_table = raw_c.table_name
+    raw.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(raw_c.index_name)))  # loaded first, built after
+    raw.commit()
+    ids = [str(i) for i in range(len(base))]
+
+    def raw_load() -> None:
+        for start in tqdm(range(0, len(base), batch), desc="ingest (raw load, then build)", file=sys.stderr):
+            _raw_copy(raw, raw_table, ids[start : start + batch], base[start : start + batch])
+        _raw_build(raw, raw_c, store.settings)
+
+    def store_load() -> None:
+        items = (ItemIn(vector=r, external_id=e, metadata={}) for r, e in zip(base, ids, strict=True))
+        store.bulk_load(collection="bench_store", items=items, batch_rows=batch, total=len(base), progress=True)
+
+    t_raw = timed(raw_load)
+    t_store = timed(store_load)
     n = len(base)
     return {"ingest_rows_per_s_store": n / t_store, "ingest_rows_per_s_raw": n / t_raw, "ingest_ratio": t_raw / t_store}
+
+
+def timed(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 def bench_search(
     store: VectorStore, raw: psycopg.Connection[Any], queries: np.ndarray, k: int, rounds: int
 ) -> tuple[dict[str, float], list[list[int]]]:
     c = store.get_collection(name="bench_store")
-    statement = search_sql.search_statement(c.table_name, c.spec.operator, exact=False)
-    settings = search_sql.SearchSettings(
-        ef_search=c.default_ef_search, exact=False, max_scan_tuples=store.settings.max_scan_tuples
-    )
+    # The least a search can cost on this server: one prepared statement (autocommit: no BEGIN or
+    # COMMIT around it), the setting made once for the session.
+    raw.commit()
+    raw.autocommit = True
+    raw.execute(sql.SQL("SET hnsw.ef_search = {}").format(sql.Literal(c.default_ef_search)))
+    statement = sql.SQL("SELECT id FROM {} ORDER BY embedding {} %s LIMIT %s").format(c.table, sql.SQL(c.spec.operator))
     found: list[list[int]] = []
     t_store = t_raw = 0.0
     # The two sides alternate query by query (and swap who goes first), so load from anything else
@@ -93,8 +133,7 @@ def bench_search(
                     if r == 0:
                         found.append([int(x.external_id) for x in results])
                 else:
-                    search_sql.run_search(raw, settings, statement, {"q": q, "k": k})
-                    raw.commit()
+                    raw.execute(statement, (q, k), prepare=True).fetchall()
                     t_raw += time.perf_counter() - t0
     n = rounds * len(queries)
     return {"search_qps_store": n / t_store, "search_qps_raw": n / t_raw, "search_ratio": t_raw / t_store}, found

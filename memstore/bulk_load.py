@@ -187,6 +187,9 @@ def _build(db: Database, conn: psycopg.Connection[Any], c: Collection, *, progre
     parts = c.partition_tables()
     with _BuildProgress(db, conn, enabled=progress, label=c.name):
         online_ddl.build_index(conn, c, c.index_name, definition, partition_name=lambda i: f"{parts[i]}_hnsw")
+    # The planner's picture of a table that grew many times over (autovacuum would get to it later):
+    # a search right after the load must not be planned as a scan of the few rows there were.
+    conn.execute(sql.SQL("ANALYZE {}").format(c.table))
     with conn.transaction():
         registry.clear_option(conn, c, MARKER)
 

@@ -115,3 +115,48 @@ def test_replica_benchmark_measures_the_lag_of_a_real_standby(database_url: str)
     assert 0 < lag["lag_p50_ms"] <= lag["lag_p99_ms"] <= lag["lag_max_ms"]
     assert result["replica_lag_p99_ms"] == lag["lag_p99_ms"]
     assert result["search"] is None and result["replica_qps_ratio"] is None
+
+
+def test_store_benchmark_reports_its_ratios_against_the_raw_limits(database_url: str) -> None:
+    result = _run(
+        "bench.store",
+        database_url,
+        *("--database-url", database_url, "--rows", "2000", "--queries", "40"),
+        "--search-rounds",
+        "1",
+    )
+    for key in ("ingest_ratio", "search_ratio"):
+        assert result[key] > 0
+    assert result["ingest_rows_per_s_raw"] > 0 and result["search_qps_raw"] > 0
+    assert result["recall_at_10"] >= 0.9  # 2,000 rows at ef_search 80: nearly exact
+
+
+def test_peers_benchmark_measures_every_system_the_same_way(database_url: str) -> None:
+    """Keys and recall only: how fast each system is depends on the machine."""
+    from bench.peers import CORE
+    from bench.peers_libs import OPTIONAL
+
+    result = _run(
+        "bench.peers",
+        database_url,
+        *("--database-url", database_url, "--rows", "1500", "--queries", "30", "--rounds", "1"),
+    )
+    for key in ("ingest_ratio_vs_raw_build", "search_ratio_vs_raw", "rest_search_ratio_vs_raw"):
+        assert isinstance(result[key], float) and result[key] > 0, key
+    systems, skipped = result["systems"], result["skipped"]
+    assert set(CORE) <= set(systems)
+    assert set(systems) | set(skipped) == set(CORE) | set(OPTIONAL)  # each optional one measured or explained
+    assert all(reason for reason in skipped.values())
+    assert result["recall_after_cleanup"] == {name: row["recall_after_cleanup"] for name, row in systems.items()}
+    for name, row in systems.items():
+        assert row["ingest_rows_per_s"] > 0 and row["search_qps"] > 0, name
+        assert row["p50_ms"] <= row["p99_ms"], name
+        assert row["ef"] in result["ef_ladder"], name
+        assert row["reached_target"] and row["recall"] >= 0.95, name  # 1,500 rows: the ladder reaches it
+        assert 0 <= row["recall_after_churn"] <= 1 and 0 <= row["recall_after_cleanup"] <= 1, name
+    # memstore's clean-up is its maintenance pass, raw pgvector's a REINDEX: both give back a whole graph.
+    for name in CORE:
+        assert systems[name]["recall_after_cleanup"] >= 0.95, name
+    assert "maintenance pass" in systems["memstore_python"]["cleanup"]
+    assert result["ratio_ef"] == systems["memstore_python"]["ef"]
+    assert set(result["goals"]) >= {"ingest_ratio_vs_raw_build>=0.8", "search_ratio_vs_raw>=0.85"}

@@ -1,0 +1,158 @@
+"""bench.peers' REST system: a real ``memstore serve`` (no encoder: vectors only) on the same server,
+reached by one httpx client sending one request at a time."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from tqdm import tqdm
+
+from bench.peers_measure import K
+from bench.peers_pg import maintenance_pass
+from memstore import keys
+from memstore.db import create_engine
+from memstore.store import VectorStore
+
+REQUEST_BYTES = 48 << 20
+BYTES_PER_NUMBER = 24
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Serve:
+    """``memstore serve --no-encoder`` in its own process, with an admin key to reach it."""
+
+    def __init__(self, url: str, data_dir: Path, max_items: int) -> None:
+        engine = create_engine(url)
+        _, self.key = keys.create_key(engine, name=f"bench-peers-{uuid.uuid4().hex[:6]}", scopes=["admin"])
+        engine.dispose()
+        self.port = _free_port()
+        env = os.environ | {
+            "MEMSTORE_DATABASE_URL": url,
+            "MEMSTORE_DATA_DIR": str(data_dir),
+            # The items endpoint takes 1,000 items a request by default; a bulk client sends more.
+            "MEMSTORE_API_MAX_ITEMS_PER_REQUEST": str(max(1000, max_items)),
+        }
+        cmd = [sys.executable, "-m", "memstore.cli", "serve", "--no-encoder", "--no-migrate"]
+        cmd += ["--host", "127.0.0.1", "--port", str(self.port)]
+        self.log = (data_dir / "serve.log").open("wb")
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.client = httpx.Client(
+            base_url=f"http://127.0.0.1:{self.port}", headers={"Authorization": f"Bearer {self.key}"}, timeout=600
+        )
+        try:
+            self._wait_ready(deadline=time.monotonic() + 120)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_ready(self, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"memstore serve exited with {self.proc.returncode}; see {self.log.name}")
+            try:
+                if self.client.get("/v1/collections").status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.3)
+        raise RuntimeError(f"memstore serve did not answer within 120 s; see {self.log.name}")
+
+    def call(self, method: str, path: str, body: Any) -> Any:
+        r = self.client.request(method, path, json=body)
+        if r.status_code >= 300:
+            raise RuntimeError(f"{method} {path}: {r.status_code} {r.text[:300]}")
+        return r.json() if r.content else None
+
+    def stop(self) -> None:
+        self.client.close()
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+class MemstoreRest:
+    """The REST API: items in large JSON batches (``POST .../items``), ``POST .../search`` per query."""
+
+    name = "memstore_rest"
+    label = "memstore (REST API, one connection)"
+    cleanup_name = "maintenance pass (memstore-maint run --once)"
+
+    def __init__(
+        self,
+        serve: Serve,
+        store: VectorStore,
+        dims: int,
+        representation: str,
+        batch: int,
+        name: str = "bench_peers_rest",
+    ) -> None:
+        # JSON numbers take about 20 bytes each: keep a request under the server's default 64 MiB body
+        # limit (MEMSTORE_API_MAX_BODY_BYTES), as a client that leaves the server's settings alone must.
+        batch = max(1, min(batch, REQUEST_BYTES // (dims * BYTES_PER_NUMBER)))
+        self.serve, self.store, self.collection, self.batch = serve, store, name, batch
+        if name in {c.name for c in store.list_collections()}:
+            store.drop_collection(name=name)
+        body = {"name": name, "dimensions": dims, "hnsw_m": 16, "hnsw_ef_construction": 64}
+        serve.call("POST", "/v1/collections", body)
+        if representation != "full":  # the REST API creates full indexes; the switch is the store's
+            store.set_index_representation(collection=name, representation=representation, grace_s=0)
+        self.ef = store.settings.default_ef_search
+        self.ingest_path = f"POST /items, {batch} vectors a request"
+        self.search_path = f"/v1/collections/{name}/search"
+
+    def _send(self, ids: np.ndarray, vectors: np.ndarray, desc: str) -> None:
+        path = f"/v1/collections/{self.collection}/items?wait=true"
+        with tqdm(total=len(ids), desc=f"{self.name}: {desc}", file=sys.stderr, leave=False) as bar:
+            for start in range(0, len(ids), self.batch):
+                part = slice(start, start + self.batch)
+                items = [
+                    {"external_id": str(i), "vector": v.tolist()}
+                    for i, v in zip(ids[part].tolist(), vectors[part], strict=True)
+                ]
+                self.serve.call("POST", path, {"items": items})
+                bar.update(len(items))
+
+    def ingest(self, ids: np.ndarray, vectors: np.ndarray) -> None:
+        self._send(ids, vectors, "POST items")
+
+    def set_ef(self, ef: int) -> None:
+        self.ef = ef
+
+    def search(self, query: np.ndarray) -> list[int]:
+        out = self.serve.call("POST", self.search_path, {"vector": query.tolist(), "k": K, "ef_search": self.ef})
+        return [int(hit["external_id"]) for hit in out["results"]]
+
+    def update(self, ids: np.ndarray, vectors: np.ndarray) -> None:
+        self._send(ids, vectors, "update items")
+
+    def delete(self, ids: np.ndarray) -> None:
+        for start in range(0, len(ids), 1000):
+            chunk = [str(i) for i in ids[start : start + 1000].tolist()]
+            self.serve.call("POST", f"/v1/collections/{self.collection}/items/delete", {"external_ids": chunk})
+
+    def cleanup(self) -> str:
+        # The server's pooled backends report their dead tuples to the statistics within about ten
+        # seconds of going idle (PostgreSQL's idle flush); the policy decides on those counts.
+        time.sleep(11)
+        return maintenance_pass(self.store, self.collection)
+
+    def close(self) -> None:
+        if self.collection in {c.name for c in self.store.list_collections()}:
+            self.store.drop_collection(name=self.collection)
