@@ -3,12 +3,14 @@ reached by one httpx client sending one request at a time."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +90,8 @@ class Serve:
 
 
 class MemstoreRest:
-    """The REST API: items in large JSON batches (``POST .../items``), ``POST .../search`` per query."""
+    """The REST API: the bulk route for the first load (``POST .../load``), items in large JSON batches
+    for updates (``POST .../items``), ``POST .../search`` per query."""
 
     name = "memstore_rest"
     label = "memstore (REST API, one connection)"
@@ -114,7 +117,7 @@ class MemstoreRest:
         if representation != "full":  # the REST API creates full indexes; the switch is the store's
             store.set_index_representation(collection=name, representation=representation, grace_s=0)
         self.ef = store.settings.default_ef_search
-        self.ingest_path = f"POST /items, {batch} vectors a request"
+        self.ingest_path = "POST /load (NDJSON, one request); updates: POST /items, " + f"{batch} vectors a request"
         self.search_path = f"/v1/collections/{name}/search"
 
     def _send(self, ids: np.ndarray, vectors: np.ndarray, desc: str) -> None:
@@ -130,7 +133,23 @@ class MemstoreRest:
                 bar.update(len(items))
 
     def ingest(self, ids: np.ndarray, vectors: np.ndarray) -> None:
-        self._send(ids, vectors, "POST items")
+        """The bulk route: every vector in one streamed NDJSON body (``POST .../load``), answered once
+        the index is built."""
+        path = f"/v1/collections/{self.collection}/load"
+
+        def lines() -> Iterator[bytes]:
+            with tqdm(total=len(ids), desc=f"{self.name}: POST load", file=sys.stderr, leave=False) as bar:
+                for start in range(0, len(ids), 1000):
+                    part = slice(start, start + 1000)
+                    yield "".join(
+                        json.dumps({"external_id": str(i), "vector": v.tolist()}) + "\n"
+                        for i, v in zip(ids[part].tolist(), vectors[part], strict=True)
+                    ).encode()
+                    bar.update(len(ids[part]))
+
+        r = self.serve.client.post(path, content=lines(), headers={"Content-Type": "application/x-ndjson"})
+        if r.status_code != 200:
+            raise RuntimeError(f"POST {path}: {r.status_code} {r.text[:300]}")
 
     def set_ef(self, ef: int) -> None:
         self.ef = ef
