@@ -1,14 +1,17 @@
 """The search statement and its settings: one builder for the store, the async path, the compact
 search and the recall probes.
 
-A search is a settings statement (transaction-local, or session-level on the connections that run
-nothing but searches) and then the statement itself. Every settings statement sets the same eight
-knobs, so that one search's settings never carry over into the next on the same connection, and no
-caller builds SQL by concatenation.
+A search is a settings statement and then the statement itself. A plain index search needs only the
+HNSW knobs and ``jit``, which no other statement minds: a pooled connection keeps them for its
+session and remembers what it holds (``run_search``), so most searches send the statement alone, as a
+hand-written one would. A search that changes the planner (``exact``, ``index_only``,
+``nested_loops``) sets all eight knobs for its transaction alone, so nothing it sets outlives it.
+No caller builds SQL by concatenation.
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -37,6 +40,14 @@ SETTINGS_SQL = _TEMPLATE.format(local="true")
 # The same settings for the whole session: only for connections that run nothing but searches, and
 # that know which settings they hold (memstore.async_search's pool).
 SESSION_SETTINGS_SQL = _TEMPLATE.format(local="false")
+# What a plain index search needs, for the session of a pooled connection that runs other statements
+# too: none of these changes how anything but an HNSW scan runs (jit off only spares short queries
+# the compilation). The planner's own knobs are never left on a shared connection.
+_INDEX_KNOBS = ("hnsw.ef_search", "hnsw.iterative_scan", "hnsw.max_scan_tuples", "jit")
+INDEX_SESSION_SQL = "SELECT " + ", ".join(f"set_config('{knob}', %s, false)" for knob in _INDEX_KNOBS)
+# What each pooled connection holds of INDEX_SESSION_SQL (forgotten with the connection, and on any
+# error: a failed implicit transaction takes its settings with it).
+_HELD: weakref.WeakKeyDictionary[psycopg.Connection[Any], tuple[str, ...]] = weakref.WeakKeyDictionary()
 OPERATORS = ("<=>", "<->", "<#>")
 
 
@@ -56,6 +67,15 @@ class SearchSettings:
     max_scan_tuples: int
     index_only: bool = False
     nested_loops: bool = False
+
+    @property
+    def plain(self) -> bool:
+        """Leaves the planner alone: what ``INDEX_SESSION_SQL`` sets is all it needs."""
+        return not (self.exact or self.index_only or self.nested_loops)
+
+    def index_values(self) -> tuple[str, ...]:
+        """The values of INDEX_SESSION_SQL's parameters (a plain search's settings)."""
+        return (str(self.ef_search), "relaxed_order", str(self.max_scan_tuples), "off")
 
     def values(self) -> tuple[str, ...]:
         """The values of SETTINGS_SQL's parameters, in order (also the key of what a connection holds)."""
@@ -181,27 +201,51 @@ def duplicates_statement(c: Collection) -> sql.Composed:
 def run_search(
     conn: psycopg.Connection[Any], settings: SearchSettings, statement: sql.Composed, params: dict[str, Any]
 ) -> list[tuple[Any, ...]]:
-    """The transaction-local settings, then the search, in one round trip.
+    """The search under ``settings``, in one round trip.
 
-    Both statements are pipelined up to one Sync. On a connection in no transaction, they run in
-    autocommit mode: the extended protocol runs everything up to a Sync as one implicit
-    transaction, so the settings hold for the search and end with it, and no BEGIN or COMMIT costs
-    a round trip of its own (a non-autocommit psycopg connection would send BEGIN and wait for it).
-    Inside a caller's transaction they run in it, as before.
+    On a connection in no transaction, in autocommit mode (no BEGIN or COMMIT of its own): a plain
+    search sends its statement alone when the connection already holds its settings (``_HELD``),
+    else the session settings and the statement pipelined up to one Sync. A search that changes the
+    planner pipelines transaction-local settings with the statement: the extended protocol runs
+    everything up to a Sync as one implicit transaction, so they end with it. Inside a caller's
+    transaction, the local settings and the statement run in it.
     """
-    implicit = not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE
-    cur = conn.cursor()
+    idle = conn.info.transaction_status == TransactionStatus.IDLE
+    if not idle:
+        return _pipelined(conn, SETTINGS_SQL, settings.values(), statement, params)
+    was_autocommit = conn.autocommit
+    conn.autocommit = True
     try:
-        if implicit:
-            conn.autocommit = True
+        if not settings.plain:
+            return _pipelined(conn, SETTINGS_SQL, settings.values(), statement, params)
+        held = settings.index_values()
+        try:
+            if _HELD.get(conn) == held:
+                return conn.execute(statement, params).fetchall()
+            _HELD.pop(conn, None)
+            rows = _pipelined(conn, INDEX_SESSION_SQL, held, statement, params)
+            _HELD[conn] = held
+            return rows
+        except BaseException:
+            _HELD.pop(conn, None)
+            raise
+    finally:
+        if not conn.closed:
+            conn.autocommit = was_autocommit
+
+
+def _pipelined(
+    conn: psycopg.Connection[Any],
+    settings_sql: str,
+    values: tuple[str, ...],
+    statement: sql.Composed,
+    params: dict[str, Any],
+) -> list[tuple[Any, ...]]:
+    with conn.cursor() as cur:
         with conn.pipeline():
-            apply(cur, settings)
+            cur.execute(settings_sql, values)
             cur.execute(statement, params)
         return cur.fetchall()
-    finally:
-        cur.close()
-        if implicit and not conn.closed:
-            conn.autocommit = False
 
 
 def apply(cur: psycopg.Cursor[Any], settings: SearchSettings) -> None:

@@ -13,10 +13,12 @@ from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
+import psycopg
 import pytest
 import sqlalchemy as sa
-from psycopg import pq
+from psycopg import pq, sql
 
+from memstore import search_sql
 from memstore.db import create_engine
 from memstore.errors import CollectionNotFoundError
 from memstore.models import ItemIn
@@ -108,18 +110,32 @@ def test_a_search_is_one_round_trip(
         assert hits[0].external_id == "7"
 
 
-def test_settings_of_one_search_never_reach_the_next(
+def test_a_search_runs_with_its_own_settings_whatever_ran_before_it(
     one_connection: sa.Engine, settings: Settings, collection_name: str
 ) -> None:
+    """The planner's knobs never outlive a search; the HNSW knobs a connection keeps for its session
+    are always those of the search that runs, never a previous request's."""
     store = VectorStore(one_connection, settings=settings)
     base = _filled(store, collection_name)
-    before = {name: _setting(one_connection, name) for name in ("enable_indexscan", "hnsw.ef_search", "jit")}
+    planner = ("enable_indexscan", "enable_seqscan", "enable_hashjoin", "enable_mergejoin")
+    before = {name: _setting(one_connection, name) for name in planner}
     store.search(collection=collection_name, vector=base[1], k=3, exact=True)
+    assert {name: _setting(one_connection, name) for name in planner} == before
     store.search(collection=collection_name, vector=base[1], k=3, ef_search=7)
-    after = {name: _setting(one_connection, name) for name in before}
-    assert after == before
-    hits = store.search(collection=collection_name, vector=base[1], k=3)
+    assert _setting(one_connection, "hnsw.ef_search") == "7"
+    hits = store.search(collection=collection_name, vector=base[1], k=3)  # the collection's default again
     assert hits[0].external_id == "1"
+    default = store.get_collection(name=collection_name).default_ef_search
+    assert _setting(one_connection, "hnsw.ef_search") == str(default)
+    # A search that fails takes the settings it sent with it (its implicit transaction is rolled
+    # back), and the next search with those settings sends them again.
+    store.search(collection=collection_name, vector=base[1], k=3, ef_search=9)
+    failing = search_sql.SearchSettings(ef_search=11, exact=False, max_scan_tuples=100)
+    with pytest.raises(psycopg.errors.DivisionByZero), store.db.read() as conn:
+        search_sql.run_search(conn, failing, sql.SQL("SELECT 1 / 0"), {})
+    assert _setting(one_connection, "hnsw.ef_search") == "9"
+    store.search(collection=collection_name, vector=base[1], k=3, ef_search=11)
+    assert _setting(one_connection, "hnsw.ef_search") == "11"
 
 
 def test_a_search_that_fails_on_the_server_leaves_the_connection_usable_and_clean(
