@@ -6,9 +6,9 @@ grows in proportion to the rows, 0 that it does not grow.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +117,7 @@ def plot(result: dict[str, Any], path: Path) -> Path:
     if default_ef is not None:
         series(ax_search, "at_default_ef.search_p99_ms", f"p99 at the default ef_search {default_ef}", ls="--")
     ax_search.set_ylabel("ms per search (one client)")
-    ax_search.set_ylim(bottom=0)
+    ax_search.set_yscale("log")
     efs = ", ".join(f"{r['rows']:,}: {r.get('ef_search')}" for r in rows)
     ax_search.set_title(f"search at the lowest ef_search with recall@10 >= 0.95\n(ef_search {efs})", fontsize=10)
 
@@ -125,7 +125,7 @@ def plot(result: dict[str, Any], path: Path) -> Path:
     series(ax_maint, "maintenance.policy_s", "maintenance policy")
     ax_maint.set_yscale("log")
     ax_maint.set_ylabel("seconds after 2% churn")
-    costs = ", ".join(f"{figure(r, 'maintenance.cost'):.2f}" for r in rows if figure(r, "maintenance.cost") is not None)
+    costs = ", ".join(f"{figure(r, 'maintenance.cost'):.3f}" for r in rows if figure(r, "maintenance.cost") is not None)
     ax_maint.set_title(f"maintenance (policy / VACUUM: {costs})", fontsize=10)
 
     for ax in axes.flat:
@@ -189,9 +189,16 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m bench.scale_report RESULT.json``: print the markdown of a saved ``bench.scale`` run."""
-    path = Path((argv if argv is not None else sys.argv[1:])[0])
-    print(markdown(json.loads(path.read_text().strip().splitlines()[-1])), end="")
+    """``python -m bench.scale_report RESULT.json [--plot FILE.png]``: the markdown of a saved
+    ``bench.scale`` run (its last line), and its curves drawn again."""
+    parser = argparse.ArgumentParser(prog="python -m bench.scale_report", description=main.__doc__)
+    parser.add_argument("result", type=Path)
+    parser.add_argument("--plot", type=Path)
+    args = parser.parse_args(argv)
+    result = json.loads(args.result.read_text().strip().splitlines()[-1])
+    if args.plot:
+        plot(result, args.plot)
+    print(markdown(result), end="")
     return 0
 
 
