@@ -160,3 +160,41 @@ def test_peers_benchmark_measures_every_system_the_same_way(database_url: str) -
     assert "maintenance pass" in systems["memstore_python"]["cleanup"]
     assert result["ratio_ef"] == systems["memstore_python"]["ef"]
     assert set(result["goals"]) >= {"ingest_ratio_vs_raw_build>=0.8", "search_ratio_vs_raw>=0.85"}
+
+
+def test_scale_benchmark_reports_every_figure_per_size(database_url: str, tmp_path: Path) -> None:
+    """Two tiny sizes: every figure the curves and docs/scale.md read is there and sane (not how fast)."""
+    plot = tmp_path / "scale.png"
+    result = _run(
+        "bench.scale",
+        database_url,
+        *("--database-url", database_url, "--sizes", "2000,3000", "--queries", "60", "--search-rounds", "1"),
+        *("--plot", str(plot)),
+    )
+    assert [s["rows"] for s in result["sizes"]] == [2000, 3000]
+    for size in result["sizes"]:
+        assert size["recall_at_10"] >= 0.95
+        assert size["recall_by_ef"][str(size["ef_search"])] == size["recall_at_10"]
+        # The lowest ef_search that reaches the goal: every smaller one tried fell short.
+        assert all(r < 0.95 for ef, r in size["recall_by_ef"].items() if int(ef) < size["ef_search"])
+        for key in ("ingest_rows_per_s", "ingest_rows_per_s_raw_copy", "build_s", "reference_build_s", "search_qps"):
+            assert size[key] > 0, key
+        assert 0 < size["search_p50_ms"] <= size["search_p99_ms"]
+        at_default = size["at_default_ef"]
+        assert at_default["recall_at_10"] >= 0.9 and 0 < at_default["search_p50_ms"] <= at_default["search_p99_ms"]
+        assert size["index_bytes_per_row"] == round(size["index_bytes"] / size["rows"], 2)
+        # An HNSW graph of 128-d vectors holds each vector (512 bytes) plus its neighbour lists.
+        assert 512 < size["index_bytes_per_row"] < 4096
+        maint = size["maintenance"]
+        assert maint["vacuum_s"] > 0 and maint["policy_s"] > 0
+        # The ratio of the unrounded seconds; the reported seconds are rounded to the millisecond.
+        assert maint["cost"] == pytest.approx(maint["policy_s"] / maint["vacuum_s"], rel=0.02, abs=2e-3)
+        assert maint["recall_after_policy"] >= 0.9
+    assert set(result["exponents"]) >= {"ingest_rows_per_s", "build_s", "index_bytes_per_row", "search_p99_ms"}
+    assert abs(result["exponents"]["index_bytes_per_row"]) < 0.2  # bytes per row do not grow with rows
+    assert set(result["goals"]) == {
+        "index_bytes_per_row_spread<=1.10",
+        "search_p99_growth<=2.5",
+        "policy_cost<=0.25",
+    }
+    assert plot.stat().st_size > 10_000

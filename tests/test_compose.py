@@ -8,10 +8,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = ROOT / "compose.yaml"
 ROLES = {"db", "migrate", "api", "worker", "maintenance", "encoder", "encoder-cpu"}
+CITUS = {"citus-coordinator", "citus-worker-1", "citus-worker-2", "citus-setup"}
 
 
 def _compose_command() -> list[str] | None:
@@ -49,10 +51,29 @@ def test_every_role_is_a_service() -> None:
         "--services",
         POSTGRES_PASSWORD="example",
         MEMSTORE_ENCODER_API_KEY="example",
-        COMPOSE_PROFILES="gpu,cpu",
+        COMPOSE_PROFILES="gpu,cpu,citus",
     )
     assert result.returncode == 0, result.stderr
-    assert set(result.stdout.split()) == ROLES
+    assert set(result.stdout.split()) == ROLES | CITUS
+
+
+@needs_compose
+def test_compose_accepts_the_citus_profile() -> None:
+    result = _run("--profile", "citus", "config", "-q", POSTGRES_PASSWORD="example", MEMSTORE_ENCODER_API_KEY="example")
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_citus_nodes_stay_out_of_the_default_stack() -> None:
+    """Only `--profile citus` starts them, every node preloads Citus, and none holds a password."""
+    services = yaml.safe_load(COMPOSE_FILE.read_text())["services"]
+    for name in CITUS:
+        assert services[name]["profiles"] == ["citus"], name
+    for name in CITUS - {"citus-setup"}:
+        assert "shared_preload_libraries=citus" in services[name]["command"], name
+        assert services[name]["build"]["context"] == "docker/citus"
+        assert services[name]["environment"]["PGPASSWORD"].startswith("${POSTGRES_PASSWORD:?")
+    assert (ROOT / services["citus-coordinator"]["build"]["context"] / "Dockerfile").is_file()
+    assert all("profiles" not in services[name] or name.startswith("encoder") for name in ROLES)
 
 
 @needs_compose
