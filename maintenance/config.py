@@ -48,6 +48,12 @@ class MaintenanceConfig(BaseSettings):
     # --- recall probe ---
     recall_k: int = Field(default=10, ge=1, le=100)
     recall_sample: int = Field(default=20, ge=1, le=1000, description="Query vectors per recall probe.")
+    recall_on_replica: bool = Field(
+        default=False,
+        description="Measure sampled recall on a hot standby (the first healthy one of MEMSTORE_READ_DATABASE_URLS): "
+        "its index is the primary's, replayed page for page, and the probe's exact scans then cost the primary "
+        "nothing. The primary's index is probed when no standby answers.",
+    )
     recall_churn_fraction: float = Field(
         default=0.10,
         ge=0,

@@ -29,7 +29,7 @@ from memstore import history as core_history
 from memstore.collections import Collection
 from memstore.compact.maintain import maintain_compact_index
 from memstore.compact.spec import index_spec
-from memstore.db import as_database, dedicated_connection
+from memstore.db import as_database, dedicated_connection, get_database
 from memstore.registry import read_collections
 from memstore.settings import Settings, get_settings
 
@@ -109,10 +109,44 @@ class MaintenanceWorker:
         return conn
 
     def close(self) -> None:
-        conn: psycopg.Connection[Any] | None = getattr(self._local, "conn", None)
-        if conn is not None and not conn.closed:
-            conn.close()
-        self._local.conn = None
+        for name in ("conn", "replica_conn"):
+            conn: psycopg.Connection[Any] | None = getattr(self._local, name, None)
+            if conn is not None and not conn.closed:
+                conn.close()
+            setattr(self._local, name, None)
+
+    def recall_session(self) -> psycopg.Connection[Any]:
+        """Where sampled recall is measured: a standby's connection with ``recall_on_replica`` (the
+        first healthy replica; kept like ``session``), else this thread's session on the primary."""
+        if not (self.config.recall_on_replica and self.settings.read_database_urls):
+            return self.session()
+        conn: psycopg.Connection[Any] | None = getattr(self._local, "replica_conn", None)
+        if conn is not None and not conn.closed and not conn.broken:
+            return conn
+        healthy = [r for r in get_database(self.settings).replicas if r.healthy]
+        for replica in healthy:
+            try:
+                conn = dedicated_connection(replica.engine, application_name="memstore-maint-recall")
+            except psycopg.OperationalError as exc:
+                log.warning("recall probe: replica %s refused (%s)", replica.url, exc)
+                continue
+            self._local.replica_conn = conn
+            return conn
+        log.warning("recall probe: no healthy replica; measuring on the primary")
+        return self.session()
+
+    def _attach_recall(self, conn: psycopg.Connection[Any], target: Target, p: Probe, *, confirm: bool = False) -> None:
+        """Sampled recall into ``p``, on ``recall_session()``; on the primary when a standby fails it
+        (gone, or a table it has not replayed yet)."""
+        where = self.recall_session()
+        try:
+            attach_recall(where, target, p, self.config, max_scan_tuples=self.settings.max_scan_tuples, confirm=confirm)
+        except psycopg.Error as exc:
+            if where is conn:
+                raise
+            log.warning("%s: recall probe failed on the replica (%s); measuring on the primary", target.label, exc)
+            where.close()
+            attach_recall(conn, target, p, self.config, max_scan_tuples=self.settings.max_scan_tuples, confirm=confirm)
 
     def executor(self, stop: threading.Event | None = None) -> Executor:
         return Executor(self.connect, self.config, stop=stop or self.stop, on_progress=self.on_progress)
@@ -297,13 +331,13 @@ class MaintenanceWorker:
         p = probe(conn, target, self.config, max_scan_tuples=self.settings.max_scan_tuples, with_recall=False)
         d = decide(p, self.config)
         if d.action == "nothing" and p.recall_due:
-            attach_recall(conn, target, p, self.config, max_scan_tuples=self.settings.max_scan_tuples)
+            self._attach_recall(conn, target, p)
             d = decide(p, self.config)
             if d.action != "nothing":
                 # Recall alone changed the verdict. A small sample can read low by chance (a few
                 # hard queries), and a rebuild costs about ten probes: confirm on a second sample
                 # and decide on both together.
-                attach_recall(conn, target, p, self.config, max_scan_tuples=self.settings.max_scan_tuples, confirm=True)
+                self._attach_recall(conn, target, p, confirm=True)
                 d = decide(p, self.config)
         record_probe(conn, p, d.label)
         if self.config.own_index_cleanup and not p.owned and target.index is not None:

@@ -460,3 +460,52 @@ def test_maintenance_on_the_primary_cancels_no_search_on_the_standbys(
 def _replayed(replica: sa.Engine) -> int:
     with replica.connect() as conn:
         return parse_lsn(str(conn.exec_driver_sql("SELECT pg_last_wal_replay_lsn()::text").scalar()))
+
+
+def _index_scans(engine: sa.Engine, index: str) -> int:
+    with engine.connect() as conn:
+        value = conn.exec_driver_sql(
+            "SELECT coalesce(sum(idx_scan), 0) FROM pg_stat_user_indexes WHERE indexrelname = %s", (index,)
+        ).scalar()
+        return int(value or 0)
+
+
+def test_the_recall_probe_can_read_a_standbys_copy_of_the_index(
+    engine: sa.Engine, standby: Standby, settings: Settings, collection_name: str
+) -> None:
+    """With recall_on_replica, the maintenance pass's sampled recall runs its index searches on the
+    standby (its scans counted there), and the primary's index is not searched at all."""
+    from maintenance.config import MaintenanceConfig
+    from maintenance.worker import MaintenanceWorker
+
+    store = VectorStore(engine, settings=settings)
+    c = store.create_collection(name=collection_name, dimensions=16)
+    rng = np.random.default_rng(7)
+    store.upsert_items(
+        collection=collection_name,
+        items=[ItemIn(vector=v, external_id=str(i)) for i, v in enumerate(rng.normal(size=(1500, 16)))],
+    )
+    replica = create_engine(standby.url, pool_size=1, max_overflow=0)
+    try:
+        _wait(lambda: _rows_on(replica, c.table_name) == 1500, "the rows on the standby")
+        primary_before, standby_before = _index_scans(engine, c.index_name), _index_scans(replica, c.index_name)
+        worker = MaintenanceWorker(
+            engine,
+            settings=settings.model_copy(update={"read_database_urls": [standby.url]}),
+            config=MaintenanceConfig(recall_on_replica=True, recall_sample=5),
+            collections=[collection_name],
+        )
+        try:
+            assert worker.run_once() == 0
+        finally:
+            worker.close()  # the standby's session flushes its statistics as it ends
+        _wait(lambda: _index_scans(replica, c.index_name) > standby_before, "the probe's index scans on the standby")
+        assert _index_scans(engine, c.index_name) == primary_before
+        with engine.connect() as conn:
+            recall = conn.exec_driver_sql(
+                "SELECT recall FROM memstore_maintenance_probes WHERE collection = %s ORDER BY id DESC LIMIT 1",
+                (collection_name,),
+            ).scalar()
+        assert recall is not None and recall > 0.5
+    finally:
+        replica.dispose()
