@@ -78,10 +78,11 @@ class Claimer:
         self.conn = None
 
 
+# The picked rows are a MATERIALIZED CTE, run exactly once: as a subquery in FROM, the planner may
+# put it on the inner side of a nested loop and run it again for every queue row it joins, each run
+# locking more rows past its LIMIT (seen: a claim of 5 came back with 10).
 _CLAIM = """
-UPDATE memstore_ingest_queue AS q
-SET claimed_by = %(me)s, claimed_at = now(), attempts = q.attempts + 1
-FROM (
+WITH picked AS MATERIALIZED (
     SELECT id FROM memstore_ingest_queue
     WHERE status = 'pending' AND not_before <= now() {scope}
       AND (claimed_by IS NULL
@@ -89,7 +90,10 @@ FROM (
     ORDER BY priority DESC, not_before, id
     LIMIT %(n)s
     FOR UPDATE SKIP LOCKED
-) AS picked
+)
+UPDATE memstore_ingest_queue AS q
+SET claimed_by = %(me)s, claimed_at = now(), attempts = q.attempts + 1
+FROM picked
 WHERE q.id = picked.id
 RETURNING q.id, q.collection_id, q.item_id, q.attempts
 """
