@@ -9,6 +9,7 @@ import numpy.typing as npt
 import psycopg
 from pgvector.psycopg import register_vector
 
+from memstore import online_ddl
 from memstore.db import libpq_url, resolve_database_url
 from memstore.search_sql import SearchSettings, apply, search_statement
 from memstore.settings import get_settings
@@ -20,11 +21,7 @@ def connect(autocommit: bool = True) -> psycopg.Connection[Any]:
     conn = psycopg.connect(libpq_url(resolve_database_url(settings)), autocommit=autocommit)
     conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
     # The same build settings the maintenance worker uses, so every strategy gets the same resources.
-    conn.execute(
-        "SELECT set_config('maintenance_work_mem', %s, false), "
-        "set_config('max_parallel_maintenance_workers', %s, false)",
-        (settings.maintenance_work_mem, str(settings.max_parallel_maintenance_workers)),
-    )
+    online_ddl.build_resources(conn, settings)
     register_vector(conn)
     return conn
 

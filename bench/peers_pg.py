@@ -16,6 +16,7 @@ from tqdm import tqdm
 from bench.peers_measure import K
 from maintenance.config import MaintenanceConfig
 from maintenance.worker import MaintenanceWorker
+from memstore import online_ddl
 from memstore.db import libpq_url
 from memstore.models import ItemIn
 from memstore.services.query_sampler import QuerySampler
@@ -137,11 +138,7 @@ class RawPgvector:
 
     def _maintenance_settings(self) -> None:
         """The memory and parallel workers memstore's own builds get (memstore.settings)."""
-        self.conn.execute(
-            "SELECT set_config('maintenance_work_mem', %s, false), "
-            "set_config('max_parallel_maintenance_workers', %s, false)",
-            (self.settings.maintenance_work_mem, str(self.settings.max_parallel_maintenance_workers)),
-        )
+        online_ddl.build_resources(self.conn, self.settings)
 
     def _copy(self, ids: np.ndarray, vectors: np.ndarray, staging: sql.Composable) -> None:
         statement = sql.SQL("COPY {} (id, embedding) FROM STDIN (FORMAT BINARY)").format(staging)

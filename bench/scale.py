@@ -48,7 +48,7 @@ from bench.scale_report import fit_and_check, plot
 from maintenance.config import MaintenanceConfig
 from maintenance.progress import Progress, Watch
 from maintenance.worker import MaintenanceWorker
-from memstore import migrate
+from memstore import migrate, online_ddl
 from memstore.db import create_engine, libpq_url, normalise_url
 from memstore.embedded import start_embedded_server
 from memstore.models import ItemIn
@@ -66,11 +66,7 @@ def _log(message: str) -> None:
 
 def _connect(url: str, settings: Settings) -> psycopg.Connection[Any]:
     conn = psycopg.connect(libpq_url(url), autocommit=True)
-    conn.execute(
-        "SELECT set_config('maintenance_work_mem', %s, false), "
-        "set_config('max_parallel_maintenance_workers', %s, false)",
-        (settings.maintenance_work_mem, str(settings.max_parallel_maintenance_workers)),
-    )
+    online_ddl.build_resources(conn, settings)
     register_vector(conn)
     return conn
 

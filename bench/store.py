@@ -33,7 +33,7 @@ from psycopg import sql
 from tqdm import tqdm
 
 from bench.data import clustered, exact_neighbours, load_npz, recall_at_k
-from memstore import migrate
+from memstore import migrate, online_ddl
 from memstore.collections import Collection
 from memstore.db import create_engine, libpq_url, normalise_url
 from memstore.embedded import start_embedded_server
@@ -61,11 +61,7 @@ def _raw_copy(conn: psycopg.Connection[Any], table: str, ids: list[str], rows: n
 
 def _raw_build(conn: psycopg.Connection[Any], c: Collection, settings: Settings) -> None:
     """The raw side's index, built once after the load, with the memory and workers memstore's builds get."""
-    conn.execute(
-        "SELECT set_config('maintenance_work_mem', %s, false), "
-        "set_config('max_parallel_maintenance_workers', %s, false)",
-        (settings.maintenance_work_mem, str(settings.max_parallel_maintenance_workers)),
-    )
+    online_ddl.build_resources(conn, settings)
     conn.execute(
         sql.SQL("CREATE INDEX {} ON {} USING hnsw (embedding {}) WITH (m = {}, ef_construction = {})").format(
             sql.Identifier(c.index_name),

@@ -24,7 +24,7 @@ from maintenance.policy import Decision, decide
 from maintenance.probes import Probe, attach_recall, probe, record_probe
 from maintenance.progress import ProgressCallback
 from maintenance.targets import Target, every_target
-from memstore import bulk_load
+from memstore import bulk_load, online_ddl
 from memstore import history as core_history
 from memstore.collections import Collection
 from memstore.compact.maintain import maintain_compact_index
@@ -86,18 +86,11 @@ class MaintenanceWorker:
     def connect(self) -> psycopg.Connection[Any]:
         """A dedicated autocommit connection (REINDEX CONCURRENTLY and VACUUM cannot run in a transaction)."""
         conn = dedicated_connection(self.engine, application_name="memstore-maint")
-        s, c = self.settings, self.config
+        online_ddl.build_resources(conn, self.settings)
         conn.execute(
             "SELECT set_config('lock_timeout', %s, false), set_config('statement_timeout', '0', false), "
-            "set_config('maintenance_work_mem', %s, false), "
-            "set_config('max_parallel_maintenance_workers', %s, false), "
             "set_config('vacuum_cost_delay', %s, false)",
-            (
-                f"{c.lock_timeout_ms}ms",
-                s.maintenance_work_mem,
-                str(s.max_parallel_maintenance_workers),
-                f"{c.vacuum_cost_delay_ms}ms",
-            ),
+            (f"{self.config.lock_timeout_ms}ms", f"{self.config.vacuum_cost_delay_ms}ms"),
         )
         return conn
 

@@ -167,11 +167,7 @@ def _connect(db: Database, settings: Settings) -> psycopg.Connection[Any]:
     maintenance worker's rebuilds have them."""
     conn = db.dedicated(application_name="memstore-bulk-load")
     online_ddl.set_lock_timeout(conn)
-    conn.execute(
-        "SELECT set_config('maintenance_work_mem', %s, false), "
-        "set_config('max_parallel_maintenance_workers', %s, false)",
-        (settings.maintenance_work_mem, str(settings.max_parallel_maintenance_workers)),
-    )
+    online_ddl.build_resources(conn, settings)
     return conn
 
 
