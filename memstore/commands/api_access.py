@@ -39,6 +39,21 @@ def auth_headers(key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
+def post(prog: str, url: str, path: str, **request: Any) -> httpx.Response | None:
+    """POST ``path`` to the API at ``url`` (``request``: httpx's arguments); its 200 answer, or None
+    once the reason is printed as one line on stderr: the server unreachable, or its refusal."""
+    try:
+        r = httpx.post(f"{url}{path}", **request)
+    except httpx.TransportError as exc:
+        click.echo(f"{prog}: cannot reach {url} ({exc}); is `memstore serve` running?", err=True)
+        return None
+    if r.status_code != 200:
+        hint = " (give the key with --key or MEMSTORE_API_KEY)" if r.status_code == 401 else ""
+        click.echo(f"{prog}: {problem(r)}{hint}", err=True)
+        return None
+    return r
+
+
 def problem(r: httpx.Response) -> str:
     """An error answer as one line: status, title and the problem's detail."""
     try:

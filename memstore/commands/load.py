@@ -18,7 +18,7 @@ import httpx
 from tqdm import tqdm
 
 from memstore.cli_support import EXIT_USAGE, json_option, print_json
-from memstore.commands.api_access import api_options, auth_headers, problem
+from memstore.commands.api_access import api_options, auth_headers, post
 
 CHUNK = 1024 * 1024
 
@@ -45,21 +45,18 @@ def command(file: Path, collection: str, url: str, key: str | None, as_json: boo
     stream = sys.stdin.buffer if stdin else file.open("rb")
     try:
         with tqdm(total=size, unit="B", unit_scale=True, desc="sending", disable=as_json, file=sys.stderr) as bar:
-            r = httpx.post(
-                f"{url}/v1/collections/{collection}/load",
+            r = post(
+                "memstore load",
+                url,
+                f"/v1/collections/{collection}/load",
                 content=_chunks(stream, bar),
                 headers={**auth_headers(key), "Content-Type": "application/x-ndjson"},
                 timeout=httpx.Timeout(60, read=None),  # the answer comes once the index is built
             )
-    except httpx.TransportError as exc:
-        click.echo(f"memstore load: cannot reach {url} ({exc}); is `memstore serve` running?", err=True)
-        return EXIT_USAGE
     finally:
         if not stdin:
             stream.close()
-    if r.status_code != 200:
-        hint = " (give the key with --key or MEMSTORE_API_KEY)" if r.status_code == 401 else ""
-        click.echo(f"memstore load: {problem(r)}{hint}", err=True)
+    if r is None:
         return EXIT_USAGE
     answer = r.json()
     if as_json:

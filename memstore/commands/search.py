@@ -7,10 +7,9 @@ import shutil
 from typing import Any
 
 import click
-import httpx
 
 from memstore.cli_support import EXIT_USAGE, json_option, print_json
-from memstore.commands.api_access import api_options, auth_headers, problem
+from memstore.commands.api_access import api_options, auth_headers, post
 
 
 def _filter(_ctx: click.Context, _param: click.Parameter, value: str | None) -> dict[str, Any] | None:
@@ -57,14 +56,10 @@ def command(
         body["mode"] = mode
     if filter_ is not None:
         body["filter"] = filter_
-    try:
-        r = httpx.post(f"{url}/v1/collections/{collection}/search", json=body, headers=auth_headers(key), timeout=60)
-    except httpx.TransportError as exc:
-        click.echo(f"memstore search: cannot reach {url} ({exc}); is `memstore serve` running?", err=True)
-        return EXIT_USAGE
-    if r.status_code != 200:
-        hint = " (give the key with --key or MEMSTORE_API_KEY)" if r.status_code == 401 else ""
-        click.echo(f"memstore search: {problem(r)}{hint}", err=True)
+    r = post(
+        "memstore search", url, f"/v1/collections/{collection}/search", json=body, headers=auth_headers(key), timeout=60
+    )
+    if r is None:
         return EXIT_USAGE
     hits = r.json()["results"]
     if as_json:
