@@ -17,17 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psycopg
 import pytest
 import sqlalchemy as sa
-from psycopg import sql
 
 from bench.data import load_bge_m3
-from memstore import migrate
-from memstore.db import create_engine, libpq_url, normalise_url
+from memstore.db import create_engine, normalise_url
 from memstore.embedded import start_embedded_server
 from memstore.settings import Settings
 from memstore.store import VectorStore
+from tests.databases import scratch_database
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -78,15 +76,8 @@ def server_url() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def database_url(server_url: str) -> Iterator[str]:
     """A fresh database for this run, migrated to head, dropped afterwards."""
-    name = f"memstore_test_{uuid.uuid4().hex[:10]}"
-    admin = libpq_url(server_url)
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = sa.make_url(server_url).set(database=name).render_as_string(hide_password=False)
-    migrate.upgrade(url)
-    yield url
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    with scratch_database(server_url, "memstore_test") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -9,16 +9,14 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import httpx
 import psycopg
 import pytest
-import sqlalchemy as sa
-from psycopg import sql
 
 from memstore.db import libpq_url
+from tests.databases import scratch_database
 
 MEMSTORE = [sys.executable, "-m", "memstore.cli"]
 
@@ -30,11 +28,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def test_db_upgrade_on_a_fresh_database(server_url: str) -> None:
-    name = f"memstore_cli_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(libpq_url(server_url), autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = sa.make_url(server_url).set(database=name).render_as_string(hide_password=False)
-    try:
+    with scratch_database(server_url, "memstore_cli", migrated=False) as url:
         env = _env(MEMSTORE_DATABASE_URL=url)
         out = subprocess.run(
             [*MEMSTORE, "db", "upgrade", "--json"], env=env, capture_output=True, text=True, timeout=120
@@ -53,9 +47,6 @@ def test_db_upgrade_on_a_fresh_database(server_url: str) -> None:
             tables = {r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE tablename LIKE 'memstore_%'")}
             assert {"memstore_collections", "memstore_ingest_queue", "memstore_maintenance_actions"} <= tables
             assert conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'vector'").fetchone() == (1,)
-    finally:
-        with psycopg.connect(libpq_url(server_url), autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def test_bad_database_url_fails_with_a_message() -> None:

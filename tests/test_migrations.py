@@ -4,28 +4,21 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 
 import psycopg
 import pytest
-import sqlalchemy as sa
 from alembic.script import ScriptDirectory
-from psycopg import sql
 
 from memstore import migrate
 from memstore.db import libpq_url
+from tests.databases import scratch_database
 
 
 @pytest.fixture
 def empty_database(server_url: str) -> Iterator[str]:
-    name = f"memstore_mig_{uuid.uuid4().hex[:8]}"
-    admin = libpq_url(server_url)
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    yield sa.make_url(server_url).set(database=name).render_as_string(hide_password=False)
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    with scratch_database(server_url, "memstore_mig", migrated=False) as url:
+        yield url
 
 
 def test_one_head() -> None:

@@ -4,14 +4,11 @@ index (a partitioned one on every partition), and OCR then works on their stored
 from __future__ import annotations
 
 import shutil
-import uuid
 from collections.abc import Iterator
 
 import psycopg
 import pytest
-import sqlalchemy as sa
 from alembic import command
-from psycopg import sql
 
 from bench import ocr_images
 from memstore import migrate, queue
@@ -20,17 +17,13 @@ from memstore.ocr_pass import OcrPass
 from memstore.queue import PendingItem
 from memstore.settings import Settings
 from memstore.store import VectorStore
+from tests.databases import scratch_database
 
 
 @pytest.fixture
 def empty_database(server_url: str) -> Iterator[str]:
-    name = f"memstore_ocr_{uuid.uuid4().hex[:8]}"
-    admin = libpq_url(server_url)
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    yield sa.make_url(server_url).set(database=name).render_as_string(hide_password=False)
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    with scratch_database(server_url, "memstore_ocr", migrated=False) as url:
+        yield url
 
 
 def _columns(url: str) -> dict[str, set[str]]:

@@ -15,18 +15,14 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import psycopg
 import pytest
-import sqlalchemy as sa
-from psycopg import sql
 
-from memstore.db import libpq_url
+from tests.databases import scratch_database
 
 TEXTS = [f"note number {i} about {'cats' if i % 2 else 'boats'}" for i in range(40)]
 
@@ -39,22 +35,16 @@ def _free_port() -> int:
 
 @pytest.fixture
 def split_env(server_url: str, tmp_path: Path) -> Iterator[dict[str, str]]:
-    name = f"memstore_split_{uuid.uuid4().hex[:8]}"
-    admin = libpq_url(server_url)
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = sa.make_url(server_url).set(database=name).render_as_string(hide_password=False)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSTORE_")}
-    env.update(
-        MEMSTORE_DATABASE_URL=url,
-        MEMSTORE_DATA_DIR=str(tmp_path / "data"),
-        MEMSTORE_MODEL="memstore-tiny",
-        MEMSTORE_PRETRAINED="none",
-        HF_HUB_OFFLINE="1",
-    )
-    yield env
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    with scratch_database(server_url, "memstore_split", migrated=False) as url:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSTORE_")}
+        env.update(
+            MEMSTORE_DATABASE_URL=url,
+            MEMSTORE_DATA_DIR=str(tmp_path / "data"),
+            MEMSTORE_MODEL="memstore-tiny",
+            MEMSTORE_PRETRAINED="none",
+            HF_HUB_OFFLINE="1",
+        )
+        yield env
 
 
 class Role:

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 
 import httpx
-import psycopg
 import pytest
 import sqlalchemy as sa
-from psycopg import sql
 
-from memstore import keys, migrate
-from memstore.db import create_engine, libpq_url
+from memstore import keys
+from memstore.db import create_engine
 from memstore.settings import Settings
 from tests.api.api_helpers import FakeBackend, LiveServer, start_server
+from tests.databases import scratch_database
 
 
 @pytest.fixture
@@ -78,44 +76,25 @@ def fake_collection(fake_client: httpx.Client, collection_name: str) -> str:
     return collection_name
 
 
-def _new_database(server_url: str, prefix: str) -> str:
-    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(libpq_url(server_url), autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = sa.make_url(server_url).set(database=name).render_as_string(hide_password=False)
-    migrate.upgrade(url)
-    return url
-
-
-def _drop_database(server_url: str, url: str) -> None:
-    with psycopg.connect(libpq_url(server_url), autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(sa.make_url(url).database))
-        )
-
-
 @pytest.fixture
 def empty_database_url(server_url: str) -> Iterator[str]:
     """A migrated database of its own, for tests that need a queue nobody else touches."""
-    url = _new_database(server_url, "memstore_empty")
-    yield url
-    _drop_database(server_url, url)
+    with scratch_database(server_url, "memstore_empty") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")
 def worker_url(server_url: str) -> Iterator[str]:
     """A database of its own for the worker tests: the API servers' workers would claim their rows."""
-    url = _new_database(server_url, "memstore_worker")
-    yield url
-    _drop_database(server_url, url)
+    with scratch_database(server_url, "memstore_worker") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")
 def fake_url(server_url: str) -> Iterator[str]:
     """The fake-encoder server's own database: workers of one server must not embed another's items."""
-    url = _new_database(server_url, "memstore_fake")
-    yield url
-    _drop_database(server_url, url)
+    with scratch_database(server_url, "memstore_fake") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ import pytest
 
 from memstore.settings import Settings
 from tests.api.api_helpers import LiveServer, start_server
-from tests.api.conftest import _drop_database, _new_database
+from tests.databases import scratch_database
 
 WIDE = "memstore-tiny-wide"
 
@@ -26,13 +26,14 @@ def two_model_server(settings: Settings, server_url: str, tiny_engine: Any) -> I
     tiny = tiny_engine.encoder
     wide = create_encoder(WIDE, pretrained=None, device="cpu", batch_size=tiny.batch_size)
     engine = EmbeddingEngine([tiny, wide], tiny_engine.settings).start()
-    url = _new_database(server_url, "memstore_models")
     try:
-        with start_server(settings.model_copy(update={"database_url": url}), backend=engine, auth="off") as live:
+        with (
+            scratch_database(server_url, "memstore_models") as url,
+            start_server(settings.model_copy(update={"database_url": url}), backend=engine, auth="off") as live,
+        ):
             yield live
     finally:
         engine.stop()
-        _drop_database(server_url, url)
 
 
 def test_each_collection_is_filled_and_searched_by_its_own_model(

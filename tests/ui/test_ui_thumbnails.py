@@ -3,22 +3,20 @@
 from __future__ import annotations
 
 import io
-import uuid
 from collections.abc import Iterator
 
 import numpy as np
-import psycopg
 import pytest
 import sqlalchemy as sa
 from alembic import command
 from PIL import Image
-from psycopg import sql
 
 from memstore import migrate, queue, thumbnails
-from memstore.db import create_engine, libpq_url
+from memstore.db import create_engine
 from memstore.queue import PendingItem
 from memstore.store import VectorStore
 from tests.api.api_helpers import make_image
+from tests.databases import scratch_database
 
 
 def _decoded(data: bytes | None) -> Image.Image:
@@ -73,13 +71,8 @@ def test_a_ready_image_without_one_gets_it_on_first_view(store: VectorStore, eng
 @pytest.fixture
 def scratch_url(server_url: str) -> Iterator[str]:
     """A database of its own, to move between revisions."""
-    name = f"memstore_ui_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(libpq_url(server_url), autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = sa.make_url(server_url).set(database=name).render_as_string(hide_password=False)
-    yield url
-    with psycopg.connect(libpq_url(server_url), autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    with scratch_database(server_url, "memstore_ui", migrated=False) as url:
+        yield url
 
 
 def _column_exists(engine: sa.Engine, table: str) -> bool:
