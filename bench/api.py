@@ -29,11 +29,10 @@ from typing import Any
 
 import numpy as np
 import psycopg
-import sqlalchemy as sa
-from psycopg import sql
 
 from bench.data import clustered
-from memstore import keys, migrate
+from bench.databases import drop_database, new_database
+from memstore import keys
 from memstore.db import create_engine, libpq_url, normalise_url
 from memstore.embedded import start_embedded_server
 from memstore.models import ItemIn
@@ -49,19 +48,7 @@ def _database(args: argparse.Namespace, tmp: str) -> str:
         if args.database_url
         else start_embedded_server(Path(tmp), maintenance_work_mem="512MB", max_parallel_maintenance_workers=1)
     )
-    name = f"bench_api_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(libpq_url(server), autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = sa.make_url(server).set(database=name).render_as_string(hide_password=False)
-    migrate.upgrade(url)
-    return url
-
-
-def _drop(url: str) -> None:
-    admin = sa.make_url(url).set(database="postgres").render_as_string(hide_password=False)
-    name = sa.make_url(url).database
-    with psycopg.connect(libpq_url(admin), autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(str(name))))
+    return new_database(server, "bench_api")
 
 
 def serve(url: str, port: int, workers: int) -> None:
@@ -354,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"search: {search}", file=sys.stderr)
         finally:
             server.stop()
-            _drop(url)
+            drop_database(url)
     result = {
         "search_qps_ratio": search.pop("search_qps_ratio"),
         "ingest_images_per_s_ratio": ingest.pop("ingest_images_per_s_ratio"),

@@ -30,7 +30,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +40,8 @@ from tqdm import tqdm
 
 from bench.api import RawClient, _run_for
 from bench.data import clustered
-from memstore import keys, migrate
+from bench.databases import new_database
+from memstore import keys
 from memstore.db import Database, create_engine, libpq_url, normalise_url, parse_lsn
 from memstore.embedded import start_embedded_server
 from memstore.models import ItemIn
@@ -359,12 +359,7 @@ def _database(args: argparse.Namespace, tmp: str) -> str:
             )
     else:
         server = start_embedded_server(Path(tmp), maintenance_work_mem="256MB", max_parallel_maintenance_workers=1)
-    name = f"bench_replicas_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(libpq_url(server), autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = sa.make_url(server).set(database=name).render_as_string(hide_password=False)
-    migrate.upgrade(url)
-    return url
+    return new_database(server, "bench_replicas")
 
 
 def main(argv: list[str] | None = None) -> int:

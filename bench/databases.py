@@ -1,0 +1,32 @@
+"""A database of the benchmark's own on a server (the embedded one, or one given with --database-url),
+migrated to head, so that a run never touches a user's data."""
+
+from __future__ import annotations
+
+import uuid
+
+import psycopg
+import sqlalchemy as sa
+from psycopg import sql
+
+from memstore import migrate
+from memstore.db import libpq_url
+
+
+def new_database(server_url: str, prefix: str) -> str:
+    """A new database ``prefix`` plus a random suffix on ``server_url``'s server, migrated; its URL."""
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(libpq_url(server_url), autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    url = sa.make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    migrate.upgrade(url)
+    return url
+
+
+def drop_database(url: str) -> None:
+    """Drop the database ``url`` names (connecting to the server's ``postgres`` database to do it)."""
+    admin = sa.make_url(url).set(database="postgres").render_as_string(hide_password=False)
+    with psycopg.connect(libpq_url(admin), autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(str(sa.make_url(url).database)))
+        )
