@@ -88,11 +88,6 @@ def in_progress(c: Collection) -> bool:
     return bool(c.options.get(MARKER))
 
 
-def _index_names(c: Collection) -> list[str]:
-    """The HNSW indexes a load drops: the table's, or the parent's (its partitions' go with it)."""
-    return [c.index_name]
-
-
 def _maintenance_keys(c: Collection) -> list[str]:
     """The maintenance worker's lock per index (``maintenance.targets.Target.lock_key``)."""
     if c.partitions == 1:
@@ -129,8 +124,8 @@ def deferred_index(
     with _connect(db, settings) as conn, _locked(conn, c, wait_s):
         with conn.transaction():
             registry.set_option(conn, c, MARKER, {"started_at": datetime.now(UTC).isoformat()})
-        for name in _index_names(c):
-            online_ddl.drop_index(conn, name, partitioned=c.partitions > 1)
+        # The table's index (a partitioned table's parent index takes its partitions' with it).
+        online_ddl.drop_index(conn, c.index_name, partitioned=c.partitions > 1)
         try:
             yield
         finally:

@@ -406,11 +406,12 @@ class VectorStore:
         ahead: list[list[ItemIn]] = []
         if size is None:  # look ahead as far as the decision needs (bounded: pass total= beyond that)
             need = min(max(self.settings.bulk_min_rows, int(self.settings.bulk_fraction * rows_now)), 200_000)
+            size = 0  # the whole load when it ends sooner
             for batch in batches:
                 ahead.append(batch)
-                if sum(map(len, ahead)) >= need:
+                size += len(batch)
+                if size >= need:
                     break
-            size = sum(map(len, ahead))  # the whole load when it ended sooner
         stream = itertools.chain(ahead, batches)
         counts: Counter[str] = Counter()
         build_s: list[float] = []

@@ -39,12 +39,13 @@ def _items(vectors: np.ndarray, start: int = 0) -> list[ItemIn]:
     return [ItemIn(vector=v, external_id=f"r{start + i}", metadata={"n": start + i}) for i, v in enumerate(vectors)]
 
 
-def _hnsw_indexes(engine: sa.Engine, table: str) -> list[tuple[str, bool]]:
+def _hnsw_indexes(engine: sa.Engine, table: str) -> list[tuple[int, bool]]:
+    """(oid, valid) of every HNSW index on ``table`` and its partitions: a rebuilt index has a new oid."""
     with raw_connection(engine) as conn:
         return [
-            (str(r[0]), bool(r[1]))
+            (int(r[0]), bool(r[1]))
             for r in conn.execute(
-                "SELECT i.relname, x.indisvalid FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid "
+                "SELECT x.indexrelid, x.indisvalid FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid "
                 "JOIN pg_am am ON am.oid = i.relam WHERE am.amname = 'hnsw' "
                 "AND x.indrelid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass(%(t)s) "
                 "UNION SELECT to_regclass(%(t)s)) ORDER BY 1",
@@ -110,26 +111,14 @@ def test_one_large_upsert_batch_rebuilds_and_a_small_one_does_not(
     rng = np.random.default_rng(12)
     vectors = rng.normal(size=(1200, 8)).astype(np.float32)
     c = bulk_store.create_collection(name=collection_name, dimensions=8)
-    before = _hnsw_oids(engine, c.table_name)
+    before = _hnsw_indexes(engine, c.table_name)
     results = bulk_store.upsert_items(collection=collection_name, items=_items(vectors[:1000]))
     assert [r.status for r in results] == ["created"] * 1000
-    rebuilt = _hnsw_oids(engine, c.table_name)
+    rebuilt = _hnsw_indexes(engine, c.table_name)
     assert rebuilt and rebuilt != before  # dropped and built again
     bulk_store.upsert_items(collection=collection_name, items=_items(vectors[1000:], 1000))
-    assert _hnsw_oids(engine, c.table_name) == rebuilt  # 200 rows went into the live graph
+    assert _hnsw_indexes(engine, c.table_name) == rebuilt  # 200 rows went into the live graph
     assert bulk_store.search(collection=collection_name, vector=vectors[1100], k=1)[0].external_id == "r1100"
-
-
-def _hnsw_oids(engine: sa.Engine, table: str) -> list[int]:
-    with raw_connection(engine) as conn:
-        return [
-            int(r[0])
-            for r in conn.execute(
-                "SELECT x.indexrelid FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid "
-                "JOIN pg_am am ON am.oid = i.relam WHERE am.amname = 'hnsw' AND x.indrelid = to_regclass(%s)",
-                (table,),
-            )
-        ]
 
 
 def test_searches_answer_throughout_a_load_and_find_every_row_after(
@@ -241,12 +230,12 @@ def test_a_load_waits_for_nobody_when_the_collection_is_busy(
     c = bulk_store.create_collection(name=collection_name, dimensions=8)
     with bulk_store.db.dedicated(application_name="test-maint") as holder:
         holder.execute("SELECT pg_advisory_lock(hashtext(%s))", (locks.index_key(c.index_name),))
-        before = _hnsw_oids(engine, c.table_name)
+        before = _hnsw_indexes(engine, c.table_name)
         started = time.monotonic()
         result = bulk_store.bulk_load(collection=collection_name, items=_items(vectors))
         assert not result.deferred_index and result.created == 800
         assert time.monotonic() - started < 60
-        assert _hnsw_oids(engine, c.table_name) == before
+        assert _hnsw_indexes(engine, c.table_name) == before
 
 
 def test_bad_arguments_are_refused_before_anything_is_written(bulk_store: VectorStore, collection_name: str) -> None:
