@@ -18,7 +18,7 @@ import psycopg
 import sqlalchemy as sa
 from psycopg import sql
 
-from memstore.collections import Collection
+from memstore.collections import Collection, Space
 from memstore.db import dedicated_connection, raw_connection
 from memstore.queue import CHANNEL, IngestSettings
 
@@ -33,6 +33,7 @@ class Claim:
     item_id: int
     attempts: int
     claimer: int
+    space_id: int = 0  # 0: the item's own vector; else a space of memstore.spaces
 
 
 class Claimer:
@@ -95,7 +96,7 @@ UPDATE memstore_ingest_queue AS q
 SET claimed_by = %(me)s, claimed_at = now(), attempts = q.attempts + 1
 FROM picked
 WHERE q.id = picked.id
-RETURNING q.id, q.collection_id, q.item_id, q.attempts
+RETURNING q.id, q.collection_id, q.item_id, q.attempts, q.space_id
 """
 
 
@@ -118,7 +119,7 @@ def claim(
         params["items"] = list(item_ids)
     with raw_connection(engine) as conn:
         rows = conn.execute(_CLAIM.format(scope=scope), params).fetchall()
-    return [Claim(int(r[0]), int(r[1]), int(r[2]), int(r[3]), claimer.number) for r in rows]
+    return [Claim(int(r[0]), int(r[1]), int(r[2]), int(r[3]), claimer.number, int(r[4])) for r in rows]
 
 
 def complete(
@@ -151,6 +152,37 @@ def complete(
                         "updated_at = now() WHERE id = %s"
                     ).format(collection.table),
                     [(vectors[i], (thumbnails or {}).get(i), i) for i in items],
+                )
+    return items
+
+
+def complete_space(
+    engine: sa.Engine, collection: Collection, space: Space, claims: Sequence[Claim], vectors: dict[int, Any]
+) -> list[int]:
+    """Write the vectors of still-held claims into a side space's table and drop their queue rows;
+    returns the item ids written. An item whose original changed meanwhile had its claim reset by
+    the trigger that queued it again, so its stale vector is never written."""
+    if not claims:
+        return []
+    by_queue = {c.queue_id: c for c in claims}
+    with raw_connection(engine) as conn:
+        lock_items(conn, collection, [c.item_id for c in claims])  # the one lock order: items, then queue rows
+        held = conn.execute(
+            "DELETE FROM memstore_ingest_queue WHERE id = ANY(%s) AND claimed_by = %s RETURNING id",
+            (list(by_queue), claims[0].claimer),
+        ).fetchall()
+        items = [by_queue[int(r[0])].item_id for r in held]
+        if items:
+            with conn.cursor() as cur:
+                cur.executemany(
+                    sql.SQL(
+                        # Only for an item still there (its row is locked above): a deleted
+                        # item's trigger has already cleared the space, and must stay cleared.
+                        "INSERT INTO {side} (id, embedding) SELECT %(id)s, %(v)s "
+                        "WHERE EXISTS (SELECT 1 FROM {t} WHERE id = %(id)s) "
+                        "ON CONFLICT (id) DO UPDATE SET embedding = EXCLUDED.embedding"
+                    ).format(side=sql.Identifier(space.table_name), t=collection.table),
+                    [{"id": i, "v": vectors[i]} for i in items],
                 )
     return items
 
@@ -201,8 +233,8 @@ def fail(
                 """,
                 (error, permanent, settings.max_attempts, backoff_seconds(c.attempts, settings), c.queue_id, c.claimer),
             ).fetchone()
-            if row is None or row[0] != "failed":
-                continue
+            if row is None or row[0] != "failed" or c.space_id:
+                continue  # a space's vector failing leaves the item as it is (the queue row keeps the error)
             if collection is not None:
                 conn.execute(
                     sql.SQL("UPDATE {} SET status = 'failed', error = %s, updated_at = now() WHERE id = %s").format(

@@ -18,7 +18,7 @@ from psycopg import sql
 
 from memstore import keywords, ocr_items
 from memstore.compact import spec as compact_spec
-from memstore.errors import InvalidInputError
+from memstore.errors import InvalidInputError, SpaceNotFoundError
 
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
 # pgvector indexes `vector` columns of at most 2,000 dimensions with HNSW.
@@ -47,6 +47,53 @@ METRICS: dict[str, MetricSpec] = {
 }
 
 
+DEFAULT_SPACE = "default"
+SPACE_NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+
+
+@dataclass(frozen=True)
+class Space:
+    """One embedding space of a collection: the vectors of one model, with their own HNSW index.
+
+    The ``default`` space (id 0) is the ``embedding`` column of the collection's table; every other
+    space is a side table ``c<collection id>_s<space id>`` of ``(id, embedding)`` (``memstore.spaces``).
+    ``state``: ``filling`` while its vectors are being made (searches on it are exact scans, it has no
+    index yet), ``ready`` once its index is built."""
+
+    id: int
+    name: str
+    model: str | None
+    dimensions: int
+    metric: Metric
+    hnsw_m: int
+    hnsw_ef_construction: int
+    default_ef_search: int
+    table_name: str
+    pretrained: str | None = None
+    state: str = "ready"
+    queued_through: int = 0
+    queued_at: datetime | None = None
+    ready_at: datetime | None = None
+    created_at: datetime | None = None
+    collection_id: int | None = None
+
+    @property
+    def side(self) -> bool:
+        """Held in a side table (every space but ``default``)."""
+        return self.id != 0
+
+    @property
+    def spec(self) -> MetricSpec:
+        return METRICS[self.metric]
+
+    @property
+    def index_name(self) -> str:
+        return f"{self.table_name}_hnsw"
+
+    def score(self, distance: float) -> float:
+        return self.spec.score_sign * distance + self.spec.score_offset
+
+
 @dataclass(frozen=True)
 class Collection:
     id: int
@@ -65,10 +112,48 @@ class Collection:
     # whose values are keywords besides the text and the file name.
     language: str = "simple"
     text_fields: tuple[str, ...] = ()
+    # The spaces besides ``default`` (memstore.spaces), by id.
+    spaces: tuple[Space, ...] = ()
 
     def __post_init__(self) -> None:
-        # The database answers a list; a tuple keeps the row hashable and immutable.
+        # The database answers lists; tuples keep the row hashable and immutable.
         object.__setattr__(self, "text_fields", tuple(self.text_fields))
+        object.__setattr__(
+            self, "spaces", tuple(s if isinstance(s, Space) else _space_from_row(s) for s in self.spaces)
+        )
+
+    @property
+    def default_space(self) -> Space:
+        """The item table's own vectors, as a space."""
+        return Space(
+            id=0,
+            name=DEFAULT_SPACE,
+            model=self.model,
+            dimensions=self.dimensions,
+            metric=self.metric,
+            hnsw_m=self.hnsw_m,
+            hnsw_ef_construction=self.hnsw_ef_construction,
+            default_ef_search=self.default_ef_search,
+            table_name=self.table_name,
+            created_at=self.created_at,
+            collection_id=self.id,
+        )
+
+    @property
+    def active_space_name(self) -> str:
+        """The space searches use when they name none."""
+        return str(self.options.get("active_space") or DEFAULT_SPACE)
+
+    def all_spaces(self) -> list[Space]:
+        return [self.default_space, *self.spaces]
+
+    def space(self, name: str | None = None) -> Space:
+        """The space ``name`` (default: the active one); InvalidInputError names the ones there are."""
+        wanted = self.active_space_name if name is None else name
+        for s in self.all_spaces():
+            if s.name == wanted:
+                return s
+        raise SpaceNotFoundError(self.name, wanted, [s.name for s in self.all_spaces()])
 
     @property
     def spec(self) -> MetricSpec:
@@ -95,6 +180,24 @@ class Collection:
 
     def score(self, distance: float) -> float:
         return self.spec.score_sign * distance + self.spec.score_offset
+
+
+def _space_from_row(row: dict[str, Any]) -> Space:
+    """A space as the registry reads it (a JSON object per ``memstore_spaces`` row)."""
+    fields = {k: row[k] for k in Space.__dataclass_fields__ if k in row}
+    for key in ("queued_at", "ready_at", "created_at"):
+        if isinstance(fields.get(key), str):
+            fields[key] = datetime.fromisoformat(fields[key])
+    return Space(**fields)
+
+
+def validate_space_name(name: object) -> str:
+    if not isinstance(name, str) or not SPACE_NAME_PATTERN.fullmatch(name):
+        raise InvalidInputError(
+            f"invalid space name {name!r}: use 1 to 32 characters, lowercase letters, digits and "
+            "underscores, starting with a letter"
+        )
+    return name
 
 
 def partition_table_name(table_name: str, index: int) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from encoder.types import EmbeddingBackend, EncoderInfo
-from memstore.collections import Collection
+from memstore.collections import Collection, Space
 
 
 def models_of(backend: EmbeddingBackend) -> dict[str, EncoderInfo]:
@@ -20,18 +20,21 @@ def models_of(backend: EmbeddingBackend) -> dict[str, EncoderInfo]:
     return dict(infos) if infos else {backend.info.model: backend.info}
 
 
-def model_for(backend: EmbeddingBackend, c: Collection) -> tuple[dict[str, Any], str | None]:
-    """How to ask ``backend`` for ``c``'s vectors: the keyword arguments of ``embed_texts`` and
-    ``embed_images`` (``{"model": name}`` for a model other than the default), or why it cannot
-    (a model it does not run, or other dimensions than the collection's)."""
+def model_for(
+    backend: EmbeddingBackend, c: Collection, space: Space | None = None
+) -> tuple[dict[str, Any], str | None]:
+    """How to ask ``backend`` for the vectors of ``c``'s ``space`` (default: its own, the ``default``
+    space): the keyword arguments of ``embed_texts`` and ``embed_images`` (``{"model": name}`` for a
+    model other than the default), or why it cannot (a model it does not run, or other dimensions
+    than the space's)."""
+    s = space or c.default_space
+    what = f"collection {c.name!r}" if not s.side else f"space {s.name!r} of collection {c.name!r}"
     infos = models_of(backend)
     default = backend.info
-    info = infos.get(c.model, None) if c.model else default
+    info = infos.get(s.model, None) if s.model else default
     if info is None:
-        return {}, (
-            f"collection {c.name!r} holds {c.model} vectors but this encoder runs {', '.join(infos)} "
-            "(add it to MEMSTORE_MODELS)"
-        )
-    if c.dimensions != info.dimensions:
-        return {}, f"collection {c.name!r} has {c.dimensions} dimensions but {info.model} makes {info.dimensions}"
+        runs = ", ".join(infos)
+        return {}, f"{what} holds {s.model} vectors but this encoder runs {runs} (add it to MEMSTORE_MODELS)"
+    if s.dimensions != info.dimensions:
+        return {}, f"{what} has {s.dimensions} dimensions but {info.model} makes {info.dimensions}"
     return ({} if info.model == default.model else {"model": info.model}), None

@@ -28,6 +28,13 @@ class CollectionNotFoundError(NotFoundError):
         self.name = name
 
 
+class SpaceNotFoundError(NotFoundError):
+    def __init__(self, collection: str, space: str, spaces: list[str]) -> None:
+        super().__init__(f"collection {collection!r} has no space {space!r} (it has: {', '.join(spaces)})")
+        self.collection = collection
+        self.space = space
+
+
 class ItemNotFoundError(NotFoundError):
     def __init__(self, collection: str, item: int | str) -> None:
         super().__init__(f"item {item!r} does not exist in collection {collection!r}")

@@ -26,12 +26,13 @@ from encoder.types import EmbeddingBackend, Priority
 from memstore import claims as queue_claims
 from memstore import thumbnails
 from memstore.claims import Claim, Claimer
-from memstore.collections import Collection
+from memstore.collections import Collection, Space
 from memstore.db import raw_connection
 from memstore.encoding import model_for
 from memstore.ocr_pass import OcrPass
 from memstore.queue import IngestSettings
 from memstore.registry import Registry
+from memstore.space_pass import SpacePass
 
 log = logging.getLogger(__name__)
 
@@ -48,37 +49,40 @@ class Loaded:
 
 @dataclass(frozen=True)
 class EncodeGroup:
-    """Items of one collection and one modality: one call to the encoder."""
+    """Items of one collection, one space and one modality: one call to the encoder."""
 
     collection_id: int
     modality: str  # "text" or "image"
     items: tuple[Loaded, ...]
+    space_id: int = 0  # 0: the items' own vectors; else a space of memstore.spaces
 
 
 def group_for_encoding(items: Sequence[Loaded], *, max_image_bytes: int = 64 * 1024 * 1024) -> list[EncodeGroup]:
-    """Split a claimed batch into encoder calls: per collection and modality, images capped by total bytes.
+    """Split a claimed batch into encoder calls: per collection, space and modality, images capped by
+    total bytes.
 
     A pure function, so batching is tested without a model or a database.
     """
     out: list[EncodeGroup] = []
-    buckets: dict[tuple[int, str], list[Loaded]] = {}
+    buckets: dict[tuple[int, int, str], list[Loaded]] = {}
     for it in items:
-        buckets.setdefault((it.claim.collection_id, "text" if it.text is not None else "image"), []).append(it)
-    for (cid, modality), members in buckets.items():
+        key = (it.claim.collection_id, it.claim.space_id, "text" if it.text is not None else "image")
+        buckets.setdefault(key, []).append(it)
+    for (cid, space_id, modality), members in buckets.items():
         if modality == "text":
-            out.append(EncodeGroup(cid, modality, tuple(members)))
+            out.append(EncodeGroup(cid, modality, tuple(members), space_id))
             continue
         chunk: list[Loaded] = []
         size = 0
         for it in members:
             n = len(it.content or b"")
             if chunk and size + n > max_image_bytes:
-                out.append(EncodeGroup(cid, modality, tuple(chunk)))
+                out.append(EncodeGroup(cid, modality, tuple(chunk), space_id))
                 chunk, size = [], 0
             chunk.append(it)
             size += n
         if chunk:
-            out.append(EncodeGroup(cid, modality, tuple(chunk)))
+            out.append(EncodeGroup(cid, modality, tuple(chunk), space_id))
     return out
 
 
@@ -167,11 +171,15 @@ class Processor:
         collection = self.collection(group.collection_id)
         claims = [it.claim for it in group.items]
         report = Report()
-        if collection is None:
+        space = _space_of(collection, group.space_id) if collection is not None else None
+        if collection is not None and space is None:  # a space newer than this process's registry row?
+            collection = self.registry.by_id(group.collection_id, fresh=True)
+            space = _space_of(collection, group.space_id) if collection is not None else None
+        if collection is None or space is None:  # dropped since it was queued
             queue_claims.drop(self.engine, claims)
             report.dropped += len(claims)
             return report
-        how, mismatch = model_for(self.backend, collection)
+        how, mismatch = model_for(self.backend, collection, space)
         if mismatch:
             # Not this worker's model: handed back with back-off, so a worker that runs it (workers
             # may run different MEMSTORE_MODELS) takes it; failed once the attempts run out.
@@ -181,7 +189,7 @@ class Processor:
         # written with the vectors, in the same row version.
         thumbs = (
             _THUMBNAILER.submit(thumbnails.make_many, {it.claim.item_id: it.content for it in group.items})
-            if group.modality == "image"
+            if group.modality == "image" and not space.side
             else None
         )
         try:
@@ -197,7 +205,13 @@ class Processor:
                 )
             # One bad item fails the whole call; encode one by one to find it and keep the rest.
             for it in group.items:
-                report.add(self._encode_group(EncodeGroup(group.collection_id, group.modality, (it,)), priority))
+                one = EncodeGroup(group.collection_id, group.modality, (it,), group.space_id)
+                report.add(self._encode_group(one, priority))
+            return report
+        if space.side:
+            made = {it.claim.item_id: vectors[i] for i, it in enumerate(group.items)}
+            done = queue_claims.complete_space(self.engine, collection, space, claims, made)
+            report.written += len(done)
             return report
         written = queue_claims.complete(
             self.engine,
@@ -220,6 +234,13 @@ class Processor:
         )
         log.warning("ingest: %d item(s) of %s failed (%s): %s", len(claims), collection.name, len(failed), error)
         return Report(failed=len(failed), retried=len(claims) - len(failed), errors=[error])
+
+
+def _space_of(c: Collection, space_id: int) -> Space | None:
+    """The space a queue row fills (None: dropped since)."""
+    if space_id == 0:
+        return c.default_space
+    return next((s for s in c.spaces if s.id == space_id), None)
 
 
 def _describe(exc: BaseException) -> str:
@@ -250,6 +271,8 @@ class IngestWorker:
         self._claimer: Claimer | None = None
         # Text in images, read whenever the ingest queue has nothing due (memstore.ocr_pass).
         self.ocr = OcrPass(engine, registry=self.processor.registry)
+        # New embedding spaces: their backlog queued, their index built (memstore.space_pass).
+        self.spaces = SpacePass(engine, registry=self.processor.registry)
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -285,6 +308,7 @@ class IngestWorker:
             if self._claimer is not None:
                 self._claimer.close()
                 self._claimer = None
+            self.spaces.close()
 
     def _loop(self, once: bool) -> int:
         failures = 0
@@ -300,7 +324,8 @@ class IngestWorker:
                     return 1
                 self.stop_event.wait(min(30.0, 0.5 * 2**failures))
                 continue
-            if report.claimed or self.ocr.step():
+            filled = self.spaces.step(now=once)  # also while batches keep coming: it paces itself
+            if report.claimed or filled or self.ocr.step():
                 continue
             if once:
                 return 0

@@ -45,9 +45,16 @@ def set_lock_timeout(conn: psycopg.Connection[Any]) -> None:
 
 def execute(conn: psycopg.Connection[Any], statement: sql.Composable | str, params: Any = None) -> None:
     """Run one statement, retrying lock timeouts (the statement waited, nothing was changed)."""
-    for attempt in retrying.lock_timeouts(attempts=LOCK_RETRIES, first_s=0.05, max_s=2.0):
+    for attempt in lock_retries():
         with attempt:
             conn.execute(statement, params)  # type: ignore[arg-type]
+
+
+def lock_retries() -> Any:
+    """Attempts for a transaction of several statements that must each wait briefly for their locks:
+    ``for attempt in lock_retries(): with attempt, conn.transaction(): ...`` runs the whole
+    transaction again after a lock timeout (it was rolled back, nothing was changed)."""
+    return retrying.lock_timeouts(attempts=LOCK_RETRIES, first_s=0.05, max_s=2.0)
 
 
 def build_index(
@@ -64,7 +71,7 @@ def build_index(
     index of partition ``i`` of a partitioned collection. Idempotent: an invalid index left by an
     interrupted build is dropped and built again."""
     if c.partitions == 1:
-        _build_concurrently(conn, name, c.table, definition)
+        build_table_index(conn, name, c.table, definition)
         return
     execute(
         conn,
@@ -74,16 +81,18 @@ def build_index(
     )
     for i, part in enumerate(c.partition_tables()):
         child = partition_name(i)
-        _build_concurrently(conn, child, sql.Identifier(part), definition)
+        build_table_index(conn, child, sql.Identifier(part), definition)
         if not _attached(conn, name, child):
             execute(
                 conn, sql.SQL("ALTER INDEX {} ATTACH PARTITION {}").format(sql.Identifier(name), sql.Identifier(child))
             )
 
 
-def _build_concurrently(
+def build_table_index(
     conn: psycopg.Connection[Any], name: str, table: sql.Composable, definition: sql.Composable
 ) -> None:
+    """``CREATE INDEX CONCURRENTLY name ON table definition`` on a plain table (autocommit ``conn``);
+    idempotent as ``build_index``."""
     valid = index_valid(conn, name)
     if valid:
         return

@@ -183,7 +183,7 @@ def _enqueue(
             """
             INSERT INTO memstore_ingest_queue (collection_id, item_id, priority)
             SELECT %s, unnest(%s::bigint[]), %s
-            ON CONFLICT (collection_id, item_id) DO UPDATE SET
+            ON CONFLICT (collection_id, item_id, space_id) DO UPDATE SET
                 status = 'pending', attempts = 0, last_error = NULL, not_before = now(), enqueued_at = now(),
                 claimed_by = NULL, claimed_at = NULL, priority = EXCLUDED.priority
             """,
@@ -192,7 +192,7 @@ def _enqueue(
     if keep_queued:  # self-healing: a pending item must always have its queue row
         conn.execute(
             "INSERT INTO memstore_ingest_queue (collection_id, item_id, priority) "
-            "SELECT %s, unnest(%s::bigint[]), %s ON CONFLICT (collection_id, item_id) DO NOTHING",
+            "SELECT %s, unnest(%s::bigint[]), %s ON CONFLICT (collection_id, item_id, space_id) DO NOTHING",
             (c.id, keep_queued, priority),
         )
     if requeue or keep_queued:
@@ -206,20 +206,26 @@ def _content_type(item: PendingItem) -> str | None:
 
 def counts(conn: psycopg.Connection[Any], collection: Collection) -> dict[str, int]:
     """Queued items of one collection by status. Pending and failed items are exactly those with a
-    queue row (enqueue keeps that invariant), counted through the (collection_id, item_id) index."""
+    queue row for their own vector (enqueue keeps that invariant; rows of other spaces are
+    ``memstore.spaces``' to count), counted through the (collection_id, item_id, space_id) index."""
     rows = conn.execute(
-        "SELECT status, count(*) FROM memstore_ingest_queue WHERE collection_id = %s GROUP BY status",
+        "SELECT status, count(*) FROM memstore_ingest_queue WHERE collection_id = %s AND space_id = 0 GROUP BY status",
         (collection.id,),
     ).fetchall()
     return {"pending": 0, "failed": 0} | {str(s): int(n) for s, n in rows}
 
 
-def unqueue(conn: psycopg.Connection[Any], collection: Collection, item_ids: Sequence[int]) -> None:
-    """Drop the queue rows of items that were deleted, or whose vector the caller wrote (a queued
-    embedding would otherwise overwrite it, or a worker claim an item that is gone)."""
+def unqueue(
+    conn: psycopg.Connection[Any], collection: Collection, item_ids: Sequence[int], *, deleted: bool = False
+) -> None:
+    """Drop the queue rows of items whose vector the caller wrote (a queued embedding would otherwise
+    overwrite it), or, ``deleted``, every queue row of items that are gone (every space's: a worker
+    must not claim an item that is gone). A written vector leaves the other spaces' rows queued: the
+    original is still theirs to embed."""
     if item_ids:
+        own = "" if deleted else " AND space_id = 0"
         conn.execute(
-            "DELETE FROM memstore_ingest_queue WHERE collection_id = %s AND item_id = ANY(%s)",
+            "DELETE FROM memstore_ingest_queue WHERE collection_id = %s AND item_id = ANY(%s)" + own,
             (collection.id, list(item_ids)),
         )
 
@@ -237,7 +243,7 @@ def attempts_of(
     with raw_connection(engine) as conn:
         rows = conn.execute(
             "SELECT item_id, attempts, last_error FROM memstore_ingest_queue "
-            "WHERE collection_id = %s AND item_id = ANY(%s)",
+            "WHERE collection_id = %s AND item_id = ANY(%s) AND space_id = 0",
             (collection.id, list(item_ids)),
         ).fetchall()
     return {int(r[0]): (int(r[1]), r[2]) for r in rows}

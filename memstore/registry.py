@@ -30,7 +30,11 @@ from memstore.errors import CollectionExistsError, CollectionNotFoundError
 CACHE_SECONDS = 5.0
 COLUMNS = (
     "id, name, table_name, dimensions, metric, hnsw_m, hnsw_ef_construction, default_ef_search, "
-    "partitions, model, options, created_at, language, text_fields"
+    "partitions, model, options, created_at, language, text_fields, "
+    # Every space besides the default one (memstore.spaces), read with the row so a cached row and its
+    # spaces are always of one moment.
+    "(SELECT coalesce(jsonb_agg(to_jsonb(s) ORDER BY s.id), '[]') FROM memstore_spaces s "
+    "WHERE s.collection_id = memstore_collections.id) AS spaces"
 )
 _SELECT = sql.SQL("SELECT " + COLUMNS + " FROM memstore_collections")
 

@@ -21,7 +21,7 @@ from typing import Any, Literal, TypeVar
 
 import numpy as np
 
-from memstore.collections import Collection
+from memstore.collections import Collection, validate_space_name
 from memstore.errors import InvalidInputError
 from memstore.filter_language import CompiledFilter, compile_filter
 from memstore.models import SearchResult
@@ -55,6 +55,7 @@ class SearchQuery:
     weights: Weights
     score_threshold: float | None
     pool: int | None
+    using: str | None = None  # the embedding space searched (None: the collection's active one)
 
     @property
     def window(self) -> int:
@@ -74,6 +75,7 @@ def check_query(
     weights: Weights | dict[str, float] | None = None,
     score_threshold: float | None = None,
     pool: int | None = None,
+    using: str | None = None,
 ) -> SearchQuery:
     """A search's arguments, checked; InvalidInputError names the first that is wrong."""
     k = check_count("k", k, 1, MAX_K)
@@ -115,6 +117,7 @@ def check_query(
         weights=_weights(weights),
         score_threshold=None if score_threshold is None else float(score_threshold),
         pool=pool,
+        using=None if using is None else validate_space_name(using),
     )
 
 
@@ -172,9 +175,10 @@ def results(c: Collection, q: SearchQuery, rows: list[tuple[Any, ...]]) -> list[
     such vectors were refused) is near nothing: a vector search leaves it out."""
     out: list[SearchResult] = []
     if q.mode == "vector":
+        space = c.space(q.using)
         for rank, r in enumerate(rows[q.offset : q.window], start=q.offset + 1):
             if math.isfinite(r[3]):
-                out.append(SearchResult(r[0], r[1], float(r[3]), c.score(float(r[3])), r[2], rank, None))
+                out.append(SearchResult(r[0], r[1], float(r[3]), space.score(float(r[3])), r[2], rank, None))
     else:
         for r in rows:
             distance = None if r[3] is None or not math.isfinite(r[3]) else float(r[3])

@@ -23,7 +23,7 @@ from psycopg.pq import TransactionStatus
 from memstore import keywords
 
 if TYPE_CHECKING:
-    from memstore.collections import Collection
+    from memstore.collections import Collection, Space
 
 _KNOBS = (
     "hnsw.ef_search",
@@ -129,6 +129,24 @@ def _build(table: str, operator: str, where: sql.Composable | None, exact: bool,
     )
 
 
+def space_search_statement(
+    c: Collection, space: Space, *, exact: bool, where: sql.Composable | None = None
+) -> sql.Composed:
+    """``search_statement`` on a side space (``memstore.spaces``): its HNSW index gives the nearest
+    vectors in order and each is joined to its item by primary key, so a filter on the item's metadata
+    keeps pgvector's iterative scan going until enough items pass, as on the item table itself."""
+    op = sql.SQL(space.spec.operator)
+    inner = sql.SQL(
+        "SELECT t.id, t.external_id, t.metadata, s.embedding {op} %(q)s AS distance "
+        "FROM {side} s JOIN {t} t ON t.id = s.id WHERE {where} ORDER BY s.embedding {op} %(q)s LIMIT %(k)s"
+    ).format(op=op, side=sql.Identifier(space.table_name), t=c.table, where=where or sql.SQL("TRUE"))
+    if exact:
+        return inner
+    return sql.SQL(
+        "WITH c AS MATERIALIZED ({inner}) SELECT id, external_id, metadata, distance FROM c ORDER BY distance"
+    ).format(inner=inner)
+
+
 def _rows(where: sql.Composable | None) -> sql.Composable:
     """The rows a search may answer: those with a vector, matching the filter."""
     ready = sql.SQL("embedding IS NOT NULL")
@@ -159,7 +177,7 @@ def _keyword_matches(c: Collection, text: str, where: sql.Composable | None, col
 
 
 def hybrid_statement(
-    c: Collection, text: str, *, nearest: sql.Composable, where: sql.Composable | None
+    c: Collection, text: str, *, nearest: sql.Composable, where: sql.Composable | None, space: Space | None = None
 ) -> sql.Composed:
     """Reciprocal Rank Fusion of two lists, in one statement: ``nearest`` (a vector search of this
     module or of ``memstore.compact``, its ``%(k)s`` bound to the number of candidates) and the as
@@ -169,8 +187,14 @@ def hybrid_statement(
     distance (computed for keyword-only hits too) and both ranks.
 
     An empty keyword query (only stop words or punctuation) matches nothing, so the answer is the
-    vector list's order: hybrid falls back to vector search without an error."""
+    vector list's order: hybrid falls back to vector search without an error. ``space``: the side space
+    ``nearest`` searched (its vectors give the distances)."""
     op = sql.SQL(c.spec.operator)
+    distance = sql.SQL("t.embedding {op} %(q)s").format(op=op)
+    if space is not None and space.side:
+        distance = sql.SQL("(SELECT s.embedding {op} %(q)s FROM {side} s WHERE s.id = f.id)").format(
+            op=sql.SQL(space.spec.operator), side=sql.Identifier(space.table_name)
+        )
     matches = _keyword_matches(c, text, where, sql.SQL("id"))
     return sql.SQL(
         "WITH v AS MATERIALIZED ({nearest}), "
@@ -180,9 +204,9 @@ def hybrid_statement(
         "fused AS (SELECT coalesce(vr.id, kr.id) AS id, vr.r AS vector_rank, kr.r AS keyword_rank, "
         "coalesce(%(wv)s / ({rrf} + vr.r), 0) + coalesce(%(wk)s / ({rrf} + kr.r), 0) AS score "
         "FROM vr FULL JOIN kr ON vr.id = kr.id ORDER BY score DESC, id LIMIT %(hits)s OFFSET %(offset)s) "
-        "SELECT f.id, t.external_id, t.metadata, t.embedding {op} %(q)s AS distance, f.score::float8, "
+        "SELECT f.id, t.external_id, t.metadata, {distance} AS distance, f.score::float8, "
         "f.vector_rank, f.keyword_rank FROM fused f JOIN {t} t ON t.id = f.id ORDER BY f.score DESC, f.id"
-    ).format(nearest=nearest, matches=matches, rrf=sql.Literal(RRF_K), op=op, t=c.table)
+    ).format(nearest=nearest, matches=matches, rrf=sql.Literal(RRF_K), distance=distance, t=c.table)
 
 
 def duplicates_statement(c: Collection) -> sql.Composed:

@@ -36,10 +36,12 @@ from memstore import (
     queue,
     search_query,
     search_sql,
+    spaces,
 )
 from memstore import items as item_sql
 from memstore.collections import (
     Collection,
+    Space,
     create_table_statements,
     validate_collection_params,
     validate_name,
@@ -53,6 +55,7 @@ from memstore.errors import (
     InvalidInputError,
     ItemNotFoundError,
     NotFoundError,
+    SpaceNotFoundError,
 )
 from memstore.filter_language import CompiledFilter, compile_filter
 from memstore.filters import check_external_id, check_item_text, check_metadata
@@ -170,6 +173,78 @@ class VectorStore:
                 conn.execute(statement)
         return self.get_collection(name=name, fresh=True)
 
+    # ------------------------------------------------------------------ spaces (memstore.spaces)
+
+    def create_space(
+        self,
+        *,
+        collection: str,
+        name: str,
+        model: str,
+        dimensions: int,
+        pretrained: str | None = None,
+        metric: str | None = None,
+        hnsw_m: int | None = None,
+        hnsw_ef_construction: int | None = None,
+        ef_search: int | None = None,
+    ) -> Space:
+        """A new embedding space of the collection, filled in the background from the stored originals
+        by ingest workers that run ``model`` (its progress: ``space_progress``)."""
+        c = self.get_collection(name=collection, fresh=True)
+        with self._ddl_connection("memstore-spaces") as conn:
+            space = spaces.create(
+                conn,
+                c,
+                name=name,
+                model=model,
+                pretrained=pretrained,
+                dimensions=dimensions,
+                metric=metric,
+                hnsw_m=hnsw_m,
+                hnsw_ef_construction=hnsw_ef_construction,
+                ef_search=ef_search,
+            )
+        self.forget_collection(collection)
+        return space
+
+    def space_progress(self, *, collection: str, name: str | None = None) -> spaces.Progress:
+        """How far a space is filled (default: the active space)."""
+        c = self.get_collection(name=collection, fresh=True)
+        with self.db.write() as conn:  # the primary's counts: a replica may lag the queue
+            return spaces.progress(conn, c, c.space(name))
+
+    def activate_space(self, *, collection: str, name: str, force: bool = False) -> Collection:
+        """Make ``name`` the space searches use when they name none (``spaces.activate`` says when it
+        is refused); this process sees it at once, others within the registry's cache time."""
+        c = self.get_collection(name=collection, fresh=True)
+        with self.db.write() as conn:
+            spaces.activate(conn, c, name, force=force)
+        self.forget_collection(collection)
+        return self.get_collection(name=collection, fresh=True)
+
+    def delete_space(self, *, collection: str, name: str) -> None:
+        """Drop a space searches do not use, with its vectors and index."""
+        c = self.get_collection(name=collection, fresh=True)
+        with self._ddl_connection("memstore-spaces") as conn:
+            spaces.delete(conn, c, name)
+        self.forget_collection(collection)
+
+    def put_space_vectors(self, *, collection: str, name: str, vectors: dict[str, Any]) -> int:
+        """Write vectors into a side space by external id (items stored without an original need this
+        before the space can be activated); returns how many were written."""
+        c = self.get_collection(name=collection, fresh=True)
+        space = c.space(name)
+        checked = {
+            eid: as_vector(v, dimensions=space.dimensions, metric=space.metric, where=f"vectors[{eid!r}]")
+            for eid, v in vectors.items()
+        }
+        ids = self.find_external_ids(collection=collection, external_ids=list(checked))
+        missing = [eid for eid in checked if eid not in ids]
+        if missing:
+            raise ItemNotFoundError(collection, missing[0])
+        with self.db.write() as conn:
+            return spaces.put_vectors(conn, c, space, {ids[eid]: v for eid, v in checked.items()})
+
     def list_collections(self) -> list[Collection]:
         return self.registry.all()
 
@@ -281,6 +356,8 @@ class VectorStore:
                 (f"memstore_lr_c{collection.id}_v",),
             ).fetchall():
                 conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(side)))
+            for statement in spaces.drop_statements(collection):  # their registry rows cascade too
+                conn.execute(statement)
         self.forget_collection(name)
 
     def collection_stats(self, *, name: str, exact_limit: int = EXACT_COUNT_LIMIT) -> CollectionStats:
@@ -591,7 +668,7 @@ class VectorStore:
         ).format(t=c.table, clause=clause)
         with self.db.write() as conn:
             gone = [int(r[0]) for r in conn.execute(statement, params).fetchall()]
-            queue.unqueue(conn, c, gone)  # then their queue rows, in the same transaction
+            queue.unqueue(conn, c, gone, deleted=True)  # then their queue rows, in the same transaction
         return len(gone)
 
     def find_external_ids(self, *, collection: str, external_ids: Sequence[str]) -> dict[str, int]:
@@ -663,6 +740,7 @@ class VectorStore:
         candidates: int | None = None,
         weights: Weights | dict[str, float] | None = None,
         score_threshold: float | None = None,
+        using: str | None = None,
     ) -> list[SearchResult]:
         """The ``k`` best items for a vector, a text or both, best first (``memstore.search_query``).
 
@@ -675,7 +753,8 @@ class VectorStore:
         collection's pool factor times k) and they are re-ranked exactly. ``offset`` skips the first
         hits (offset + k at most 1,000); ``candidates``: how deep each list of a hybrid search goes
         (default max(50, 4 x (offset + k))); ``weights``: each list's weight in the fusion;
-        ``score_threshold``: leave out hits scoring lower.
+        ``score_threshold``: leave out hits scoring lower. ``using``: the embedding space searched
+        (``memstore.spaces``; default: the collection's active space).
         """
         q = check_query(
             mode=mode,
@@ -688,6 +767,7 @@ class VectorStore:
             weights=weights,
             score_threshold=score_threshold,
             pool=pool,
+            using=using,
         )
         return self.run_search(collection=collection, query=q, ef_search=ef_search, exact=exact)
 
@@ -800,6 +880,11 @@ class VectorStore:
                 # On a replica when there are some; run again elsewhere if that replica's connection fails.
                 rows = self.db.run_read(partial(self._search_rows, c, q, ef_search, exact))
                 break
+            except SpaceNotFoundError:
+                # A space made or dropped by another process within the registry's cache time.
+                self.forget_collection(collection)
+                if attempt:
+                    raise
             except (psycopg.errors.UndefinedTable, LookupError):
                 self.forget_collection(collection)
                 if attempt:
@@ -850,7 +935,9 @@ class VectorStore:
             "wk": q.weights.keyword,
         }
         assert q.text is not None
-        statement = search_sql.hybrid_statement(c, q.text, nearest=nearest.statement, where=where)
+        statement = search_sql.hybrid_statement(
+            c, q.text, nearest=nearest.statement, where=where, space=c.space(q.using)
+        )
         return SearchPlan(statement, nearest.settings, params)
 
     def _vector_plan(
@@ -863,12 +950,19 @@ class VectorStore:
         exact: bool,
         conn: psycopg.Connection[Any] | None,
     ) -> SearchPlan:
-        """The ``depth`` nearest rows to the query vector, on whatever the collection's index holds."""
-        spec = compact_spec.index_spec(c)
-        efs = _ef_search(c, ef_search)
+        """The ``depth`` nearest rows to the query vector, on whatever the searched space's index holds."""
+        space = c.space(q.using)
+        efs = _ef_search(space, ef_search)
         if q.mode == "hybrid":
             # The graph search must reach as deep as the list it feeds into the fusion.
             efs = min(1000, max(efs, depth))
+        if space.side:
+            return SearchPlan(
+                search_sql.space_search_statement(c, space, exact=exact, where=q.filter.where if q.filter else None),
+                SearchSettings(ef_search=efs, exact=exact, max_scan_tuples=self.settings.max_scan_tuples),
+                _search_params(space, q.vector, depth, q.filter),
+            )
+        spec = compact_spec.index_spec(c)
         if spec.compact and not exact:
             if conn is None:
                 raise ValueError("a search on a compact index is planned on its connection")
@@ -961,15 +1055,16 @@ def _count_items(conn: psycopg.Connection[Any], c: Collection, exact_limit: int)
     return estimate, False
 
 
-def _search_params(c: Collection, vector: Any, k: int, filter: CompiledFilter | None) -> dict[str, Any]:
-    """The query vector (checked against the collection), k and the filter's values, as every search binds them."""
+def _search_params(c: Collection | Space, vector: Any, k: int, filter: CompiledFilter | None) -> dict[str, Any]:
+    """The query vector (checked against the collection or space searched), k and the filter's values,
+    as every search binds them."""
     params: dict[str, Any] = {"q": as_vector(vector, dimensions=c.dimensions, metric=c.metric), "k": k}
     if filter:
         params.update(filter.params)
     return params
 
 
-def _ef_search(c: Collection, ef_search: int | None) -> int:
+def _ef_search(c: Collection | Space, ef_search: int | None) -> int:
     efs = c.default_ef_search if ef_search is None else ef_search
     if not isinstance(efs, int) or isinstance(efs, bool) or not 1 <= efs <= 1000:
         raise InvalidInputError(f"ef_search must be an integer between 1 and 1000, not {efs!r}")
