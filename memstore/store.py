@@ -547,13 +547,16 @@ class VectorStore:
             raise ItemNotFoundError(collection, id if id is not None else str(external_id))
         return item_sql.item_from_row(row)
 
-    def vectors(self, *, collection: str, ids: Sequence[int]) -> dict[int, np.ndarray]:
-        """The stored vectors of ``ids`` (those that have one), by id: what a search's hits carry with
-        ``with_vector``, read in one statement after the search rather than by every search."""
+    def vectors(self, *, collection: str, ids: Sequence[int], using: str | None = None) -> dict[int, np.ndarray]:
+        """The stored vectors of ``ids`` (those that have one) in the space ``using`` (default: the
+        active one), by id: what a search's hits carry with ``with_vector``, read in one statement
+        after the search rather than by every search."""
         c = self.get_collection(name=collection)
+        space = c.space(using)
+        table = sql.Identifier(space.table_name) if space.side else c.table
         with self.db.read() as conn:
             rows = conn.execute(
-                sql.SQL("SELECT id, embedding FROM {} WHERE id = ANY(%s) AND embedding IS NOT NULL").format(c.table),
+                sql.SQL("SELECT id, embedding FROM {} WHERE id = ANY(%s) AND embedding IS NOT NULL").format(table),
                 ([int(i) for i in ids],),
             ).fetchall()
         return {int(r[0]): np.asarray(r[1].to_numpy(), dtype=np.float32) for r in rows}

@@ -23,7 +23,7 @@ from memstore.api.auth import authenticate_runtime, key_from_header
 from memstore.api.consistency import ReadYourWrites
 from memstore.api.fastpath import SearchFastPath
 from memstore.api.middleware import AuthGate, BodyLimit, BodyTooLargeError, Metrics, too_large_detail
-from memstore.api.routes import collections, items, load, search
+from memstore.api.routes import collections, items, load, search, spaces
 from memstore.api.runtime import Runtime, RuntimeOptions
 from memstore.api.settings import ApiSettings
 from memstore.async_search import AsyncSearcher
@@ -110,6 +110,7 @@ def create_app(
     app.include_router(collections.router)
     app.include_router(items.router)
     app.include_router(load.router)
+    app.include_router(spaces.router)
 
     @app.get("/health", tags=["operations"], summary="Liveness; with a key: database, encoder and workers")
     async def health(request: Request) -> JSONResponse:

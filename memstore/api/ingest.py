@@ -14,7 +14,7 @@ from memstore import claims, queue
 from memstore.api.problems import Problem
 from memstore.api.runtime import Runtime
 from memstore.api.schemas import ItemAck, ItemBody, ItemsAck
-from memstore.collections import Collection
+from memstore.collections import Collection, Space
 from memstore.encoding import model_for
 from memstore.filters import check_metadata
 from memstore.models import ItemIn
@@ -30,12 +30,12 @@ class IngestAnswer:
     body: ItemsAck
 
 
-def check_encodable(rt: Runtime, c: Collection) -> dict[str, Any]:
-    """Refuse texts/images for a collection this server's encoder cannot fill (when it runs one);
-    returns the keyword arguments that ask the encoder for this collection's model."""
+def check_encodable(rt: Runtime, c: Collection, space: Space | None = None) -> dict[str, Any]:
+    """Refuse texts/images for a collection (or one of its spaces) this server's encoder cannot fill
+    (when it runs one); returns the keyword arguments that ask the encoder for its model."""
     if rt.encoder.backend is None:
         return {}
-    how, refusal = model_for(rt.encoder.backend, c)
+    how, refusal = model_for(rt.encoder.backend, c, space)
     if refusal:
         raise Problem("invalid-input", f"{refusal}; send vectors instead")
     return how

@@ -107,6 +107,8 @@ class CollectionOut(BaseModel):
         default=False, description="Images stored before OCR was turned on are still being reached."
     )
     created_at: datetime | None = None
+    active_space: str = Field(default="default", description="The embedding space searches use by default.")
+    spaces: list[str] = Field(default_factory=lambda: ["default"], description="Its embedding spaces.")
     items: int | None = Field(default=None, description="All items (only when fetched one at a time).")
     ready: int | None = None
     pending: int | None = None
@@ -223,6 +225,73 @@ class LookupOut(BaseModel):
     found: dict[str, int] = Field(description="external_id -> id, for those that exist.")
 
 
+class SpaceCreate(Strict):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"name": "v2", "model": "ViT-B-32"}]})
+
+    name: str = Field(min_length=1, max_length=32, description="Lowercase letters, digits, underscores.")
+    model: str = Field(min_length=1, description="A model this server's encoder runs (GET /v1/models).")
+    metric: Literal["cosine", "l2", "inner_product"] | None = Field(
+        default=None, description="Default: the collection's."
+    )
+    hnsw_m: int | None = Field(default=None, ge=2, le=100)
+    hnsw_ef_construction: int | None = Field(default=None, ge=4, le=1000)
+    ef_search: int | None = Field(default=None, ge=1, le=1000)
+
+
+class SpaceOut(BaseModel):
+    name: str
+    model: str | None
+    pretrained: str | None
+    dimensions: int
+    metric: str
+    state: str = Field(description="filling (vectors being made, no index yet) or ready.")
+    active: bool = Field(description="Searches that name no space use this one.")
+    created_at: datetime | None
+    ready_at: datetime | None
+    done: int = Field(description="Items with a vector in the space.")
+    total: int = Field(
+        description="Items that have or will have one: every item with an original, and those given one."
+    )
+    pending: int = Field(description="Items queued for the space, not embedded yet.")
+    failed: int = Field(description="Items whose embedding gave up after the queue's attempts.")
+    without_original: int = Field(
+        description="Items stored as bare vectors with none in this space: give theirs (PUT .../vectors) "
+        "before activating, or activate with force."
+    )
+    without_original_ids: list[str] = Field(description="The first 20 of them (external ids).")
+    rate_per_s: float | None = Field(description="Vectors made per second since the space was created (filling).")
+    eta_s: float | None = Field(description="Seconds until the queued items are embedded, at that rate.")
+
+
+class SpaceList(BaseModel):
+    spaces: list[SpaceOut]
+
+
+class SpaceActivate(Strict):
+    model_config = ConfigDict(extra="forbid")
+
+    force: bool = Field(
+        default=False, description="Activate although items stored as bare vectors have no vector in the space."
+    )
+
+
+MAX_SPACE_VECTORS = 1000
+
+
+class SpaceVectors(Strict):
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"vectors": {"photo-17": [0.1, 0.2, 0.3]}}]}
+    )
+
+    vectors: dict[str, list[float]] = Field(
+        min_length=1, max_length=MAX_SPACE_VECTORS, description="Vectors by external id, in the space's dimensions."
+    )
+
+
+class SpaceVectorsOut(BaseModel):
+    written: int
+
+
 class SearchWeights(Strict):
     vector: float = Field(default=1.0, ge=0, le=MAX_WEIGHT)
     keyword: float = Field(default=1.0, ge=0, le=MAX_WEIGHT)
@@ -267,6 +336,9 @@ class SearchRequest(Strict):
     )
     ef_search: int | None = Field(default=None, ge=1, le=1000)
     exact: bool = Field(default=False, description="Brute force: exact, slower.")
+    using: str | None = Field(
+        default=None, max_length=32, description="The embedding space searched (default: the collection's active one)."
+    )
     with_vector: bool = Field(default=False, description="Answer each hit's stored vector too.")
     group_by: str | None = Field(
         default=None, min_length=1, max_length=128, description="A metadata field: k groups of its values."

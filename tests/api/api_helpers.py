@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -114,6 +116,25 @@ class LiveServer:
 FAST_INGEST = IngestSettings(
     batch_size=16, max_attempts=3, backoff_base_s=0.2, backoff_max_s=1.0, poll_interval_s=0.5, wait_timeout_s=20
 )
+
+
+WIDE = "memstore-tiny-wide"  # the second offline model: 96 dimensions
+
+
+@contextlib.contextmanager
+def two_model_engine(tiny_engine: Any) -> Iterator[Any]:
+    """An encoder engine running the tiny model (the session's, shared) and the wide one, as
+    MEMSTORE_MODELS runs two."""
+    from encoder.engine import EmbeddingEngine
+    from encoder.models import create_encoder
+
+    tiny = tiny_engine.encoder
+    wide = create_encoder(WIDE, pretrained=None, device="cpu", batch_size=tiny.batch_size)
+    engine = EmbeddingEngine([tiny, wide], tiny_engine.settings).start()
+    try:
+        yield engine
+    finally:
+        engine.stop()
 
 
 def start_server(

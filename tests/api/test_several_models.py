@@ -10,30 +10,20 @@ import httpx
 import pytest
 
 from memstore.settings import Settings
-from tests.api.api_helpers import LiveServer, start_server
+from tests.api.api_helpers import WIDE, LiveServer, start_server, two_model_engine
 from tests.databases import scratch_database
-
-WIDE = "memstore-tiny-wide"
 
 
 @pytest.fixture(scope="module")
 def two_model_server(settings: Settings, server_url: str, tiny_engine: Any) -> Iterator[LiveServer]:
     """On a database of its own: the shared one's workers run the tiny model alone, and would hand
     this server's wide items back (to a worker that runs the model) rather than embed them."""
-    from encoder.engine import EmbeddingEngine
-    from encoder.models import create_encoder
-
-    tiny = tiny_engine.encoder
-    wide = create_encoder(WIDE, pretrained=None, device="cpu", batch_size=tiny.batch_size)
-    engine = EmbeddingEngine([tiny, wide], tiny_engine.settings).start()
-    try:
-        with (
-            scratch_database(server_url, "memstore_models") as url,
-            start_server(settings.model_copy(update={"database_url": url}), backend=engine, auth="off") as live,
-        ):
-            yield live
-    finally:
-        engine.stop()
+    with (
+        two_model_engine(tiny_engine) as engine,
+        scratch_database(server_url, "memstore_models") as url,
+        start_server(settings.model_copy(update={"database_url": url}), backend=engine, auth="off") as live,
+    ):
+        yield live
 
 
 def test_each_collection_is_filled_and_searched_by_its_own_model(

@@ -18,9 +18,7 @@ from memstore.ingest_worker import IngestWorker
 from memstore.models import ItemIn
 from memstore.queue import IngestSettings, PendingItem
 from memstore.store import VectorStore
-from tests.api.api_helpers import TINY, FakeBackend
-
-WIDE = "memstore-tiny-wide"
+from tests.api.api_helpers import TINY, WIDE, FakeBackend
 
 
 class TwoModels(FakeBackend):
@@ -159,7 +157,7 @@ def test_bare_vectors_block_activation_until_their_vectors_are_given(worker_engi
     _drain(worker_engine, backend)
     p = worker_store.space_progress(collection=collection_name, name="wide")
     assert (p.vectors, p.without_original, p.without_original_ids) == (5, 3, ["v0", "v1", "v2"])
-    with pytest.raises(ConflictError, match="3 item\\(s\\).*v0, v1, v2"):
+    with pytest.raises(ConflictError, match=r"3 item\(s\).*v0, v1, v2"):
         worker_store.activate_space(collection=collection_name, name="wide")
     with pytest.raises(InvalidInputError, match="96"):
         worker_store.put_space_vectors(collection=collection_name, name="wide", vectors={"v0": [1.0] * 64})

@@ -40,6 +40,8 @@ def collection_out(c: Collection, stats: CollectionStats | None = None) -> Colle
         ocr=c.ocr,
         ocr_backfilling=c.ocr and c.options.get(ocr_items.BACKFILL) is not None,
         created_at=c.created_at,
+        active_space=c.active_space_name,
+        spaces=[s.name for s in c.all_spaces()],
     )
     if stats is not None:
         out.items, out.ready, out.pending, out.failed = stats.items, stats.ready, stats.pending, stats.failed

@@ -171,17 +171,20 @@ def _query_vector(rt: Runtime, name: str, body: SearchRequest, image: bytes | No
         return body.vector
     if source == "item_id":
         assert body.item_id is not None
-        item = rt.store.get_item(collection=name, id=body.item_id, with_vector=True)
-        if item.vector is None:
+        item = rt.store.get_item(collection=name, id=body.item_id)
+        found = rt.store.vectors(collection=name, ids=[body.item_id], using=body.using).get(body.item_id)
+        if found is None:
             raise Problem(
                 "conflict",
-                f"item {body.item_id} has no vector yet (status {item.status}); search again once it is ready",
+                f"item {body.item_id} has no vector in the space searched yet (status {item.status}); "
+                "search again once it has",
             )
-        return item.vector
+        return found
     purpose = "search with mode 'keyword', or by vector or item_id" if source is None else "search by vector or item_id"
     rt.encoder.require(purpose)
+    c = rt.store.get_collection(name=name)
     try:
-        how = check_encodable(rt, rt.store.get_collection(name=name))
+        how = check_encodable(rt, c, c.space(body.using))
     except Problem as exc:
         if source is None:  # a text alone: its words can still be searched
             exc.detail += '; or search the text\'s words alone with "mode": "keyword"'
@@ -206,6 +209,7 @@ def check(body: SearchRequest, mode: str, vector: Any) -> SearchQuery:
         candidates=body.candidates,
         weights=None if body.weights is None else Weights(body.weights.vector, body.weights.keyword),
         score_threshold=body.score_threshold,
+        using=body.using,
     )
 
 
@@ -225,14 +229,17 @@ def _search(rt: Runtime, name: str, body: SearchRequest, image: bytes | None) ->
     if mode != "keyword":
         q = replace(q, vector=_query_vector(rt, name, body, image, source))
     results = rt.store.run_search(collection=name, query=q, ef_search=body.ef_search, exact=body.exact)
-    return _answer(rt, name, results, q.vector if source != "item_id" else None)
+    return _answer(rt, name, results, q.vector if source != "item_id" else None, q.using)
 
 
-def _answer(rt: Runtime, name: str, results: list[SearchResult], query: Any) -> dict[str, Any]:
-    """The response body; a share of the query vectors is kept for the recall probes (not item searches)."""
+def _answer(
+    rt: Runtime, name: str, results: list[SearchResult], query: Any, using: str | None = None
+) -> dict[str, Any]:
+    """The response body; a share of the query vectors is kept for the recall probes (not item
+    searches; the probes measure the default space's index)."""
     if query is not None and rt.sampler.rate > 0:
         c = rt.store.cached_collection(name)
-        if c is not None:
+        if c is not None and not c.space(using).side:
             rt.sampler.offer(c.id, np.asarray(query, dtype=np.float32))
     return {
         "results": [
@@ -259,9 +266,9 @@ def _grouped(out: dict[str, Any], field: str, groups: int, size: int) -> dict[st
     }
 
 
-def _with_vectors(rt: Runtime, name: str, out: dict[str, Any]) -> dict[str, Any]:
-    """Each hit's stored vector, read in one statement for all of them."""
-    vectors = rt.store.vectors(collection=name, ids=[h["id"] for h in out["results"]])
+def _with_vectors(rt: Runtime, name: str, out: dict[str, Any], using: str | None) -> dict[str, Any]:
+    """Each hit's stored vector in the space searched, read in one statement for all of them."""
+    vectors = rt.store.vectors(collection=name, ids=[h["id"] for h in out["results"]], using=using)
     for hit in out["results"]:
         found = vectors.get(hit["id"])
         hit["vector"] = None if found is None else found.tolist()
@@ -307,14 +314,14 @@ async def execute(rt: Runtime, name: str, body: SearchRequest, image: bytes | No
             q = check(body, mode, body.vector if mode != "keyword" else None)
             results = await rt.searcher.search(collection=name, query=q, ef_search=body.ef_search, exact=body.exact)
             if results is not None:
-                out = _answer(rt, name, results, q.vector)
+                out = _answer(rt, name, results, q.vector, q.using)
     if out is None:
         out = await rt.off_loop(_search, rt, name, body, image)
     rt.latency.record(time.perf_counter() - started)
     if body.group_by is not None:
         out = _grouped(out, body.group_by, body.k, body.group_size)
     if body.with_vector and out["results"]:
-        out = await rt.off_loop(_with_vectors, rt, name, out)
+        out = await rt.off_loop(_with_vectors, rt, name, out, body.using)
     return out
 
 
