@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "memstore.commands.ingest",
     "memstore.commands.load",
     "memstore.commands.search",
+    "memstore.commands.spaces",
 )
 
 

@@ -42,12 +42,20 @@ def auth_headers(key: str | None) -> dict[str, str]:
 def post(prog: str, url: str, path: str, **request: Any) -> httpx.Response | None:
     """POST ``path`` to the API at ``url`` (``request``: httpx's arguments); its 200 answer, or None
     once the reason is printed as one line on stderr: the server unreachable, or its refusal."""
+    return call(prog, "POST", url, path, **request)
+
+
+def call(
+    prog: str, method: str, url: str, path: str, *, ok: tuple[int, ...] = (200,), **request: Any
+) -> httpx.Response | None:
+    """``method`` ``path`` on the API at ``url``; its answer when its status is one of ``ok``, or None
+    once the reason is printed as one line on stderr: the server unreachable, or its refusal."""
     try:
-        r = httpx.post(f"{url}{path}", **request)
+        r = httpx.request(method, f"{url}{path}", **request)
     except httpx.TransportError as exc:
         click.echo(f"{prog}: cannot reach {url} ({exc}); is `memstore serve` running?", err=True)
         return None
-    if r.status_code != 200:
+    if r.status_code not in ok:
         hint = " (give the key with --key or MEMSTORE_API_KEY)" if r.status_code == 401 else ""
         click.echo(f"{prog}: {problem(r)}{hint}", err=True)
         return None

@@ -4,6 +4,7 @@ name it with ``using`` until it is activated; and the abuse cases of the new rou
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -186,3 +187,33 @@ def test_abuse_of_the_space_routes(keyed, collection_name) -> None:
         # The space's table name never comes from the request.
         table = admin.get(f"{base}/wide").json()
         assert "table" not in str(table)
+
+
+def test_the_spaces_command_migrates_a_collection_to_another_model(keyed, collection_name, capsys) -> None:
+    from memstore.cli import main
+
+    live, secrets = keyed
+    with _client(live, secrets["admin"]) as client:
+        assert client.post("/v1/collections", json={"name": collection_name}).status_code == 201
+        items = [{"external_id": f"i{i}", "text": f"note {i}"} for i in range(12)]
+        assert (
+            client.post(f"/v1/collections/{collection_name}/items?wait=true", json={"items": items}).status_code == 201
+        )
+    common = ["-c", collection_name, "--url", live.url, "--key", secrets["admin"]]
+    assert main(["spaces", "create", *common, "v2", "--model", WIDE]) == 0
+    assert "v2: memstore-tiny-wide, 96-d cosine, filling" in capsys.readouterr().out
+    assert main(["spaces", "status", *common, "v2", "--wait", "--json"]) == 0
+    state = json.loads(capsys.readouterr().out)
+    assert (state["state"], state["done"], state["total"]) == ("ready", 12, 12)
+    assert main(["spaces", "activate", *common, "v2"]) == 0
+    assert "v2 (active)" in capsys.readouterr().out
+    assert main(["spaces", "list", *common]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert listed[0].startswith("default: memstore-tiny, 64-d") and listed[1].startswith("v2 (active)")
+    assert main(["spaces", "delete", *common, "v2"]) == 2
+    assert "activate another space first" in capsys.readouterr().err
+    assert main(["spaces", "activate", *common, "default"]) == 0
+    assert main(["spaces", "delete", *common, "v2"]) == 0
+    assert "space v2 of" in capsys.readouterr().out
+    assert main(["spaces", "status", *common, "v2", "--key", "wrong"]) == 2
+    assert "401" in capsys.readouterr().err
