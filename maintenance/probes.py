@@ -98,6 +98,7 @@ def probe(
     """Read the state of ``target`` (the connection must be in autocommit mode)."""
     t0 = time.perf_counter()
     c = target.collection
+    v = target.vectors  # the size of what the index holds: the collection's vectors or a side space's
     if conn.info.transaction_status != TransactionStatus.IDLE:
         conn.execute("SELECT pg_stat_clear_snapshot()")  # only inside a transaction: a new one reads fresh counters
     with conn.pipeline(), conn.cursor(row_factory=dict_row) as s, conn.cursor(row_factory=dict_row) as h:
@@ -146,7 +147,7 @@ def probe(
                 index_entries_killed(counters) - index_entries_killed(base)
             )
         if after.get("index_bytes") and after.get("live_rows"):
-            built = estimate_index_bytes(int(after["live_rows"]), dims=c.dimensions, m=c.hnsw_m)
+            built = estimate_index_bytes(int(after["live_rows"]), dims=v.dimensions, m=v.hnsw_m)
             correction = int(after["index_bytes"]) / built
         fresh_recall = after.get("recall")
         rebuild_s = last_compact.get("duration_s")
@@ -161,7 +162,7 @@ def probe(
         dead_entries=dead_entries,
         churn_since_rebuild=churn,
         index_bytes=index_bytes,
-        fresh_bytes=fresh_bytes(live, dims=c.dimensions, m=c.hnsw_m, correction=correction),
+        fresh_bytes=fresh_bytes(live, dims=v.dimensions, m=v.hnsw_m, correction=correction),
         leftovers=[lo.name for lo in target.leftovers],
         owned=owned,
         counters=counters,
@@ -189,7 +190,7 @@ def attach_recall(
     measure a second, independent sample and keep both together."""
     if not target.index or p.live_rows <= 0:
         return
-    if representation(target.collection) != "full":
+    if target.space is None and representation(target.collection) != "full":
         # The probe's searches order by the full vector; a compact index would need the store's
         # candidate-and-rerank query, per partition. Until then the cheap signals decide alone.
         return
@@ -201,7 +202,7 @@ def attach_recall(
         k=config.recall_k,
         sample=config.recall_sample,
         budget_s=recall_budget(p, config),
-        ef_search=target.collection.default_ef_search,
+        ef_search=target.vectors.default_ef_search,
         max_scan_tuples=max_scan_tuples,
         exclude=() if first is None else first.sample_ids,  # the API's samples the first one did not use
     )

@@ -41,12 +41,12 @@ def exact_settings(*, ef_search: int, max_scan_tuples: int) -> SearchSettings:
 
 def index_search(target: Target) -> sql.Composed:
     """The index's answer as the store searches (iterative scan, re-sorted), ids and distances only."""
-    return search_statement(target.table, target.collection.spec.operator, exact=False, ids_only=True)
+    return search_statement(target.table, target.vectors.spec.operator, exact=False, ids_only=True)
 
 
 def exact_search(target: Target) -> sql.Composed:
     """Brute force (under exact_settings): the ground truth for one query."""
-    return search_statement(target.table, target.collection.spec.operator, exact=True, ids_only=True)
+    return search_statement(target.table, target.vectors.spec.operator, exact=True, ids_only=True)
 
 
 @dataclass(frozen=True)
@@ -84,9 +84,10 @@ def sample_queries(
     conn: psycopg.Connection[Any], target: Target, n: int, *, exclude: Sequence[int] = ()
 ) -> tuple[list[np.ndarray], str, tuple[int, ...]]:
     """``n`` query vectors, their source and the ids of the API samples among them: a random sample
-    of the API's kept samples other than ``exclude``, else (none left) random stored vectors."""
+    of the API's kept samples other than ``exclude``, else (none left, or a side space: the API keeps
+    queries of the default space) random stored vectors."""
     c = target.collection
-    kept = query_samples.draw(conn, c.id, n, dimensions=c.dimensions, exclude=exclude)
+    kept = [] if target.space else query_samples.draw(conn, c.id, n, dimensions=c.dimensions, exclude=exclude)
     if kept:
         return [v for _, v in kept], "query_samples", tuple(i for i, _ in kept)
     rows = conn.cursor(binary=True).execute(sqlfiles.composed("sample_stored", table=target.table), {"n": n}).fetchall()
@@ -174,7 +175,7 @@ def exact_answers(
     k: int,
 ) -> list[list[tuple[int, float]]]:
     """``memstore.recall.exact_answers`` on one target (a collection's table or one partition)."""
-    c = target.collection
+    s = target.vectors
     return core_exact_answers(
-        cur, table=target.table, operator=c.spec.operator, dimensions=c.dimensions, queries=queries, found=found, k=k
+        cur, table=target.table, operator=s.spec.operator, dimensions=s.dimensions, queries=queries, found=found, k=k
     )

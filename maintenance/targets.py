@@ -1,5 +1,6 @@
-"""What maintenance works on: one target per table that holds rows (a plain collection's table, or
-each partition of a partitioned one) with its HNSW index and any INVALID leftovers."""
+"""What maintenance works on: one target per table that holds vectors (a plain collection's table,
+each partition of a partitioned one, and the side table of each of its other embedding spaces,
+``memstore.spaces``) with its HNSW index and any INVALID leftovers."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from memstore import locks, sqlfiles
-from memstore.collections import Collection
+from memstore.collections import Collection, Space
 
 
 @dataclass(frozen=True)
@@ -30,10 +31,18 @@ class Target:
     index: str | None  # the valid HNSW index; None when there is none (nothing to maintain)
     partition: int | None = None
     leftovers: tuple[Leftover, ...] = field(default_factory=tuple)
+    space: Space | None = None  # a side space's table; None: the collection's own vectors
 
     @property
     def label(self) -> str:
+        if self.space is not None:
+            return f"{self.collection.name}/{self.space.name}"
         return self.table if self.partition is None else f"{self.collection.name}[p{self.partition}]"
+
+    @property
+    def vectors(self) -> Space:
+        """The space whose vectors the table holds: its metric, dimensions and default ef_search."""
+        return self.space if self.space is not None else self.collection.default_space
 
     @property
     def lock_key(self) -> str:
@@ -57,14 +66,17 @@ def targets_for(conn: psycopg.Connection[Any], collection: Collection) -> list[T
 
 def every_target(conn: psycopg.Connection[Any], collections: list[Collection]) -> list[Target]:
     """The targets of every collection given, their indexes read in one round trip."""
-    tables = [(c, i, t, len(ts)) for c in collections for ts in [c.partition_tables()] for i, t in enumerate(ts)]
+    tables: list[tuple[Collection, int, str, int, Space | None]] = [
+        (c, i, t, len(ts), None) for c in collections for ts in [c.partition_tables()] for i, t in enumerate(ts)
+    ]
+    tables += [(c, 0, s.table_name, 1, s) for c in collections for s in c.spaces]
     with conn.pipeline():
         cursors = [conn.cursor(row_factory=dict_row) for _ in tables]
-        for cur, (_, _, table, _) in zip(cursors, tables, strict=True):
+        for cur, (_, _, table, _, _) in zip(cursors, tables, strict=True):
             cur.execute(sqlfiles.text("indexes"), {"table": table}, prepare=True)
         found = [cur.fetchall() for cur in cursors]
     out: list[Target] = []
-    for (collection, i, table, parts), rows in zip(tables, found, strict=True):
+    for (collection, i, table, parts, space), rows in zip(tables, found, strict=True):
         valid = [r["index_name"] for r in rows if r["valid"] and r["method"] == "hnsw"]
         # Prefer the conventional name when a table somehow has more than one HNSW index.
         preferred = f"{table}_hnsw"
@@ -79,6 +91,7 @@ def every_target(conn: psycopg.Connection[Any], collections: list[Collection]) -
                 index=index,
                 partition=i if parts > 1 else None,
                 leftovers=leftovers,
+                space=space,
             )
         )
     return out
