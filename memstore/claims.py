@@ -107,8 +107,10 @@ def claim(
     limit: int,
     collection_id: int | None = None,
     item_ids: Iterable[int] | None = None,
+    space_id: int | None = None,
 ) -> list[Claim]:
-    """Claim up to ``limit`` due rows (optionally only these items of one collection)."""
+    """Claim up to ``limit`` due rows (optionally only these items of one collection, only the rows
+    of one space: 0 for the items' own vectors)."""
     params: dict[str, Any] = {"me": claimer.number, "ns": LOCK_NAMESPACE, "n": limit}
     scope = ""
     if collection_id is not None:
@@ -117,6 +119,9 @@ def claim(
     if item_ids is not None:
         scope += " AND item_id = ANY(%(items)s)"
         params["items"] = list(item_ids)
+    if space_id is not None:
+        scope += " AND space_id = %(space)s"
+        params["space"] = space_id
     with raw_connection(engine) as conn:
         rows = conn.execute(_CLAIM.format(scope=scope), params).fetchall()
     return [Claim(int(r[0]), int(r[1]), int(r[2]), int(r[3]), claimer.number, int(r[4])) for r in rows]

@@ -837,8 +837,9 @@ class VectorStore:
     ) -> list[SearchResult]:
         """Items like the ``positive`` examples and unlike the ``negative`` ones: each example a stored
         item's id or a vector (``search_query.recommendation`` says how they combine). The example
-        items themselves are not answered."""
+        items themselves are not answered. Examples and the search are in the collection's active space."""
         c = self.get_collection(name=collection)
+        space = c.space()
         ids = [e for e in [*positive, *negative] if isinstance(e, int) and not isinstance(e, bool)]
         stored = self.vectors(collection=collection, ids=ids) if ids else {}
         missing = [i for i in ids if i not in stored]
@@ -850,12 +851,12 @@ class VectorStore:
         def vector_of(example: int | Any, where: str) -> np.ndarray:
             if isinstance(example, int) and not isinstance(example, bool):
                 return stored[example]
-            return as_vector(example, dimensions=c.dimensions, metric=c.metric, where=where)
+            return as_vector(example, dimensions=space.dimensions, metric=space.metric, where=where)
 
         target = search_query.recommendation(
             [vector_of(e, f"positive[{i}]") for i, e in enumerate(positive)],
             [vector_of(e, f"negative[{i}]") for i, e in enumerate(negative)],
-            c.metric,
+            space.metric,
         )
         examples = set(ids)
         hits = self.search(

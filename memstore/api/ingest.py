@@ -122,7 +122,8 @@ def settle(rt: Runtime, c: Collection, item_ids: list[int]) -> dict[int, tuple[s
     ours: set[int] = set()
     if rt.encoder.backend is not None:
         claimer = rt.claimer()
-        held = claims.claim(rt.engine, claimer, limit=len(item_ids), collection_id=c.id, item_ids=item_ids)
+        # The items' own vectors (what the answer waits for); their other spaces' rows go to the workers.
+        held = claims.claim(rt.engine, claimer, limit=len(item_ids), collection_id=c.id, item_ids=item_ids, space_id=0)
         ours = {cl.item_id for cl in held}
         if held:
             try:

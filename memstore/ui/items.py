@@ -33,11 +33,12 @@ MAX_METADATA_FORM = 70_000  # characters: the metadata limit (64 KiB) with room 
 
 
 def _item_context(rt: Runtime, c: Collection, view: search.SearchView, item_id: int) -> dict[str, Any]:
-    item = rt.store.get_item(collection=c.name, id=item_id, with_vector=True)
+    item = rt.store.get_item(collection=c.name, id=item_id)
     attempts = queue.attempts_of(rt.engine, c, [item.id]) if item.status != "ready" else {}
     neighbours: list[search.Card] = []
-    if item.vector is not None:
-        hits = search.nearest(rt, c, item.vector, k=ui_settings().neighbours + 1, chips=[], sample=False)
+    vector = rt.store.vectors(collection=c.name, ids=[item.id]).get(item.id)  # in the active space
+    if vector is not None:
+        hits = search.nearest(rt, c, vector, k=ui_settings().neighbours + 1, chips=[], sample=False)
         rows = [(r.id, r.external_id, r.metadata, r.score) for r in hits if r.id != item.id]
         neighbours = search.cards(rt, c, view, rows[: ui_settings().neighbours])
     preview = thumbnails.previews(rt.engine, c, [item.id]).get(item.id)

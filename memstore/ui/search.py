@@ -120,14 +120,14 @@ class SearchView:
 
 
 def text_vector(rt: Runtime, c: Collection, text: str) -> np.ndarray | None:
-    """The query's vector from the collection's model, for a hybrid search; None when this server
-    cannot embed for the collection (no model, still loading, another model): the words alone then
-    search, by keyword."""
+    """The query's vector from the model of the collection's active space, for a hybrid search; None
+    when this server cannot embed for it (no model, still loading, another model): the words alone
+    then search, by keyword."""
     check_text(rt, text, "the query")
     if rt.encoder.backend is None:
         return None
     try:
-        how = check_encodable(rt, c)
+        how = check_encodable(rt, c, c.space())
     except Problem:
         return None
     return np.asarray(rt.encoder.backend.embed_texts([text], priority=Priority.QUERY, **how))[0]
@@ -135,16 +135,18 @@ def text_vector(rt: Runtime, c: Collection, text: str) -> np.ndarray | None:
 
 def image_vector(rt: Runtime, c: Collection, data: bytes) -> np.ndarray:
     backend = rt.encoder.require("search by a stored item instead ('more like this')")
-    how = check_encodable(rt, c)
+    how = check_encodable(rt, c, c.space())
     checked, _ = bodies.check_image(data, "the query image", query_image_options(rt))
     return np.asarray(backend.embed_images([checked], priority=Priority.QUERY, **how))[0]
 
 
 def item_vector(rt: Runtime, c: Collection, item_id: int) -> np.ndarray:
-    item = rt.store.get_item(collection=c.name, id=item_id, with_vector=True)
-    if item.vector is None:
+    """The item's vector in the collection's active space (the one the pages search)."""
+    item = rt.store.get_item(collection=c.name, id=item_id)
+    found = rt.store.vectors(collection=c.name, ids=[item_id]).get(item_id)
+    if found is None:
         raise Problem("conflict", f"item {item_id} has no vector yet (it is {item.status}): try again once it is ready")
-    return item.vector
+    return found
 
 
 def nearest(
@@ -159,10 +161,11 @@ def nearest(
 ) -> list[SearchResult]:
     """The search itself: by ``vector``, by ``text``'s keywords too when given (hybrid; keyword alone
     without a vector). Typed and image queries are offered to the recall probes' samples, as the
-    API's are (a stored item's vector is not a query anybody typed)."""
+    API's are (a stored item's vector is not a query anybody typed; the probes measure the default
+    space). The pages search the collection's active space."""
     mode = "keyword" if vector is None else None
     results = rt.store.search(collection=c.name, vector=vector, text=text, mode=mode, k=k, filter=filter_of(chips))
-    if vector is not None and sample and rt.sampler.rate > 0:
+    if vector is not None and sample and rt.sampler.rate > 0 and not c.space().side:
         rt.sampler.offer(c.id, np.asarray(vector, dtype=np.float32))
     return results
 

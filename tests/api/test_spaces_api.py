@@ -99,6 +99,13 @@ def test_a_space_of_another_model_is_filled_searched_and_activated(keyed, collec
             f"/v1/collections/{collection_name}/search", json={"text": "green tea", "mode": "vector", "k": 1}
         ).json()["results"][0]
         assert after["external_id"] == "i1"
+        # Recommendations take their examples, and item ids, in the active space too.
+        liked = client.post(
+            f"/v1/collections/{collection_name}/recommend",
+            json={"positive": [{"text": "green tea"}, hit["id"]], "k": 2},
+        )
+        assert liked.status_code == 200, liked.text
+        assert {r["external_id"] for r in liked.json()["results"]} <= {"i0", "i1", "i3", "i4"}
         # New items reach the active space too.
         r = client.post(
             f"/v1/collections/{collection_name}/items?wait=true",

@@ -326,7 +326,8 @@ async def execute(rt: Runtime, name: str, body: SearchRequest, image: bytes | No
 
 
 def _example(rt: Runtime, name: str, example: int | Example, where: str) -> Any:
-    """An item id as it is; a text or an image embedded by the collection's model; a vector as given."""
+    """An item id as it is; a text or an image embedded by the model of the collection's active space
+    (the one a recommendation searches); a vector as given."""
     if isinstance(example, int):
         return example
     given = [k for k in ("text", "image", "vector") if getattr(example, k) is not None]
@@ -335,7 +336,8 @@ def _example(rt: Runtime, name: str, example: int | Example, where: str) -> Any:
     if example.vector is not None:
         return example.vector
     rt.encoder.require("give item ids or vectors as examples instead")
-    how = check_encodable(rt, rt.store.get_collection(name=name))
+    c = rt.store.get_collection(name=name)
+    how = check_encodable(rt, c, c.space())
     if example.text is not None:
         return _embed_query(rt, how, label=f"{where}.text", text=example.text)
     image = _base64_image(example.image or "", f"{where}.image: not valid base64")
