@@ -196,3 +196,30 @@ def test_the_maintenance_page_draws_its_charts_from_the_history(admin_page, ui_c
     assert len(re.findall(r'<circle cx="[\d.]+" cy="[\d.]+" r="2.5" class="dot series-0"/>', section[1])) >= 9
     assert 'class="marker action-rebuild"' in section[1]
     assert "42.5 s" in section[1] and "recall 0.91 &lt; 0.95 &lt;b&gt;" in section[1]
+
+
+def test_an_image_page_shows_the_text_read_in_it_escaped(admin_page, api, collection_name, engine) -> None:
+    from memstore import ocr_items
+    from memstore.db import raw_connection
+    from memstore.registry import read_collection
+
+    assert api.post("/v1/collections", json={"name": collection_name, "ocr": True}).status_code == 201
+    [read, failed] = _add_images(api, collection_name, 2, seed=40)
+    # Written as a worker would (what Tesseract reads is its own test's business): the page shows the
+    # text, escaped, and a failure's reason.
+    with raw_connection(engine) as conn:
+        c = read_collection(conn, name=collection_name)
+        ocr_items.write_text(conn, c, read, 'INVOICE 42 <script>alert("x")</script>')
+        ocr_items.write_failure(conn, c, failed, "the image could not be decoded")
+    page = admin_page.get(f"/ui/c/{collection_name}/items/{read}")
+    assert page.status_code == 200
+    shown = re.search(r'<pre class="text-original" id="ocr-text">(.*?)</pre>', page.text, re.S)
+    assert shown and "INVOICE 42" in shown[1]
+    assert "<script>alert" not in page.text and "&lt;script&gt;" in shown[1]
+    other = admin_page.get(f"/ui/c/{collection_name}/items/{failed}").text
+    assert 'id="ocr-error">the image could not be decoded<' in other
+    # A collection without OCR shows no such section.
+    plain_name = f"{collection_name}_x"
+    assert api.post("/v1/collections", json={"name": plain_name}).status_code == 201
+    [plain] = _add_images(api, plain_name, 1)
+    assert 'id="ocr"' not in admin_page.get(f"/ui/c/{plain_name}/items/{plain}").text
