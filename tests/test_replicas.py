@@ -244,6 +244,7 @@ def test_the_api_answers_writes_with_their_lsn_and_reads_given_it_see_them(
         try:
             made = client.post("/v1/collections", json={"name": collection_name, "dimensions": 4})
             assert made.status_code == 201 and parse_lsn(made.headers["X-Memstore-LSN"]) > 0
+            assert made.json()["lsn"] == made.headers["X-Memstore-LSN"]  # the body says it too
             _replay(db.replicas[1].engine, "pause")
             try:
                 for i in range(10):
@@ -254,6 +255,7 @@ def test_the_api_answers_writes_with_their_lsn_and_reads_given_it_see_them(
                     )
                     assert wrote.status_code == 201, wrote.text
                     lsn = wrote.headers["X-Memstore-LSN"]
+                    assert wrote.json()["lsn"] == lsn
                     found = client.post(
                         f"/v1/collections/{collection_name}/search",
                         json={"vector": vector, "k": 1, "exact": True},

@@ -1,7 +1,8 @@
 """Read-your-writes across replicas, as a plain ASGI layer of the API's front.
 
 Every successful write answer of ``/v1`` carries ``X-Memstore-LSN``: the primary's WAL position once
-the write is done (``Database.current_lsn``). A read that passes it back (header
+the write is done (``Database.current_lsn``), and, when its body is a JSON object, the same as the
+field ``lsn``. A read that passes it back (header
 ``X-Memstore-Min-LSN`` or query parameter ``min_lsn``) is served by a replica that has replayed it,
 or by the primary (``Database.reading_after``). Without replicas every read is on the primary and
 sees every write: the position is still checked and still answered, so clients need not know.
@@ -9,6 +10,7 @@ sees every write: the position is still checked and still answered, so clients n
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Callable
@@ -71,18 +73,65 @@ class ReadYourWrites:
             return
         writing = is_write(scope)
 
-        async def stamped(message: Message) -> None:
-            if message["type"] == "http.response.start" and writing and 200 <= int(message["status"]) < 300:
-                try:
-                    position = await run_in_threadpool(db.current_lsn)
-                except Exception as exc:  # the write is done; only its position is unknown
-                    log.warning("the write's WAL position could not be read: %s", exc)
-                else:
-                    message = {
-                        **message,
-                        "headers": [*message.get("headers", []), (LSN_HEADER.encode(), position.encode())],
-                    }
-            await send(message)
-
         with db.reading_after(lsn):
-            await self.app(scope, receive, stamped if writing else send)
+            await self.app(scope, receive, _Stamper(send, db) if writing else send)
+
+
+class _Stamper:
+    """The ``send`` of a write: its successful answer gets the position as a header and, when the
+    body is a JSON object, as its ``lsn`` field (the body is held until complete: write answers are
+    small)."""
+
+    def __init__(self, send: Send, db: Database) -> None:
+        self.send = send
+        self.db = db
+        self.start: Message | None = None
+        self.position: str | None = None
+        self.chunks: list[bytes] = []
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            if not 200 <= int(message["status"]) < 300:
+                await self.send(message)
+                return
+            try:
+                self.position = await run_in_threadpool(self.db.current_lsn)
+            except Exception as exc:  # the write is done; only its position is unknown
+                log.warning("the write's WAL position could not be read: %s", exc)
+                await self.send(message)
+                return
+            headers = [*message.get("headers", []), (LSN_HEADER.encode(), self.position.encode())]
+            message = {**message, "headers": headers}
+            if _header(headers, b"content-type").startswith("application/json"):
+                self.start = message  # sent with the body, once its length is known
+                return
+            await self.send(message)
+            return
+        if message["type"] != "http.response.body" or self.start is None:
+            await self.send(message)
+            return
+        self.chunks.append(message.get("body", b""))
+        if message.get("more_body", False):
+            return
+        body = _with_position(b"".join(self.chunks), self.position or "")
+        headers = [(k, v) for k, v in self.start["headers"] if k.lower() != b"content-length"]
+        headers.append((b"content-length", str(len(body)).encode()))
+        await self.send({**self.start, "headers": headers})
+        await self.send({"type": "http.response.body", "body": body})
+
+
+def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str:
+    return next((v.decode("latin-1").lower() for k, v in headers if k.lower() == name), "")
+
+
+def _with_position(body: bytes, position: str) -> bytes:
+    """A JSON object's body with ``"lsn": position`` added (anything else as it is)."""
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return body
+    if not isinstance(document, dict):
+        return body
+    document["lsn"] = position
+    # As the API's JSONResponse writes it.
+    return json.dumps(document, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()

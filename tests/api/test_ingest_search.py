@@ -170,7 +170,7 @@ def test_patch_replace_list_and_delete(client: httpx.Client, collection: str) ->
     assert client.delete(f"/v1/collections/{collection}/items/{ids[4]}").status_code == 204
     assert client.get(f"/v1/collections/{collection}/items/{ids[4]}").status_code == 404
     r = client.post(f"/v1/collections/{collection}/items/delete", json={"filter": {"n": 1}})
-    assert r.json() == {"deleted": 2}
+    assert r.json()["deleted"] == 2 and r.json()["lsn"] == r.headers["X-Memstore-LSN"]
     assert client.get(f"/v1/collections/{collection}").json()["items"] == 2
     assert client.delete(f"/v1/collections/{collection}").status_code == 204
     assert client.get(f"/v1/collections/{collection}").status_code == 404

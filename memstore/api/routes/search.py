@@ -176,7 +176,7 @@ def _query_vector(rt: Runtime, name: str, body: SearchRequest, image: bytes | No
         if found is None:
             raise Problem(
                 "conflict",
-                f"item {body.item_id} has no vector in the space searched yet (status {item.status}); "
+                f"item {body.item_id} has no vector yet in the space searched (status {item.status}); "
                 "search again once it has",
             )
         return found
