@@ -200,3 +200,20 @@ def test_dropping_the_collection_drops_its_spaces(worker_engine, worker_store, c
     with raw_connection(worker_engine) as conn:
         assert conn.execute("SELECT to_regclass(%s)", (space.table_name,)).fetchone() == (None,)
         assert conn.execute("SELECT count(*) FROM memstore_spaces WHERE id = %s", (space.id,)).fetchone() == (0,)
+
+
+def test_a_partitioned_collection_gets_spaces_too(worker_engine, worker_store, collection_name):
+    backend = TwoModels()
+    c = worker_store.create_collection(name=collection_name, dimensions=64, model=TINY, partitions=3)
+    queue.enqueue(worker_engine, c, _texts(30))
+    worker_store.create_space(collection=collection_name, name="wide", model=WIDE, dimensions=96)
+    _drain(worker_engine, backend)
+    p = worker_store.space_progress(collection=collection_name, name="wide")
+    assert (p.vectors, p.total, p.space.state) == (30, 30, "ready")
+    query = backend.wide.embed_texts(["12 is a note"])[0]
+    assert worker_store.search(collection=collection_name, vector=query, using="wide", k=1)[0].external_id == "t12"
+    # The triggers reach every partition: a deleted item leaves the space, a new one enters it.
+    worker_store.delete_items(collection=collection_name, external_ids=["t12", "t13"])
+    queue.enqueue(worker_engine, c, _texts(31, start=30))
+    _drain(worker_engine, backend)
+    assert worker_store.space_progress(collection=collection_name, name="wide").vectors == 29
