@@ -138,17 +138,8 @@ def complete(
     and drop their queue rows; returns the item ids written."""
     if not claims:
         return []
-    by_queue = {c.queue_id: c for c in claims}
     with raw_connection(engine) as conn:
-        # Locks in the one order every writer takes them: the item rows (by id), then their queue rows.
-        # The API's enqueue locks an item and then upserts its queue row; taking the queue rows first
-        # here deadlocked with it (seen with 20 concurrent posts of one external_id).
-        lock_items(conn, collection, [c.item_id for c in claims])
-        held = conn.execute(
-            "DELETE FROM memstore_ingest_queue WHERE id = ANY(%s) AND claimed_by = %s RETURNING id",
-            (list(by_queue), claims[0].claimer),
-        ).fetchall()
-        items = [by_queue[int(r[0])].item_id for r in held]
+        items = _settle_held(conn, collection, claims)
         if items:
             with conn.cursor() as cur:
                 cur.executemany(
@@ -169,14 +160,8 @@ def complete_space(
     the trigger that queued it again, so its stale vector is never written."""
     if not claims:
         return []
-    by_queue = {c.queue_id: c for c in claims}
     with raw_connection(engine) as conn:
-        lock_items(conn, collection, [c.item_id for c in claims])  # the one lock order: items, then queue rows
-        held = conn.execute(
-            "DELETE FROM memstore_ingest_queue WHERE id = ANY(%s) AND claimed_by = %s RETURNING id",
-            (list(by_queue), claims[0].claimer),
-        ).fetchall()
-        items = [by_queue[int(r[0])].item_id for r in held]
+        items = _settle_held(conn, collection, claims)
         if items:
             with conn.cursor() as cur:
                 cur.executemany(
@@ -190,6 +175,22 @@ def complete_space(
                     [{"id": i, "v": vectors[i]} for i in items],
                 )
     return items
+
+
+def _settle_held(conn: psycopg.Connection[Any], collection: Collection, claims: Sequence[Claim]) -> list[int]:
+    """Drop the queue rows of ``claims`` their claimer still holds; returns their item ids, whose
+    vectors the caller then writes in the same transaction.
+
+    Locks in the one order every writer takes them: the item rows (by id), then their queue rows.
+    The API's enqueue locks an item and then upserts its queue row; taking the queue rows first
+    deadlocked with it (seen with 20 concurrent posts of one external_id)."""
+    by_queue = {c.queue_id: c for c in claims}
+    lock_items(conn, collection, [c.item_id for c in claims])
+    held = conn.execute(
+        "DELETE FROM memstore_ingest_queue WHERE id = ANY(%s) AND claimed_by = %s RETURNING id",
+        (list(by_queue), claims[0].claimer),
+    ).fetchall()
+    return [by_queue[int(r[0])].item_id for r in held]
 
 
 def lock_items(conn: psycopg.Connection[Any], collection: Collection, item_ids: Sequence[int]) -> None:
