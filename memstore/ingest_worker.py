@@ -21,7 +21,7 @@ import numpy as np
 import sqlalchemy as sa
 from psycopg import sql
 
-from encoder.errors import ImageRejectedError, QueueFullError, RequestTooLargeError
+from encoder.errors import EncoderUnreachableError, ImageRejectedError, QueueFullError, RequestTooLargeError
 from encoder.types import EmbeddingBackend, Priority
 from memstore import claims as queue_claims
 from memstore import thumbnails
@@ -198,6 +198,11 @@ class Processor:
             queue_claims.release(self.engine, claims, delay_s=exc.retry_after)
             report.released += len(claims)
             return report
+        except EncoderUnreachableError:
+            # Not the items' fault, and no use trying the others: the worker hands the whole batch
+            # back without counting the attempt and backs off (IngestWorker.run_batch). Counted, an
+            # encoder restart longer than the retry budget failed every row the worker cycled through.
+            raise
         except Exception as exc:
             if len(group.items) == 1:
                 return self._settle_failure(
@@ -317,7 +322,7 @@ class IngestWorker:
             try:
                 report = self.run_batch()
                 failures = 0
-            except Exception as exc:  # database gone, mostly: keep trying unless running once
+            except Exception as exc:  # the database or the encoder service gone: keep trying unless running once
                 failures += 1
                 log.error("%s: %s", self.name, exc)
                 if once:
