@@ -327,7 +327,7 @@ class IngestWorker:
                 log.error("%s: %s", self.name, exc)
                 if once:
                     return 1
-                self.stop_event.wait(min(30.0, 0.5 * 2**failures))
+                self.stop_event.wait(self._pause_after(exc, failures))
                 continue
             filled = self.spaces.step(now=once)  # also while batches keep coming: it paces itself
             if report.claimed or filled or self.ocr.step():
@@ -347,6 +347,14 @@ class IngestWorker:
             except Exception as exc:
                 log.warning("%s: lost the LISTEN connection (%s); reconnecting", self.name, exc)
         return 0
+
+    def _pause_after(self, exc: Exception, failures: int) -> float:
+        """How long to wait after ``failures`` failed batches in a row, at most 30 s: an encoder service
+        that cannot be reached is tried again on the queue's back-off (MEMSTORE_INGEST_BACKOFF_*), so
+        a restart is noticed soon after it; anything else (the database gone) from 1 s, doubling."""
+        if isinstance(exc, EncoderUnreachableError):
+            return min(30.0, queue_claims.backoff_seconds(failures, self.settings))
+        return min(30.0, 0.5 * 2**failures)
 
 
 def _install_signal_handlers(stop: threading.Event) -> Any:
