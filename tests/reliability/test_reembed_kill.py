@@ -443,6 +443,10 @@ def test_a_worker_killed_mid_fill_is_taken_over(
         assert KILL_AT <= at_kill.vectors <= after_kill.vectors < done.vectors
         activate_and_check_switch(client, live.url)
         check_a_new_item_is_searchable_at_once(client, started)
+        print(
+            f"worker killed at {at_kill.vectors} of {done.vectors} vectors; {searches.searches} searches, "
+            f"{len(searches.failures)} failed"
+        )
 
 
 def test_the_encoder_service_killed_mid_fill_and_restarted(settings: Settings, server_url: str, tmp_path: Path) -> None:
@@ -492,3 +496,7 @@ def test_the_encoder_service_killed_mid_fill_and_restarted(settings: Settings, s
             activate_and_check_switch(client, live.url)
             assert worker.proc.poll() is None, "the worker died with the encoder"
             check_a_new_item_is_searchable_at_once(client, started)
+            print(
+                f"encoder killed at {at_kill.vectors} of {done.vectors} vectors; {searches.searches} searches, "
+                f"{len(searches.failures)} failed; text searches by status: {searches.text_statuses}"
+            )
