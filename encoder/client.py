@@ -13,6 +13,8 @@ import numpy as np
 from .errors import (
     DecompressionBombError,
     EncoderError,
+    EncoderNoAnswerError,
+    EncoderUnreachableError,
     ImageRejectedError,
     QueueFullError,
     RequestCancelledError,
@@ -68,8 +70,20 @@ class RemoteEncoder:
     def _url(self, path: str) -> str:
         return self.base_url + path
 
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """One request. A service that cannot be reached raises EncoderUnreachableError (no input is at
+        fault); one that took the request and gave no answer, EncoderNoAnswerError (the input may be)."""
+        try:
+            return self._client.request(method, self._url(path), **kwargs)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise EncoderUnreachableError(f"the encoder service at {self.base_url} cannot be reached: {exc}") from exc
+        except httpx.TransportError as exc:
+            raise EncoderNoAnswerError(
+                f"the encoder service at {self.base_url} gave no answer: {type(exc).__name__}: {exc}"
+            ) from exc
+
     def health(self) -> dict[str, Any]:
-        resp = self._client.get(self._url("/health"))
+        resp = self._send("GET", "/health")
         if resp.status_code not in (200, 503):
             self._raise(resp)
         data: dict[str, Any] = resp.json()
@@ -95,7 +109,7 @@ class RemoteEncoder:
         raise _ERRORS.get(kind, EncoderError)(f"encoder service answered {resp.status_code}: {detail}")
 
     def _post(self, payload: dict[str, Any]) -> list[dict[str, Any]]:
-        resp = self._client.post(self._url("/v1/embeddings"), json=payload)
+        resp = self._send("POST", "/v1/embeddings", json=payload)
         if resp.status_code != 200:
             self._raise(resp)
         data: list[dict[str, Any]] = sorted(resp.json()["data"], key=lambda d: d["index"])

@@ -35,5 +35,15 @@ class QueueFullError(EncoderError):
         self.retry_after = retry_after
 
 
+class EncoderUnreachableError(EncoderError):
+    """The encoder service could not be reached (connection refused, connect timeout): the request never
+    arrived, so no input is at fault; callers retry once the service is back."""
+
+
+class EncoderNoAnswerError(EncoderError):
+    """The encoder service took the request but no answer came (the connection broke, or the answer did
+    not come in time): the service stopped mid-request, or the input itself may have brought it down."""
+
+
 class RequestCancelledError(EncoderError):
     """The request was cancelled (by its caller, a timeout, or the engine shutting down)."""

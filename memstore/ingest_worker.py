@@ -21,7 +21,7 @@ import numpy as np
 import sqlalchemy as sa
 from psycopg import sql
 
-from encoder.errors import ImageRejectedError, QueueFullError, RequestTooLargeError
+from encoder.errors import EncoderUnreachableError, ImageRejectedError, QueueFullError, RequestTooLargeError
 from encoder.types import EmbeddingBackend, Priority
 from memstore import claims as queue_claims
 from memstore import thumbnails
@@ -198,6 +198,11 @@ class Processor:
             queue_claims.release(self.engine, claims, delay_s=exc.retry_after)
             report.released += len(claims)
             return report
+        except EncoderUnreachableError:
+            # Not the items' fault, and no use trying the others: the worker hands the whole batch
+            # back without counting the attempt and backs off (IngestWorker.run_batch). Counted, an
+            # encoder restart longer than the retry budget failed every row the worker cycled through.
+            raise
         except Exception as exc:
             if len(group.items) == 1:
                 return self._settle_failure(
@@ -317,12 +322,12 @@ class IngestWorker:
             try:
                 report = self.run_batch()
                 failures = 0
-            except Exception as exc:  # database gone, mostly: keep trying unless running once
+            except Exception as exc:  # the database or the encoder service gone: keep trying unless running once
                 failures += 1
                 log.error("%s: %s", self.name, exc)
                 if once:
                     return 1
-                self.stop_event.wait(min(30.0, 0.5 * 2**failures))
+                self.stop_event.wait(self._pause_after(exc, failures))
                 continue
             filled = self.spaces.step(now=once)  # also while batches keep coming: it paces itself
             if report.claimed or filled or self.ocr.step():
@@ -342,6 +347,14 @@ class IngestWorker:
             except Exception as exc:
                 log.warning("%s: lost the LISTEN connection (%s); reconnecting", self.name, exc)
         return 0
+
+    def _pause_after(self, exc: Exception, failures: int) -> float:
+        """How long to wait after ``failures`` failed batches in a row, at most 30 s: an encoder service
+        that cannot be reached is tried again on the queue's back-off (MEMSTORE_INGEST_BACKOFF_*), so
+        a restart is noticed soon after it; anything else (the database gone) from 1 s, doubling."""
+        if isinstance(exc, EncoderUnreachableError):
+            return min(30.0, queue_claims.backoff_seconds(failures, self.settings))
+        return min(30.0, 0.5 * 2**failures)
 
 
 def _install_signal_handlers(stop: threading.Event) -> Any:

@@ -122,9 +122,13 @@ def settle(rt: Runtime, c: Collection, item_ids: list[int]) -> dict[int, tuple[s
     ours: set[int] = set()
     if rt.encoder.backend is not None:
         claimer = rt.claimer()
-        # The items' own vectors (what the answer waits for); their other spaces' rows go to the workers.
-        held = claims.claim(rt.engine, claimer, limit=len(item_ids), collection_id=c.id, item_ids=item_ids, space_id=0)
-        ours = {cl.item_id for cl in held}
+        # An item has a queue row per space of the collection (its own vector, and each side space's):
+        # all are claimed, so the item is found by whichever space searches use when this answers.
+        # It is ours when its own row is: that row's outcome is the item's status.
+        held = claims.claim(
+            rt.engine, claimer, limit=len(item_ids) * len(c.all_spaces()), collection_id=c.id, item_ids=item_ids
+        )
+        ours = {cl.item_id for cl in held if cl.space_id == 0}
         if held:
             try:
                 rt.processor().process(held, priority=Priority.SYNC_INGEST)

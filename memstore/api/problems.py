@@ -133,6 +133,8 @@ def from_exception(exc: BaseException) -> Problem:
         return Problem("payload-too-large", str(exc))
     if isinstance(exc, enc.ImageRejectedError):
         return Problem("image-rejected", str(exc))
+    if isinstance(exc, enc.EncoderUnreachableError | enc.EncoderNoAnswerError):
+        return Problem("service-unavailable", f"{exc}; retry shortly", headers={"Retry-After": "5"})
     if isinstance(exc, enc.RequestCancelledError):
         return Problem("service-unavailable", f"the encoder did not answer: {exc}")
     if isinstance(

@@ -9,7 +9,7 @@ import zlib
 import httpx
 import pytest
 
-from encoder.errors import ImageRejectedError, QueueFullError
+from encoder.errors import EncoderNoAnswerError, EncoderUnreachableError, ImageRejectedError, QueueFullError
 from tests.api.api_helpers import make_image
 
 
@@ -147,6 +147,17 @@ def test_encoder_back_pressure_is_429_with_retry_after(fake_client, fake_collect
     assert r.headers["retry-after"] == "2" and body["retry_after"] == pytest.approx(1.2)
 
 
+@pytest.mark.parametrize("error", [EncoderUnreachableError("refused"), EncoderNoAnswerError("connection reset")])
+def test_an_encoder_service_that_is_down_is_503_with_retry_after(
+    fake_client, fake_collection, fake_backend, error
+) -> None:
+    """A remote encoder restarting is the service's state, not the server's fault: no 500."""
+    fake_backend.fail("down?", 1, error)
+    r = fake_client.post(f"/v1/collections/{fake_collection}/search", json={"text": "down?"})
+    assert str(error) in problem(r, 503, "service-unavailable")["detail"]
+    assert r.headers["retry-after"] == "5"
+
+
 def test_search_by_an_item_that_is_not_ready_is_a_conflict(fake_client, fake_collection, fake_backend) -> None:
     import threading
 
@@ -155,7 +166,7 @@ def test_search_by_an_item_that_is_not_ready_is_a_conflict(fake_client, fake_col
         r = fake_client.post(f"/v1/collections/{fake_collection}/items", json={"items": [{"text": "slow"}]})
         item_id = r.json()["items"][0]["id"]
         r = fake_client.post(f"/v1/collections/{fake_collection}/search", json={"item_id": item_id})
-        assert "no vector yet" in problem(r, 409, "conflict")["detail"]
+        assert "no vector in the space searched yet" in problem(r, 409, "conflict")["detail"]
     finally:
         fake_backend.gate.set()
 

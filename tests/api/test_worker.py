@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
+from encoder.errors import EncoderUnreachableError
 from memstore import claims, queue
 from memstore.claims import Claim, Claimer
 from memstore.ingest_worker import IngestWorker, Loaded, group_for_encoding
@@ -193,6 +194,31 @@ def test_an_unexpected_error_mid_batch_gives_the_claims_back(worker_engine, tiny
         ).scalar()
     assert held == 0  # released, not left claimed by a live worker
     monkeypatch.setattr(claims, "complete", real_complete)
+    assert worker.run(once=True) == 0
+    assert {s for i, s in item_states(worker_engine, tiny_collection).items() if i in ids} == {"ready"}
+
+
+def test_an_unreachable_encoder_service_hands_the_batch_back_without_spending_attempts(
+    worker_engine, tiny_collection
+) -> None:
+    """The encoder service down (refused connections) is no item's fault: the whole batch goes back
+    with its attempts as they were, and nothing fails however long the outage lasts."""
+    ids = enqueue_texts(worker_engine, tiny_collection, 3, prefix="outage")
+    backend = FakeBackend()
+    worker = IngestWorker(worker_engine, backend, settings=IngestSettings(batch_size=100, max_attempts=1))
+    for _ in range(3):  # more outages than the single attempt each item has
+        backend.fail("outage 0", 1, EncoderUnreachableError("refused"))
+        with pytest.raises(EncoderUnreachableError):
+            worker.run_batch()
+        assert len(backend.calls) == 1  # no item-by-item retry against a service that is not there
+        backend.calls.clear()
+        with worker_engine.begin() as conn:
+            rows = conn.exec_driver_sql(
+                "UPDATE memstore_ingest_queue SET not_before = now() WHERE collection_id = %s "
+                "RETURNING status, attempts, claimed_by",
+                (tiny_collection.id,),
+            ).fetchall()
+        assert sorted(rows) == [("pending", 0, None)] * 3
     assert worker.run(once=True) == 0
     assert {s for i, s in item_states(worker_engine, tiny_collection).items() if i in ids} == {"ready"}
 

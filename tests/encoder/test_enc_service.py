@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -17,7 +18,13 @@ from fastapi.testclient import TestClient
 from encoder.__main__ import main
 from encoder.client import RemoteEncoder
 from encoder.engine import EmbeddingEngine
-from encoder.errors import DecompressionBombError, ImageRejectedError, QueueFullError
+from encoder.errors import (
+    DecompressionBombError,
+    EncoderNoAnswerError,
+    EncoderUnreachableError,
+    ImageRejectedError,
+    QueueFullError,
+)
 from encoder.service import create_app
 from encoder.types import Priority
 from tests.encoder.enc_helpers import FakeEncoder, make_image, settings_for
@@ -133,6 +140,32 @@ def test_queue_full_is_429_with_retry_after_and_the_client_raises_queue_full():
     with pytest.raises(QueueFullError) as info:
         RemoteEncoder("http://testserver", client=http).embed_texts(["one more"])
     assert info.value.retry_after > 0
+
+
+def test_remote_encoder_tells_an_unreachable_service_from_one_that_gave_no_answer():
+    """Nothing listening: the request never arrived (no input at fault). A service that takes the
+    request and drops the connection: no answer came (the input may be at fault)."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    with RemoteEncoder(f"http://127.0.0.1:{port}", timeout=5) as remote, pytest.raises(EncoderUnreachableError):
+        remote.embed_texts(["hello"])
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+
+        def hang_up() -> None:
+            conn, _ = listener.accept()
+            conn.recv(65536)
+            conn.close()
+
+        server = threading.Thread(target=hang_up, daemon=True)
+        server.start()
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        with RemoteEncoder(url, timeout=5) as remote, pytest.raises(EncoderNoAnswerError):
+            remote.embed_texts(["hello"])
+        server.join(5)
 
 
 def test_remote_encoder_mirrors_the_engine(client, engine):
