@@ -166,7 +166,7 @@ def test_search_by_an_item_that_is_not_ready_is_a_conflict(fake_client, fake_col
         r = fake_client.post(f"/v1/collections/{fake_collection}/items", json={"items": [{"text": "slow"}]})
         item_id = r.json()["items"][0]["id"]
         r = fake_client.post(f"/v1/collections/{fake_collection}/search", json={"item_id": item_id})
-        assert "no vector in the space searched yet" in problem(r, 409, "conflict")["detail"]
+        assert "no vector yet in the space searched" in problem(r, 409, "conflict")["detail"]
     finally:
         fake_backend.gate.set()
 
