@@ -316,9 +316,10 @@ def build_index(conn: psycopg.Connection[Any], c: Collection, space: Space) -> b
 
 
 def activate(conn: psycopg.Connection[Any], c: Collection, name: str, *, force: bool = False) -> Collection:
-    """Make ``name`` the space searches use by default. Refused while it is filling, or while items
-    stored without an original have no vector in it (unless ``force``: they are then found by no
-    vector search of the collection until they get one)."""
+    """Make ``name`` the space searches use by default. Refused while it is filling, or, unless
+    ``force``, while items have no vector in it: those whose embedding failed, and those stored
+    without an original (with ``force`` they are found by no vector search of the collection until
+    they get one)."""
     space = c.space(name)
     if space.side:
         if space.state != "ready":
@@ -329,6 +330,12 @@ def activate(conn: psycopg.Connection[Any], c: Collection, name: str, *, force: 
             )
         if not force:
             p = progress(conn, c, space)
+            if p.failed:
+                raise ConflictError(
+                    f"{p.failed} item(s) of {c.name!r} could not be embedded into space {name!r} (their errors: "
+                    "the queue's last_error; GET .../spaces/{space} counts them): fix and re-send them, or "
+                    "activate with force to leave them out of its searches"
+                )
             if p.without_original:
                 raise ConflictError(
                     f"{p.without_original} item(s) of {c.name!r} were stored as bare vectors and have none in "

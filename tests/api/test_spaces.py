@@ -217,3 +217,20 @@ def test_a_partitioned_collection_gets_spaces_too(worker_engine, worker_store, c
     queue.enqueue(worker_engine, c, _texts(31, start=30))
     _drain(worker_engine, backend)
     assert worker_store.space_progress(collection=collection_name, name="wide").vectors == 29
+
+
+def test_items_that_failed_to_embed_block_activation_unless_forced(worker_engine, worker_store, collection_name):
+    backend = TwoModels()
+    c = worker_store.create_collection(name=collection_name, dimensions=64, model=TINY)
+    queue.enqueue(worker_engine, c, _texts(4))
+    _drain(worker_engine, backend)
+    worker_store.create_space(collection=collection_name, name="wide", model=WIDE, dimensions=96)
+    backend.wide.fail("2 is a note", 10, ValueError("this text cannot be embedded"))
+    _drain(worker_engine, backend)
+    p = worker_store.space_progress(collection=collection_name, name="wide")
+    assert (p.vectors, p.failed, p.space.state) == (3, 1, "ready")
+    # The item itself is untouched: its own vector is ready.
+    assert worker_store.get_item(collection=collection_name, external_id="t2").status == "ready"
+    with pytest.raises(ConflictError, match=r"1 item\(s\) .* could not be embedded"):
+        worker_store.activate_space(collection=collection_name, name="wide")
+    assert worker_store.activate_space(collection=collection_name, name="wide", force=True).active_space_name == "wide"
