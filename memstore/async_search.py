@@ -24,7 +24,7 @@ from psycopg_pool import AsyncConnectionPool
 from memstore import search_query
 from memstore.collections import Collection
 from memstore.compact import spec as compact_spec
-from memstore.db import server_went_away
+from memstore.db import register_json, server_went_away
 from memstore.errors import CollectionNotFoundError
 from memstore.models import SearchResult
 from memstore.search_query import SearchQuery
@@ -111,12 +111,12 @@ class AsyncSearcher:
         settings and the search pipelined (autocommit: no transaction to commit afterwards)."""
         try:
             if self._applied.get(conn) == plan.settings:
-                cur = await conn.execute(plan.statement, plan.params)
+                cur = await conn.execute(plan.statement, plan.params, prepare=plan.prepare)
             else:
                 self._applied.pop(conn, None)
                 async with conn.pipeline():
                     await conn.execute(SESSION_SETTINGS_SQL, plan.settings.values())
-                    cur = await conn.execute(plan.statement, plan.params)
+                    cur = await conn.execute(plan.statement, plan.params, prepare=plan.prepare)
                 self._applied[conn] = plan.settings
             return await cur.fetchall()
         except BaseException:
@@ -144,5 +144,6 @@ async def _check(conn: psycopg.AsyncConnection[Any]) -> None:
 
 
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
+    register_json(conn)
     with contextlib.suppress(psycopg.ProgrammingError):  # no extension yet (before the first migration)
         await register_vector_async(conn)

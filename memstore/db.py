@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import re
 import select
@@ -29,6 +30,7 @@ from typing import Any, TypeVar
 import psycopg
 import sqlalchemy as sa
 from pgvector.psycopg import register_vector
+from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool
 from sqlalchemy import event
 
@@ -77,8 +79,26 @@ def libpq_url(url: str) -> str:
     return normalise_url(url).replace("postgresql+psycopg://", "postgresql://", 1)
 
 
+_decode_json = json.JSONDecoder().decode
+
+
+def load_json(data: str | bytes) -> Any:
+    """A json or jsonb value as the server sends it (UTF-8 text): ``json.loads`` without its sniffing
+    of the encoding, and an empty object (the metadata of an item stored with none) without parsing.
+    Every search answers metadata for each hit, so this runs for every row a search returns."""
+    if data == b"{}":
+        return {}
+    return _decode_json(data.decode() if isinstance(data, bytes) else data)
+
+
+def register_json(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+    """``load_json`` for the json and jsonb values ``conn`` reads."""
+    set_json_loads(load_json, conn)
+
+
 def _register_vector_types(dbapi_connection: Any, _record: Any) -> None:
     conn: psycopg.Connection[Any] = dbapi_connection
+    register_json(conn)
     try:
         register_vector(conn)
     except psycopg.ProgrammingError:
@@ -143,6 +163,7 @@ def dedicated_connection(
 ) -> psycopg.Connection[Any]:
     """A new connection to the engine's database, outside its pool; the caller closes it."""
     conn = psycopg.connect(_dsn(engine), autocommit=autocommit, application_name=application_name)
+    register_json(conn)
     if vector_types:
         try:
             register_vector(conn)
@@ -283,6 +304,9 @@ class Database:
         taken out and ``fn`` runs once more on another target (a read is safe to repeat). A table the
         replica does not have yet (a collection made a moment ago), and a read the replica cancelled
         for a recovery conflict, are read on the primary."""
+        if not self.replicas:  # the primary alone: nothing to choose or to run again elsewhere
+            with raw_connection(self.engine) as conn:
+                return fn(conn)
         replica: Replica | None = None  # stays None when no connection was had (the primary's error)
         try:
             with self._reading() as (replica, conn):

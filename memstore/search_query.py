@@ -172,9 +172,11 @@ def results(c: Collection, q: SearchQuery, rows: list[tuple[Any, ...]]) -> list[
     such vectors were refused) is near nothing: a vector search leaves it out."""
     out: list[SearchResult] = []
     if q.mode == "vector":
+        score = c.spec.score  # looked up once for every row
         for rank, r in enumerate(rows[q.offset : q.window], start=q.offset + 1):
-            if math.isfinite(r[3]):
-                out.append(SearchResult(r[0], r[1], float(r[3]), c.score(float(r[3])), r[2], rank, None))
+            d = float(r[3])
+            if math.isfinite(d):
+                out.append(SearchResult(r[0], r[1], d, score(d), r[2], rank, None))
     else:
         for r in rows:
             distance = None if r[3] is None or not math.isfinite(r[3]) else float(r[3])
