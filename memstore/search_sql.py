@@ -21,7 +21,6 @@ between searches that plan differently.
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -55,9 +54,32 @@ SESSION_SETTINGS_SQL = _TEMPLATE.format(local="false")
 # the compilation). The planner's own knobs are never left on a shared connection.
 _INDEX_KNOBS = ("hnsw.ef_search", "hnsw.iterative_scan", "hnsw.max_scan_tuples", "jit")
 INDEX_SESSION_SQL = "SELECT " + ", ".join(f"set_config('{knob}', %s, false)" for knob in _INDEX_KNOBS)
-# What each pooled connection holds of INDEX_SESSION_SQL (forgotten with the connection, and on any
-# error: a failed implicit transaction takes its settings with it).
-_HELD: weakref.WeakKeyDictionary[psycopg.Connection[Any], tuple[str, ...]] = weakref.WeakKeyDictionary()
+
+
+class _Session:
+    """What a connection keeps for its searches, on the connection itself (it goes with it): the
+    values of INDEX_SESSION_SQL its session holds (None: not known, send them again; forgotten on
+    any error, as a failed implicit transaction takes its settings with it), and one cursor for the
+    searches that send their statement alone. psycopg keeps what it looked up to send a statement's
+    parameters and read its rows across runs of the same statement on one cursor; a new cursor per
+    search looked everything up again, which cost more client time than anything else in a search."""
+
+    __slots__ = ("cursor", "held")
+
+    def __init__(self, cursor: psycopg.Cursor[Any]) -> None:
+        self.cursor = cursor
+        self.held: tuple[str, ...] | None = None
+
+
+_SESSION = "_memstore_search_session"
+
+
+def _session(conn: psycopg.Connection[Any]) -> _Session:
+    found: _Session | None = getattr(conn, _SESSION, None)
+    if found is None or found.cursor.closed:
+        found = _Session(conn.cursor())
+        setattr(conn, _SESSION, found)
+    return found
 OPERATORS = ("<=>", "<->", "<#>")
 # What a search runs: composed, or rendered once to its text (``search_statement``'s cached ones).
 Statement = sql.SQL | sql.Composed
@@ -238,7 +260,7 @@ def run_search(
     """The search under ``settings``, in one round trip.
 
     On a connection in no transaction, in autocommit mode (no BEGIN or COMMIT of its own): a plain
-    search sends its statement alone when the connection already holds its settings (``_HELD``),
+    search sends its statement alone when the connection already holds its settings (``_Session``),
     else the session settings and the statement pipelined up to one Sync. A search that changes the
     planner pipelines transaction-local settings with the statement: the extended protocol runs
     everything up to a Sync as one implicit transaction, so they end with it. Inside a caller's
@@ -257,15 +279,16 @@ def run_search(
         if not settings.plain:
             return _pipelined(conn, SETTINGS_SQL, settings.values(), statement, params, prepare)
         held = settings.index_values()
+        session = _session(conn)
         try:
-            if _HELD.get(conn) == held:
-                return conn.execute(statement, params, prepare=prepare).fetchall()
-            _HELD.pop(conn, None)
+            if session.held == held:
+                return session.cursor.execute(statement, params, prepare=prepare).fetchall()
+            session.held = None
             rows = _pipelined(conn, INDEX_SESSION_SQL, held, statement, params, prepare)
-            _HELD[conn] = held
+            session.held = held
             return rows
         except BaseException:
-            _HELD.pop(conn, None)
+            session.held = None
             raise
     finally:
         if not was_autocommit and not conn.closed:
