@@ -80,6 +80,8 @@ def _session(conn: psycopg.Connection[Any]) -> _Session:
         found = _Session(conn.cursor())
         setattr(conn, _SESSION, found)
     return found
+
+
 OPERATORS = ("<=>", "<->", "<#>")
 # What a search runs: composed, or rendered once to its text (``search_statement``'s cached ones).
 Statement = sql.SQL | sql.Composed

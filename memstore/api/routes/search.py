@@ -233,7 +233,7 @@ def _answer(rt: Runtime, name: str, results: list[SearchResult], query: Any) -> 
     if query is not None and rt.sampler.rate > 0:
         c = rt.store.cached_collection(name)
         if c is not None:
-            rt.sampler.offer(c.id, np.asarray(query, dtype=np.float32))
+            rt.sampler.offer(c.id, query)
     return {
         "results": [
             {
