@@ -143,9 +143,12 @@ def check_count(name: str, value: Any, low: int, high: int) -> int:
     return value
 
 
+_EQUAL_WEIGHTS = Weights()
+
+
 def _weights(value: Weights | dict[str, float] | None) -> Weights:
     if value is None:
-        return Weights()
+        return _EQUAL_WEIGHTS  # frozen: one instance serves every search that leaves the weights alone
     if isinstance(value, Weights):
         given = {"vector": value.vector, "keyword": value.keyword}
     elif isinstance(value, dict):

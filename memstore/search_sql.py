@@ -127,6 +127,13 @@ class SearchSettings:
         )
 
 
+@lru_cache(maxsize=1024)
+def search_settings(*, ef_search: int, exact: bool, max_scan_tuples: int) -> SearchSettings:
+    """``SearchSettings`` for a plain or exact search, one frozen instance per combination: a search
+    asks for the same few every time, and building a frozen dataclass costs more than looking it up."""
+    return SearchSettings(ef_search=ef_search, exact=exact, max_scan_tuples=max_scan_tuples)
+
+
 def search_statement(
     table: str,
     operator: str,

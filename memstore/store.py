@@ -906,7 +906,7 @@ class VectorStore:
                 where=filter.where if filter else None,
                 limit=None if filter else k,
             ),
-            SearchSettings(
+            search_sql.search_settings(
                 ef_search=_ef_search(c, ef_search), exact=exact, max_scan_tuples=self.settings.max_scan_tuples
             ),
             _search_params(c, vector, k, filter),
