@@ -16,7 +16,10 @@ so every search was planned afresh. A filtered search is never prepared: each on
 its filter's values, whose selectivity decides between the index and a scan. The HNSW knobs are
 read when the scan starts, so a cached plan follows each search's ``ef_search``; the planner's
 knobs (``exact``, ``index_only``) change the statement's text too, so no cached plan is shared
-between searches that plan differently.
+between searches that plan differently. PostgreSQL plans a cached statement again when its table's
+statistics change (an ANALYZE, autovacuum's included; a bulk load ends with one) or its indexes do
+(a rebuild, a representation switch), so a plan made while a collection was small does not outlive
+the next ANALYZE.
 """
 
 from __future__ import annotations
