@@ -8,6 +8,7 @@ What the server did is read from its own records of the pooled connection's sess
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,8 +17,10 @@ import pytest
 import sqlalchemy as sa
 from psycopg import sql
 
+from memstore.async_search import AsyncSearcher
 from memstore.db import create_engine, raw_connection
 from memstore.models import ItemIn
+from memstore.search_query import check_query
 from memstore.settings import Settings
 from memstore.store import VectorStore
 
@@ -128,3 +131,33 @@ def test_a_generic_plan_runs_under_each_search_s_own_settings(
     with raw_connection(one_connection) as conn:
         held = conn.execute("SELECT current_setting('hnsw.ef_search'), current_setting('enable_indexscan')").fetchone()
     assert held == (str(c.default_ef_search), "on")
+
+
+def test_the_rest_path_s_async_searches_run_the_same_cached_plans(
+    store: VectorStore, collection_name: str, filled: np.ndarray
+) -> None:
+    """The event-loop path (``memstore.async_search``, the REST API's) plans as the store does: its
+    one connection ends with the unfiltered search prepared on a generic plan, and no filtered one."""
+    table = store.get_collection(name=collection_name).table_name
+
+    async def scenario() -> list[tuple[Any, ...]]:
+        searcher = AsyncSearcher(store, max_connections=1)
+        try:
+            for i in range(10):
+                for where in (None, {"g": i % 3}):
+                    q = check_query(mode=None, vector=filled[i], text=None, k=6, filter=where)
+                    hits = await searcher.search(collection=collection_name, query=q)
+                    assert hits is not None and hits[0].external_id == str(i)
+            pool = await searcher._connections()
+            async with pool.connection() as conn:
+                cur = await conn.execute(
+                    "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements WHERE statement LIKE %s",
+                    (f"%{table}%",),
+                )
+                return await cur.fetchall()
+        finally:
+            await searcher.close()
+
+    [(statement, generic, custom)] = asyncio.run(scenario())
+    assert "LIMIT 6" in statement and "@>" not in statement
+    assert custom <= 5 and generic >= 5, (generic, custom)
