@@ -143,6 +143,7 @@ def _search(conn: psycopg.Connection[Any], run: dict[str, Any], q: np.ndarray, k
     c, spec = run["collection"], run["spec"]
     params: dict[str, Any] = {"q": q, "k": k}
     efs = c.default_ef_search
+    statement: search_sql.Statement
     if spec.compact:
         params["pool"] = spec.pool(k)
         params["c"] = compact_search.compact_query(conn, spec, q)

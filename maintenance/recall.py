@@ -16,14 +16,13 @@ from typing import Any
 
 import numpy as np
 import psycopg
-from psycopg import sql
 from psycopg.pq import TransactionStatus
 
 from maintenance.targets import Target
 from memstore import query_samples, sqlfiles
 from memstore.recall import exact_answers as core_exact_answers
 from memstore.recall import recall_hits
-from memstore.search_sql import SearchSettings, apply, search_statement
+from memstore.search_sql import SearchSettings, Statement, apply, search_statement
 
 MIN_QUERIES = 5
 
@@ -39,12 +38,12 @@ def exact_settings(*, ef_search: int, max_scan_tuples: int) -> SearchSettings:
     return SearchSettings(ef_search=ef_search, exact=True, max_scan_tuples=max_scan_tuples)
 
 
-def index_search(target: Target) -> sql.Composed:
+def index_search(target: Target) -> Statement:
     """The index's answer as the store searches (iterative scan, re-sorted), ids and distances only."""
     return search_statement(target.table, target.vectors.spec.operator, exact=False, ids_only=True)
 
 
-def exact_search(target: Target) -> sql.Composed:
+def exact_search(target: Target) -> Statement:
     """Brute force (under exact_settings): the ground truth for one query."""
     return search_statement(target.table, target.vectors.spec.operator, exact=True, ids_only=True)
 
@@ -152,7 +151,7 @@ def measure_recall(
 
 
 def _index_answers(
-    conn: psycopg.Connection[Any], statement: sql.Composed, queries: Sequence[np.ndarray], k: int
+    conn: psycopg.Connection[Any], statement: Statement, queries: Sequence[np.ndarray], k: int
 ) -> list[list[tuple[int, float]]]:
     """The index's answer to each query, all sent at once (a cursor of their own: in a pipeline, a
     cursor also holds the results of the statements queued on it before)."""

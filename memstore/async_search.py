@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +23,7 @@ from psycopg_pool import AsyncConnectionPool
 from memstore import search_query
 from memstore.collections import Collection
 from memstore.compact import spec as compact_spec
-from memstore.db import server_went_away
+from memstore.db import register_json, server_went_away
 from memstore.errors import CollectionNotFoundError
 from memstore.models import SearchResult
 from memstore.search_query import SearchQuery
@@ -48,11 +47,6 @@ class AsyncSearcher:
         self._run_blocking = run_blocking
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
         self._opening: asyncio.Lock | None = None
-        # The search settings each pooled connection holds: most searches run at their collection's
-        # defaults, so the settings statement is sent only when they change.
-        self._applied: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], SearchSettings] = (
-            weakref.WeakKeyDictionary()
-        )
 
     async def _connections(self) -> AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
         if self._pool is None:
@@ -109,18 +103,19 @@ class AsyncSearcher:
     async def _run(self, conn: psycopg.AsyncConnection[Any], plan: SearchPlan) -> list[Any]:
         """One round trip: the search alone when the connection already holds its settings, else the
         settings and the search pipelined (autocommit: no transaction to commit afterwards)."""
+        session = _session(conn)
         try:
-            if self._applied.get(conn) == plan.settings:
-                cur = await conn.execute(plan.statement, plan.params)
+            if session.applied == plan.settings:
+                cur = await session.cursor.execute(plan.statement, plan.params, prepare=plan.prepare)
             else:
-                self._applied.pop(conn, None)
+                session.applied = None
                 async with conn.pipeline():
                     await conn.execute(SESSION_SETTINGS_SQL, plan.settings.values())
-                    cur = await conn.execute(plan.statement, plan.params)
-                self._applied[conn] = plan.settings
+                    cur = await conn.execute(plan.statement, plan.params, prepare=plan.prepare)
+                session.applied = plan.settings
             return await cur.fetchall()
         except BaseException:
-            self._applied.pop(conn, None)  # whatever failed, the next search on it sets everything again
+            session.applied = None  # whatever failed, the next search on it sets everything again
             raise
 
     async def _collection(self, name: str, *, fresh: bool) -> Collection:
@@ -137,6 +132,30 @@ class AsyncSearcher:
         return result
 
 
+class _Session:
+    """What a pooled connection keeps on itself: the search settings its session holds (most searches
+    run at their collection's defaults, so the settings statement is sent only when they change;
+    None: send them again) and one cursor for the searches that send their statement alone (psycopg
+    reuses what it looked up for a statement on the same cursor; see ``memstore.search_sql``)."""
+
+    __slots__ = ("applied", "cursor")
+
+    def __init__(self, cursor: psycopg.AsyncCursor[Any]) -> None:
+        self.cursor = cursor
+        self.applied: SearchSettings | None = None
+
+
+_SESSION = "_memstore_search_session"
+
+
+def _session(conn: psycopg.AsyncConnection[Any]) -> _Session:
+    found: _Session | None = getattr(conn, _SESSION, None)
+    if found is None or found.cursor.closed:
+        found = _Session(conn.cursor())
+        setattr(conn, _SESSION, found)
+    return found
+
+
 async def _check(conn: psycopg.AsyncConnection[Any]) -> None:
     """Refuse a pooled connection the server has closed (a restart), without a round trip."""
     if server_went_away(conn):
@@ -144,5 +163,6 @@ async def _check(conn: psycopg.AsyncConnection[Any]) -> None:
 
 
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
+    register_json(conn)
     with contextlib.suppress(psycopg.ProgrammingError):  # no extension yet (before the first migration)
         await register_vector_async(conn)

@@ -36,6 +36,9 @@ class MetricSpec:
     score_sign: float
     score_offset: float
 
+    def score(self, distance: float) -> float:
+        return self.score_sign * distance + self.score_offset
+
 
 METRICS: dict[str, MetricSpec] = {
     # cosine distance is 1 - cosine similarity; the score is the similarity.
@@ -179,7 +182,7 @@ class Collection:
         return [partition_table_name(self.table_name, i) for i in range(self.partitions)]
 
     def score(self, distance: float) -> float:
-        return self.spec.score_sign * distance + self.spec.score_offset
+        return self.spec.score(distance)
 
 
 def _space_from_row(row: dict[str, Any]) -> Space:

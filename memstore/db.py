@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import re
 import select
@@ -29,8 +30,11 @@ from typing import Any, TypeVar
 import psycopg
 import sqlalchemy as sa
 from pgvector.psycopg import register_vector
+from psycopg.pq import TransactionStatus
+from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool
 from sqlalchemy import event
+from sqlalchemy.pool import PoolResetState
 
 from memstore.embedded import start_embedded_server
 from memstore.errors import InvalidInputError
@@ -77,8 +81,26 @@ def libpq_url(url: str) -> str:
     return normalise_url(url).replace("postgresql+psycopg://", "postgresql://", 1)
 
 
+_decode_json = json.JSONDecoder().decode
+
+
+def load_json(data: str | bytes) -> Any:
+    """A json or jsonb value as the server sends it (UTF-8 text): ``json.loads`` without its sniffing
+    of the encoding, and an empty object (the metadata of an item stored with none) without parsing.
+    Every search answers metadata for each hit, so this runs for every row a search returns."""
+    if data == b"{}":
+        return {}
+    return _decode_json(data.decode() if isinstance(data, bytes) else data)
+
+
+def register_json(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+    """``load_json`` for the json and jsonb values ``conn`` reads."""
+    set_json_loads(load_json, conn)
+
+
 def _register_vector_types(dbapi_connection: Any, _record: Any) -> None:
     conn: psycopg.Connection[Any] = dbapi_connection
+    register_json(conn)
     try:
         register_vector(conn)
     except psycopg.ProgrammingError:
@@ -107,6 +129,16 @@ def server_went_away(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any
         return True
 
 
+def _end_transaction(dbapi_connection: Any, _record: Any, state: PoolResetState) -> None:
+    """Roll back what a returned connection left open, as the pool's rollback-on-return would, but
+    only when something is open: every ``raw_connection`` commits or rolls back before it returns
+    its connection (and SQLAlchemy's ``Connection`` does too), and the pool's own rollback of an
+    idle connection cost a search more client time than the checkout itself."""
+    conn: psycopg.Connection[Any] = dbapi_connection
+    if not state.terminate_only and conn.info.transaction_status != TransactionStatus.IDLE:
+        conn.rollback()
+
+
 def create_engine(url: str, *, pool_size: int = 8, max_overflow: int = 8) -> sa.Engine:
     engine = sa.create_engine(
         normalise_url(url),
@@ -115,9 +147,12 @@ def create_engine(url: str, *, pool_size: int = 8, max_overflow: int = 8) -> sa.
         # No ping per checkout (a round trip on every search); a connection that fails is
         # invalidated by raw_connection instead, and the pool opens a new one next time.
         pool_pre_ping=False,
+        # The rollback on return is _end_transaction's (the documented way: a reset event).
+        pool_reset_on_return=None,
     )
     event.listen(engine, "connect", _register_vector_types)
     event.listen(engine, "checkout", _discard_dead_connections)
+    event.listen(engine, "reset", _end_transaction)
     return engine
 
 
@@ -143,6 +178,7 @@ def dedicated_connection(
 ) -> psycopg.Connection[Any]:
     """A new connection to the engine's database, outside its pool; the caller closes it."""
     conn = psycopg.connect(_dsn(engine), autocommit=autocommit, application_name=application_name)
+    register_json(conn)
     if vector_types:
         try:
             register_vector(conn)
@@ -180,7 +216,8 @@ def raw_connection(engine: sa.Engine) -> Iterator[psycopg.Connection[Any]]:
     conn: psycopg.Connection[Any] = proxied.driver_connection  # type: ignore[assignment]
     try:
         yield conn
-        conn.commit()
+        if conn.info.transaction_status != TransactionStatus.IDLE:  # an autocommit search left none
+            conn.commit()
     except psycopg.OperationalError:
         # The server went away or the connection broke: never hand this one out again.
         proxied.invalidate()
@@ -283,6 +320,9 @@ class Database:
         taken out and ``fn`` runs once more on another target (a read is safe to repeat). A table the
         replica does not have yet (a collection made a moment ago), and a read the replica cancelled
         for a recovery conflict, are read on the primary."""
+        if not self.replicas:  # the primary alone: nothing to choose or to run again elsewhere
+            with raw_connection(self.engine) as conn:
+                return fn(conn)
         replica: Replica | None = None  # stays None when no connection was had (the primary's error)
         try:
             with self._reading() as (replica, conn):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 import numpy as np
@@ -42,7 +42,7 @@ class UpsertResult:
     status: UpsertStatus
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class SearchResult:
     """One hit. ``score``: higher is better (the metric's similarity for a vector search, ``ts_rank_cd``
     for a keyword search, the fused score for a hybrid one); ``distance``: to the query vector (None in
@@ -56,9 +56,41 @@ class SearchResult:
     vector_rank: int | None = None
     keyword_rank: int | None = None
 
+    def __init__(
+        self,
+        id: int,
+        external_id: str,
+        distance: float | None,
+        score: float,
+        metadata: dict[str, Any],
+        vector_rank: int | None = None,
+        keyword_rank: int | None = None,
+    ) -> None:
+        # What the frozen dataclass's own __init__ does (one object.__setattr__ per field, looked up
+        # each time), through the slots' setters fetched once: every search builds one per hit, and
+        # the generated __init__ cost more than decoding the hit's row.
+        _SET_ID(self, id)
+        _SET_EXTERNAL_ID(self, external_id)
+        _SET_DISTANCE(self, distance)
+        _SET_SCORE(self, score)
+        _SET_METADATA(self, metadata)
+        _SET_VECTOR_RANK(self, vector_rank)
+        _SET_KEYWORD_RANK(self, keyword_rank)
+
     @property
     def ranks(self) -> dict[str, int | None]:
         return {"vector": self.vector_rank, "keyword": self.keyword_rank}
+
+
+(
+    _SET_ID,
+    _SET_EXTERNAL_ID,
+    _SET_DISTANCE,
+    _SET_SCORE,
+    _SET_METADATA,
+    _SET_VECTOR_RANK,
+    _SET_KEYWORD_RANK,
+) = (SearchResult.__dict__[f.name].__set__ for f in fields(SearchResult))
 
 
 @dataclass(frozen=True)

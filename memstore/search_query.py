@@ -146,9 +146,12 @@ def check_count(name: str, value: Any, low: int, high: int) -> int:
     return value
 
 
+_EQUAL_WEIGHTS = Weights()
+
+
 def _weights(value: Weights | dict[str, float] | None) -> Weights:
     if value is None:
-        return Weights()
+        return _EQUAL_WEIGHTS  # frozen: one instance serves every search that leaves the weights alone
     if isinstance(value, Weights):
         given = {"vector": value.vector, "keyword": value.keyword}
     elif isinstance(value, dict):
@@ -175,10 +178,11 @@ def results(c: Collection, q: SearchQuery, rows: list[tuple[Any, ...]]) -> list[
     such vectors were refused) is near nothing: a vector search leaves it out."""
     out: list[SearchResult] = []
     if q.mode == "vector":
-        space = c.space(q.using)
+        score = c.space(q.using).spec.score  # looked up once for every row
         for rank, r in enumerate(rows[q.offset : q.window], start=q.offset + 1):
-            if math.isfinite(r[3]):
-                out.append(SearchResult(r[0], r[1], float(r[3]), space.score(float(r[3])), r[2], rank, None))
+            d = float(r[3])
+            if math.isfinite(d):
+                out.append(SearchResult(r[0], r[1], d, score(d), r[2], rank, None))
     else:
         for r in rows:
             distance = None if r[3] is None or not math.isfinite(r[3]) else float(r[3])

@@ -7,11 +7,23 @@ session and remembers what it holds (``run_search``), so most searches send the 
 hand-written one would. A search that changes the planner (``exact``, ``index_only``,
 ``nested_loops``) sets all eight knobs for its transaction alone, so nothing it sets outlives it.
 No caller builds SQL by concatenation.
+
+Planning. An unfiltered search has nothing for the planner to weigh but the table: its statement
+takes ``k`` as a literal (``search_statement(limit=k)``) and runs as a prepared statement, so after
+PostgreSQL's five custom plans it runs a cached generic plan (the same HNSW index scan) without
+planning at all; with ``LIMIT $k`` a generic plan is priced for an unknown row count and never wins,
+so every search was planned afresh. A filtered search is never prepared: each one is planned with
+its filter's values, whose selectivity decides between the index and a scan. The HNSW knobs are
+read when the scan starts, so a cached plan follows each search's ``ef_search``; the planner's
+knobs (``exact``, ``index_only``) change the statement's text too, so no cached plan is shared
+between searches that plan differently. PostgreSQL plans a cached statement again when its table's
+statistics change (an ANALYZE, autovacuum's included; a bulk load ends with one) or its indexes do
+(a rebuild, a representation switch), so a plan made while a collection was small does not outlive
+the next ANALYZE.
 """
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -45,10 +57,37 @@ SESSION_SETTINGS_SQL = _TEMPLATE.format(local="false")
 # the compilation). The planner's own knobs are never left on a shared connection.
 _INDEX_KNOBS = ("hnsw.ef_search", "hnsw.iterative_scan", "hnsw.max_scan_tuples", "jit")
 INDEX_SESSION_SQL = "SELECT " + ", ".join(f"set_config('{knob}', %s, false)" for knob in _INDEX_KNOBS)
-# What each pooled connection holds of INDEX_SESSION_SQL (forgotten with the connection, and on any
-# error: a failed implicit transaction takes its settings with it).
-_HELD: weakref.WeakKeyDictionary[psycopg.Connection[Any], tuple[str, ...]] = weakref.WeakKeyDictionary()
+
+
+class _Session:
+    """What a connection keeps for its searches, on the connection itself (it goes with it): the
+    values of INDEX_SESSION_SQL its session holds (None: not known, send them again; forgotten on
+    any error, as a failed implicit transaction takes its settings with it), and one cursor for the
+    searches that send their statement alone. psycopg keeps what it looked up to send a statement's
+    parameters and read its rows across runs of the same statement on one cursor; a new cursor per
+    search looked everything up again, which cost more client time than anything else in a search."""
+
+    __slots__ = ("cursor", "held")
+
+    def __init__(self, cursor: psycopg.Cursor[Any]) -> None:
+        self.cursor = cursor
+        self.held: tuple[str, ...] | None = None
+
+
+_SESSION = "_memstore_search_session"
+
+
+def _session(conn: psycopg.Connection[Any]) -> _Session:
+    found: _Session | None = getattr(conn, _SESSION, None)
+    if found is None or found.cursor.closed:
+        found = _Session(conn.cursor())
+        setattr(conn, _SESSION, found)
+    return found
+
+
 OPERATORS = ("<=>", "<->", "<#>")
+# What a search runs: composed, or rendered once to its text (``search_statement``'s cached ones).
+Statement = sql.SQL | sql.Composed
 
 
 @dataclass(frozen=True)
@@ -91,6 +130,13 @@ class SearchSettings:
         )
 
 
+@lru_cache(maxsize=1024)
+def search_settings(*, ef_search: int, exact: bool, max_scan_tuples: int) -> SearchSettings:
+    """``SearchSettings`` for a plain or exact search, one frozen instance per combination: a search
+    asks for the same few every time, and building a frozen dataclass costs more than looking it up."""
+    return SearchSettings(ef_search=ef_search, exact=exact, max_scan_tuples=max_scan_tuples)
+
+
 def search_statement(
     table: str,
     operator: str,
@@ -98,30 +144,47 @@ def search_statement(
     exact: bool,
     ids_only: bool = False,
     where: sql.Composable | None = None,
-) -> sql.Composed:
+    limit: int | None = None,
+) -> Statement:
     """The ``%(k)s`` nearest rows of ``table`` (a collection or one partition) to ``%(q)s``, nearest
     first, among those matching ``where`` (a compiled filter, ``memstore.filter_language``, whose
     parameters the caller binds). The MATERIALIZED CTE restores strict order after a relaxed
-    iterative scan. ``ids_only``: id and distance alone (what the recall probes compare)."""
+    iterative scan. ``ids_only``: id and distance alone (what the recall probes compare).
+
+    ``limit``: the ``limit`` nearest instead, with the number in the statement's text, which makes
+    an unfiltered statement one whose generic plan PostgreSQL keeps (see the module's docstring).
+    Statements without a filter are rendered once and kept."""
     if operator not in OPERATORS:
         raise ValueError(f"unknown distance operator {operator!r}")
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        raise ValueError(f"limit must be a positive integer, not {limit!r}")
     if where is None:
-        return _statement(table, operator, exact, ids_only)
-    return _build(table, operator, where, exact, ids_only)
+        return _statement(table, operator, exact, ids_only, limit)
+    return _build(table, operator, where, exact, ids_only, limit)
 
 
-@lru_cache(maxsize=1024)
-def _statement(table: str, operator: str, exact: bool, ids_only: bool) -> sql.Composed:
-    return _build(table, operator, None, exact, ids_only)
+@lru_cache(maxsize=4096)
+def _statement(table: str, operator: str, exact: bool, ids_only: bool, limit: int | None) -> sql.SQL:
+    # Rendered to its text once: composing the statement again on every execution cost more than
+    # the client's whole share of a search.
+    return sql.SQL(_build(table, operator, None, exact, ids_only, limit).as_string())
 
 
-def _build(table: str, operator: str, where: sql.Composable | None, exact: bool, ids_only: bool) -> sql.Composed:
+def _build(
+    table: str, operator: str, where: sql.Composable | None, exact: bool, ids_only: bool, limit: int | None
+) -> sql.Composed:
     op = sql.SQL(operator)
     columns = sql.SQL("id" if ids_only else "id, external_id, metadata")
     inner = sql.SQL(
         "SELECT {columns}, embedding {op} %(q)s AS distance FROM {t} WHERE {where} "
-        "ORDER BY embedding {op} %(q)s LIMIT %(k)s"
-    ).format(columns=columns, op=op, t=sql.Identifier(table), where=_rows(where))
+        "ORDER BY embedding {op} %(q)s LIMIT {limit}"
+    ).format(
+        columns=columns,
+        op=op,
+        t=sql.Identifier(table),
+        where=_rows(where),
+        limit=sql.SQL("%(k)s") if limit is None else sql.Literal(limit),
+    )
     if exact:
         return inner
     return sql.SQL("WITH c AS MATERIALIZED ({inner}) SELECT {columns}, distance FROM c ORDER BY distance").format(
@@ -223,52 +286,63 @@ def duplicates_statement(c: Collection) -> sql.Composed:
 
 
 def run_search(
-    conn: psycopg.Connection[Any], settings: SearchSettings, statement: sql.Composed, params: dict[str, Any]
+    conn: psycopg.Connection[Any],
+    settings: SearchSettings,
+    statement: Statement,
+    params: dict[str, Any],
+    *,
+    prepare: bool | None = None,
 ) -> list[tuple[Any, ...]]:
     """The search under ``settings``, in one round trip.
 
     On a connection in no transaction, in autocommit mode (no BEGIN or COMMIT of its own): a plain
-    search sends its statement alone when the connection already holds its settings (``_HELD``),
+    search sends its statement alone when the connection already holds its settings (``_Session``),
     else the session settings and the statement pipelined up to one Sync. A search that changes the
     planner pipelines transaction-local settings with the statement: the extended protocol runs
     everything up to a Sync as one implicit transaction, so they end with it. Inside a caller's
     transaction, the local settings and the statement run in it.
+
+    ``prepare``: as psycopg takes it (True: a prepared statement from the first run, whose generic
+    plan PostgreSQL may keep; False: planned on every run; None: prepared after a few runs).
     """
     idle = conn.info.transaction_status == TransactionStatus.IDLE
     if not idle:
-        return _pipelined(conn, SETTINGS_SQL, settings.values(), statement, params)
+        return _pipelined(conn, SETTINGS_SQL, settings.values(), statement, params, prepare)
     was_autocommit = conn.autocommit
-    conn.autocommit = True
+    if not was_autocommit:
+        conn.autocommit = True
     try:
         if not settings.plain:
-            return _pipelined(conn, SETTINGS_SQL, settings.values(), statement, params)
+            return _pipelined(conn, SETTINGS_SQL, settings.values(), statement, params, prepare)
         held = settings.index_values()
+        session = _session(conn)
         try:
-            if _HELD.get(conn) == held:
-                return conn.execute(statement, params).fetchall()
-            _HELD.pop(conn, None)
-            rows = _pipelined(conn, INDEX_SESSION_SQL, held, statement, params)
-            _HELD[conn] = held
+            if session.held == held:
+                return session.cursor.execute(statement, params, prepare=prepare).fetchall()
+            session.held = None
+            rows = _pipelined(conn, INDEX_SESSION_SQL, held, statement, params, prepare)
+            session.held = held
             return rows
         except BaseException:
-            _HELD.pop(conn, None)
+            session.held = None
             raise
     finally:
-        if not conn.closed:
-            conn.autocommit = was_autocommit
+        if not was_autocommit and not conn.closed:
+            conn.autocommit = False
 
 
 def _pipelined(
     conn: psycopg.Connection[Any],
     settings_sql: str,
     values: tuple[str, ...],
-    statement: sql.Composed,
+    statement: Statement,
     params: dict[str, Any],
+    prepare: bool | None,
 ) -> list[tuple[Any, ...]]:
     with conn.cursor() as cur:
         with conn.pipeline():
             cur.execute(settings_sql, values)
-            cur.execute(statement, params)
+            cur.execute(statement, params, prepare=prepare)
         return cur.fetchall()
 
 

@@ -899,7 +899,7 @@ class VectorStore:
         self, c: Collection, q: SearchQuery, ef_search: int | None, exact: bool, conn: psycopg.Connection[Any]
     ) -> list[tuple[Any, ...]]:
         plan = self.plan(c, q, ef_search=ef_search, exact=exact, conn=conn)
-        return search_sql.run_search(conn, plan.settings, plan.statement, plan.params)
+        return search_sql.run_search(conn, plan.settings, plan.statement, plan.params, prepare=plan.prepare)
 
     def plan(
         self,
@@ -924,7 +924,8 @@ class VectorStore:
                 ef_search=_ef_search(c, ef_search), exact=exact, max_scan_tuples=self.settings.max_scan_tuples
             )
             assert q.text is not None
-            return SearchPlan(search_sql.keyword_statement(c, q.text, where=where), settings, params)
+            statement = search_sql.keyword_statement(c, q.text, where=where)
+            return SearchPlan(statement, settings, params, prepare=False if where is not None else None)
         # The vector list: as long as the answer in a vector search, the candidates in a hybrid one.
         depth = q.window if q.mode == "vector" else q.candidates
         nearest = self._vector_plan(c, q, depth, ef_search=ef_search, exact=exact, conn=conn)
@@ -942,7 +943,7 @@ class VectorStore:
         statement = search_sql.hybrid_statement(
             c, q.text, nearest=nearest.statement, where=where, space=c.space(q.using)
         )
-        return SearchPlan(statement, nearest.settings, params)
+        return SearchPlan(statement, nearest.settings, params, prepare=False if where is not None else None)
 
     def _vector_plan(
         self,
@@ -990,15 +991,24 @@ class VectorStore:
         ef_search: int | None,
         exact: bool,
     ) -> SearchPlan:
-        """The statement, settings and parameters of a search on the full-precision index (or exact)."""
+        """The statement, settings and parameters of a search on the full-precision index (or exact).
+
+        Without a filter, ``k`` is written into the statement and it runs prepared, on the generic
+        plan PostgreSQL keeps for it; a filtered one is planned with its values every time
+        (``memstore.search_sql``)."""
         return SearchPlan(
             search_sql.search_statement(
-                c.table_name, c.spec.operator, exact=exact, where=filter.where if filter else None
+                c.table_name,
+                c.spec.operator,
+                exact=exact,
+                where=filter.where if filter else None,
+                limit=None if filter else k,
             ),
-            SearchSettings(
+            search_sql.search_settings(
                 ef_search=_ef_search(c, ef_search), exact=exact, max_scan_tuples=self.settings.max_scan_tuples
             ),
             _search_params(c, vector, k, filter),
+            prepare=filter is None,
         )
 
     def cached_collection(self, name: str) -> Collection | None:
@@ -1037,9 +1047,12 @@ class VectorStore:
 
 @dataclass(frozen=True)
 class SearchPlan:
-    statement: sql.Composed
+    statement: search_sql.Statement
     settings: SearchSettings
     params: dict[str, Any]
+    # How psycopg runs the statement (``search_sql.run_search``): True prepared (a generic plan kept),
+    # False planned with its values each time, None psycopg's default.
+    prepare: bool | None = None
 
 
 def _count_items(conn: psycopg.Connection[Any], c: Collection, exact_limit: int) -> tuple[int, bool]:

@@ -16,17 +16,37 @@ FloatMatrix = npt.NDArray[np.float32]
 def as_vector(values: Any, *, dimensions: int, where: str = "vector", metric: str | None = None) -> FloatMatrix:
     """A finite float32 vector of exactly ``dimensions`` numbers, or InvalidInputError. With ``metric``
     "cosine", a vector without a direction (zero length) is refused too (see ``check_lengths``)."""
-    # The common case on the search path (vectors from the encoder or numpy): no copy.
-    if (
-        isinstance(values, np.ndarray)
-        and values.shape == (dimensions,)
-        and values.dtype == np.float32
-        and np.isfinite(values).all()
-    ):
-        if metric == "cosine":
-            check_lengths(values[None, :], where=where)
-        return values
+    # The common cases on the search path, a float32 array (the encoder, numpy) or a list of numbers
+    # (a JSON body), pass with one sum of squares in float64 (which cannot overflow) for every
+    # check: well inside float32's range it means each value is finite and the vector has a length
+    # in float32 too. Anything else (a NaN, an infinity, a zero, tiny or huge vector, a malformed
+    # list) takes the full checks, which say what is wrong. An array passes without a copy.
+    if isinstance(values, np.ndarray) and values.shape == (dimensions,) and values.dtype == np.float32:
+        if _plainly_finite(values.astype(np.float64)):
+            return values
+        if np.isfinite(values).all():
+            if metric == "cosine":
+                check_lengths(values[None, :], where=where)
+            return values
+    elif type(values) is list and len(values) == dimensions:
+        try:
+            wide = np.array(values, dtype=np.float64)
+        except (TypeError, ValueError):
+            pass
+        else:
+            if wide.shape == (dimensions,) and _plainly_finite(wide):
+                return wide.astype(np.float32)
     return as_matrix([values], dimensions=dimensions, where=where, metric=metric)[0]
+
+
+# A float64 sum of squares between these bounds is one that float32 also holds: neither 0 (the
+# smallest bound, spread over any number of dimensions, still leaves a square far above float32's
+# smallest) nor an overflow, in any summation order.
+_SAFE_SQUARES = (1e-30, 1e36)
+
+
+def _plainly_finite(wide: npt.NDArray[np.float64]) -> bool:
+    return bool(_SAFE_SQUARES[0] < float(np.dot(wide, wide)) < _SAFE_SQUARES[1])
 
 
 def check_lengths(matrix: FloatMatrix, *, where: str) -> None:

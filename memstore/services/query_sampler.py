@@ -9,6 +9,7 @@ import random
 import threading
 
 import numpy as np
+import numpy.typing as npt
 import sqlalchemy as sa
 
 from memstore import query_samples
@@ -27,9 +28,11 @@ class QuerySampler:
         self._queue: stdqueue.Queue[tuple[int, np.ndarray] | None] = stdqueue.Queue(capacity)
         self._thread: threading.Thread | None = None
 
-    def offer(self, collection_id: int, vector: np.ndarray) -> None:
+    def offer(self, collection_id: int, vector: npt.ArrayLike) -> None:
+        """Keep ``vector`` (converted to float32 only when it is drawn) with this sampler's rate."""
         if self.rate <= 0 or random.random() >= self.rate:
             return
+        vector = np.asarray(vector, dtype=np.float32)
         if self._thread is None:
             self._thread = threading.Thread(target=self._drain, name="query-sampler", daemon=True)
             self._thread.start()

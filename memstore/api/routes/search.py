@@ -240,7 +240,7 @@ def _answer(
     if query is not None and rt.sampler.rate > 0:
         c = rt.store.cached_collection(name)
         if c is not None and not c.space(using).side:
-            rt.sampler.offer(c.id, np.asarray(query, dtype=np.float32))
+            rt.sampler.offer(c.id, query)
     return {
         "results": [
             {

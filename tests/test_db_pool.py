@@ -1,0 +1,46 @@
+"""The pool's connections come back clean: what a borrower left open is rolled back on return (the
+pool's reset event does it only when something is open; an idle connection costs nothing)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+from psycopg.pq import TransactionStatus
+
+from memstore.db import create_engine, raw_connection
+
+
+@pytest.fixture
+def one_connection(database_url: str) -> Iterator[sa.Engine]:
+    engine = create_engine(database_url, pool_size=1, max_overflow=0)
+    yield engine
+    engine.dispose()
+
+
+def test_a_connection_returned_inside_a_transaction_is_rolled_back(one_connection: sa.Engine) -> None:
+    proxied = one_connection.raw_connection()
+    conn = proxied.driver_connection
+    assert conn is not None
+    conn.execute("CREATE TEMP TABLE left_open (n int)")  # a transaction begins, and is never ended
+    conn.execute("INSERT INTO left_open VALUES (1)")
+    assert conn.info.transaction_status == TransactionStatus.INTRANS
+    proxied.close()  # back to the pool with the transaction open
+    with raw_connection(one_connection) as again:
+        assert again is conn  # the pool's one connection ...
+        assert again.info.transaction_status == TransactionStatus.IDLE  # ... rolled back on return
+        row = again.execute("SELECT to_regclass('pg_temp.left_open')").fetchone()
+        assert row == (None,)  # the uncommitted table went with it
+
+
+def test_a_failed_transaction_is_rolled_back_on_return(one_connection: sa.Engine) -> None:
+    proxied = one_connection.raw_connection()
+    conn = proxied.driver_connection
+    assert conn is not None
+    with pytest.raises(Exception, match="division by zero"):
+        conn.execute("SELECT 1 / 0")
+    assert conn.info.transaction_status == TransactionStatus.INERROR
+    proxied.close()
+    with raw_connection(one_connection) as again:
+        assert again.execute("SELECT 1").fetchone() == (1,)  # usable: not stuck in the failed transaction
