@@ -18,7 +18,7 @@ import sqlalchemy as sa
 
 from memstore import online_ddl, spaces
 from memstore.collections import Collection, Space
-from memstore.db import dedicated_connection
+from memstore.db import dedicated_connection, raw_connection
 from memstore.registry import CACHE_SECONDS, Registry, read_collection
 from memstore.settings import Settings
 
@@ -89,7 +89,18 @@ class SpacePass:
         return 0
 
     def _spaces(self, now: float, *, fresh: bool) -> list[tuple[Collection, Space]]:
-        if fresh or now - self._listed_at >= CACHE_SECONDS:
-            self._filling = [(c, s) for c in self.registry.all() for s in c.spaces if s.state == "filling"]
+        """The spaces still filling: listed again every CACHE_SECONDS, and at once when the ids of the
+        filling spaces changed (one small query a step), so a new space starts filling within a step
+        rather than within the registry's cache time (most of a small collection's re-embedding)."""
+        ids = self._filling_ids()
+        if fresh or now - self._listed_at >= CACHE_SECONDS or ids != [s.id for _, s in self._filling]:
+            self._filling = sorted(
+                ((c, s) for c in self.registry.all() for s in c.spaces if s.state == "filling"), key=lambda cs: cs[1].id
+            )
             self._listed_at = now
         return self._filling
+
+    def _filling_ids(self) -> list[int]:
+        with raw_connection(self.engine) as conn:
+            rows = conn.execute("SELECT id FROM memstore_spaces WHERE state = 'filling' ORDER BY id").fetchall()
+        return [int(r[0]) for r in rows]

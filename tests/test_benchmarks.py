@@ -198,3 +198,43 @@ def test_scale_benchmark_reports_every_figure_per_size(database_url: str, tmp_pa
         "policy_cost<=0.25",
     }
     assert plot.stat().st_size > 10_000
+
+
+def test_reembed_benchmark_fills_a_second_space_under_a_search_stream(database_url: str) -> None:
+    """Two rounds on 64 small images: every figure is there and sane, every item has exactly one vector
+    in the activated space, nothing failed (how fast is not asserted)."""
+    result = _run(
+        "bench.reembed",
+        database_url,
+        *("--database-url", database_url, "--images", "64", "--largest", "640", "--batch-size", "16"),
+        *("--rounds", "2", "--baseline-s", "2", "--search-rate", "20"),
+    )
+    assert result["images"] == 64 and result["rounds"] == 2 and len(result["per_round"]) == 2
+    assert [r["space"] for r in result["per_round"]] == ["wide1", "wide2"] and result["activated"] == "wide2"
+    for r in result["per_round"]:
+        assert r["encoder_images_per_s"] > 0 and r["reembed_items_per_s"] > 0
+        assert 0 < r["reembed_s"] <= r["ready_s"]
+        assert r["reembed_per_s_ratio"] == pytest.approx(r["reembed_items_per_s"] / r["encoder_images_per_s"], rel=0.01)
+        for window in ("search_before", "search_during"):
+            assert r[window]["searches"] > 0 and r[window]["failed"] == 0
+            assert 0 < r[window]["p50_ms"] <= r[window]["p99_ms"]
+        assert r["search_p99_ratio_during"] > 0
+    assert result["reembed_per_s_ratio"] > 0 and result["search_p99_ratio_during"] > 0
+    # The default space's 64 vectors, then 64 per round; none failed, none left queued.
+    assert result["vectors_written_by_workers"] == 64 * 3
+    assert result["errors"] == 0 and result["failed_queue_rows"] == 0 and result["pending_queue_rows"] == 0
+    assert result["after_activation"] == {
+        "items": 64,
+        "side_rows": 64,
+        "duplicates": 0,
+        "items_without_vector": 0,
+        "exactly_one_vector": True,
+    }
+    assert result["exactly_one_vector"] is True
+    assert set(result["goals"]) == {
+        "reembed_per_s_ratio>=0.8",
+        "search_p99_ratio_during<=2",
+        "errors==0",
+        "exactly_one_vector",
+    }
+    assert result["goals_met"] == all(result["goals"].values())

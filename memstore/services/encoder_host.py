@@ -52,9 +52,13 @@ def open_backend(choice: EncoderChoice) -> tuple[EmbeddingBackend | None, Callab
         remote = RemoteEncoder(url, api_key=es.api_key)
         return remote, remote.close
     from encoder.engine import EmbeddingEngine
-    from encoder.models import create_encoders_from_settings
+    from encoder.models import create_encoders_from_settings, resolve_device
 
-    engine = EmbeddingEngine(create_encoders_from_settings(es), es).start()
+    # On CPU, cores - 1 torch threads, as the encoder service takes: with every core, torch's threads
+    # take the CPU from the searches, the database and the image decoding beside them (a search's p99
+    # rose 12x during a re-embedding on 2 cores, for no more images a second; bench.reembed).
+    threads = es.service_torch_threads(resolve_device(es.device))
+    engine = EmbeddingEngine(create_encoders_from_settings(es, threads=threads), es).start()
     return engine, engine.stop
 
 

@@ -13,7 +13,7 @@ from memstore.api.app import create_app
 from memstore.api.runtime import RuntimeOptions
 from memstore.api.settings import ApiSettings
 from memstore.errors import EncoderUnavailableError
-from memstore.services.encoder_host import EncoderHost
+from memstore.services.encoder_host import EncoderChoice, EncoderHost, open_backend
 from tests.api.api_helpers import LiveServer
 
 
@@ -46,6 +46,31 @@ def test_a_loading_model_already_knows_its_dimensions() -> None:
     with pytest.raises(EncoderUnavailableError) as exc:
         host.require("search by vector instead")
     assert exc.value.retry_after == 5 and "still loading" in str(exc.value)
+
+
+def test_the_local_encoder_leaves_a_core_free_on_cpu(monkeypatch) -> None:
+    """The engine serve and worker load takes cores - 1 torch threads on CPU, as the encoder service
+    does; MEMSTORE_ENCODER_TORCH_THREADS overrides it."""
+    import os
+
+    import torch
+
+    monkeypatch.setenv("MEMSTORE_MODEL", "memstore-tiny")
+    monkeypatch.setenv("MEMSTORE_PRETRAINED", "none")
+    monkeypatch.setenv("MEMSTORE_ENCODER_DEVICE", "cpu")
+    monkeypatch.delenv("MEMSTORE_ENCODER_URL", raising=False)
+    monkeypatch.delenv("MEMSTORE_ENCODER_TORCH_THREADS", raising=False)
+    before = torch.get_num_threads()
+    try:
+        backend, close = open_backend(EncoderChoice(mode="local"))
+        close()
+        assert backend is not None and torch.get_num_threads() == max(1, (os.cpu_count() or 2) - 1)
+        monkeypatch.setenv("MEMSTORE_ENCODER_TORCH_THREADS", "3")
+        _, close = open_backend(EncoderChoice(mode="local"))
+        close()
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)  # the setting is the process's: leave it as the other tests had it
 
 
 def test_health_shows_configured_and_running_ingest_workers(settings) -> None:

@@ -4,6 +4,7 @@ dropped; items written meanwhile reach every space; bare vectors block activatio
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,7 @@ from memstore.errors import ConflictError, InvalidInputError, SpaceNotFoundError
 from memstore.ingest_worker import IngestWorker
 from memstore.models import ItemIn
 from memstore.queue import IngestSettings, PendingItem
+from memstore.space_pass import INTERVAL_S, SpacePass
 from memstore.store import VectorStore
 from tests.api.api_helpers import TINY, WIDE, FakeBackend
 
@@ -141,6 +143,25 @@ def test_a_new_space_is_filled_indexed_searched_activated_and_dropped(worker_eng
         ).fetchone()
     assert triggers == (0,)
     assert _queued(worker_engine, c.id, space.id) == 0
+
+
+def test_a_new_space_is_queued_at_the_next_step_not_after_the_registry_cache_time(
+    worker_engine, worker_store, collection_name
+):
+    """A worker that has just listed the filling spaces sees a space created after that at its next
+    step (INTERVAL_S), not once its listing is CACHE_SECONDS old."""
+    c = worker_store.create_collection(name=collection_name, dimensions=64, model=TINY)
+    queue.enqueue(worker_engine, c, _texts(12))
+    _drain(worker_engine, TwoModels())
+    passer = SpacePass(worker_engine)
+    try:
+        passer.step()  # lists the filling spaces now (the listing is then fresh for CACHE_SECONDS)
+        space = worker_store.create_space(collection=collection_name, name="wide", model=WIDE, dimensions=96)
+        time.sleep(INTERVAL_S + 0.1)
+        passer.step()
+        assert _queued(worker_engine, c.id, space.id) == 12
+    finally:
+        passer.close()
 
 
 def test_bare_vectors_block_activation_until_their_vectors_are_given(worker_engine, worker_store, collection_name):
