@@ -150,6 +150,10 @@ class Collection:
     def all_spaces(self) -> list[Space]:
         return [self.default_space, *self.spaces]
 
+    def space_by_id(self, space_id: int) -> Space | None:
+        """The space with this id (0: ``default``), as queue rows name it; None when it is gone."""
+        return next((s for s in self.all_spaces() if s.id == space_id), None)
+
     def space(self, name: str | None = None) -> Space:
         """The space ``name`` (default: the active one); InvalidInputError names the ones there are."""
         wanted = self.active_space_name if name is None else name

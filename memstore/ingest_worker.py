@@ -26,7 +26,7 @@ from encoder.types import EmbeddingBackend, Priority
 from memstore import claims as queue_claims
 from memstore import thumbnails
 from memstore.claims import Claim, Claimer
-from memstore.collections import Collection, Space
+from memstore.collections import Collection
 from memstore.db import raw_connection
 from memstore.encoding import model_for
 from memstore.ocr_pass import OcrPass
@@ -171,10 +171,10 @@ class Processor:
         collection = self.collection(group.collection_id)
         claims = [it.claim for it in group.items]
         report = Report()
-        space = _space_of(collection, group.space_id) if collection is not None else None
+        space = collection.space_by_id(group.space_id) if collection is not None else None
         if collection is not None and space is None:  # a space newer than this process's registry row?
             collection = self.registry.by_id(group.collection_id, fresh=True)
-            space = _space_of(collection, group.space_id) if collection is not None else None
+            space = collection.space_by_id(group.space_id) if collection is not None else None
         if collection is None or space is None:  # dropped since it was queued
             queue_claims.drop(self.engine, claims)
             report.dropped += len(claims)
@@ -239,13 +239,6 @@ class Processor:
         )
         log.warning("ingest: %d item(s) of %s failed (%s): %s", len(claims), collection.name, len(failed), error)
         return Report(failed=len(failed), retried=len(claims) - len(failed), errors=[error])
-
-
-def _space_of(c: Collection, space_id: int) -> Space | None:
-    """The space a queue row fills (None: dropped since)."""
-    if space_id == 0:
-        return c.default_space
-    return next((s for s in c.spaces if s.id == space_id), None)
 
 
 def _describe(exc: BaseException) -> str:

@@ -76,7 +76,7 @@ class SpacePass:
             queued = spaces.queue_backlog_step(conn, c, space)
             if queued is not None:
                 return max(queued, 1)
-            fresh = next((s for s in read_collection(conn, id=c.id).spaces if s.id == space.id), None)
+            fresh = read_collection(conn, id=c.id).space_by_id(space.id)
             if fresh is not None and spaces.build_index(conn, c, fresh):
                 log.info("spaces: space %r of %s is ready", space.name, c.name)
                 self._listed_at = -CACHE_SECONDS

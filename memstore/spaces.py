@@ -167,11 +167,10 @@ def _register(
 
 
 def _read(conn: psycopg.Connection[Any], c: Collection, space_id: int) -> Space:
-    fresh = registry.read_collection(conn, id=c.id)
-    for s in fresh.spaces:
-        if s.id == space_id:
-            return s
-    raise LookupError(f"space #{space_id} of collection {c.name!r} is gone")
+    found = registry.read_collection(conn, id=c.id).space_by_id(space_id)
+    if found is None:
+        raise LookupError(f"space #{space_id} of collection {c.name!r} is gone")
+    return found
 
 
 def _create_triggers(conn: psycopg.Connection[Any], c: Collection) -> None:
