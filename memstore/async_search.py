@@ -27,7 +27,7 @@ from memstore.db import register_json, server_went_away
 from memstore.errors import CollectionNotFoundError
 from memstore.models import SearchResult
 from memstore.search_query import SearchQuery
-from memstore.search_sql import SESSION_SETTINGS_SQL, SearchSettings
+from memstore.search_sql import SESSION_SETTINGS_SQL, search_session
 from memstore.store import SearchPlan, VectorStore
 
 log = logging.getLogger(__name__)
@@ -103,19 +103,19 @@ class AsyncSearcher:
     async def _run(self, conn: psycopg.AsyncConnection[Any], plan: SearchPlan) -> list[Any]:
         """One round trip: the search alone when the connection already holds its settings, else the
         settings and the search pipelined (autocommit: no transaction to commit afterwards)."""
-        session = _session(conn)
+        session = search_session(conn)
         try:
-            if session.applied == plan.settings:
+            if session.held == plan.settings:
                 cur = await session.cursor.execute(plan.statement, plan.params, prepare=plan.prepare)
             else:
-                session.applied = None
+                session.held = None
                 async with conn.pipeline():
                     await conn.execute(SESSION_SETTINGS_SQL, plan.settings.values())
                     cur = await conn.execute(plan.statement, plan.params, prepare=plan.prepare)
-                session.applied = plan.settings
+                session.held = plan.settings
             return await cur.fetchall()
         except BaseException:
-            session.applied = None  # whatever failed, the next search on it sets everything again
+            session.held = None  # whatever failed, the next search on it sets everything again
             raise
 
     async def _collection(self, name: str, *, fresh: bool) -> Collection:
@@ -130,30 +130,6 @@ class AsyncSearcher:
             return read()
         result: Collection = await self._run_blocking(read)
         return result
-
-
-class _Session:
-    """What a pooled connection keeps on itself: the search settings its session holds (most searches
-    run at their collection's defaults, so the settings statement is sent only when they change;
-    None: send them again) and one cursor for the searches that send their statement alone (psycopg
-    reuses what it looked up for a statement on the same cursor; see ``memstore.search_sql``)."""
-
-    __slots__ = ("applied", "cursor")
-
-    def __init__(self, cursor: psycopg.AsyncCursor[Any]) -> None:
-        self.cursor = cursor
-        self.applied: SearchSettings | None = None
-
-
-_SESSION = "_memstore_search_session"
-
-
-def _session(conn: psycopg.AsyncConnection[Any]) -> _Session:
-    found: _Session | None = getattr(conn, _SESSION, None)
-    if found is None or found.cursor.closed:
-        found = _Session(conn.cursor())
-        setattr(conn, _SESSION, found)
-    return found
 
 
 async def _check(conn: psycopg.AsyncConnection[Any]) -> None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 import psycopg
 from psycopg import sql
@@ -59,28 +59,38 @@ _INDEX_KNOBS = ("hnsw.ef_search", "hnsw.iterative_scan", "hnsw.max_scan_tuples",
 INDEX_SESSION_SQL = "SELECT " + ", ".join(f"set_config('{knob}', %s, false)" for knob in _INDEX_KNOBS)
 
 
-class _Session:
+_CursorT = TypeVar("_CursorT", psycopg.Cursor[Any], psycopg.AsyncCursor[Any])
+
+
+class SearchSession(Generic[_CursorT]):
     """What a connection keeps for its searches, on the connection itself (it goes with it): the
-    values of INDEX_SESSION_SQL its session holds (None: not known, send them again; forgotten on
-    any error, as a failed implicit transaction takes its settings with it), and one cursor for the
-    searches that send their statement alone. psycopg keeps what it looked up to send a statement's
-    parameters and read its rows across runs of the same statement on one cursor; a new cursor per
-    search looked everything up again, which cost more client time than anything else in a search."""
+    settings its session holds (``held``: the values of INDEX_SESSION_SQL on the blocking path, the
+    ``SearchSettings`` of SESSION_SETTINGS_SQL on the async one; None: not known, send them again;
+    forgotten on any error, as a failed implicit transaction takes its settings with it), and one
+    cursor for the searches that send their statement alone. psycopg keeps what it looked up to send
+    a statement's parameters and read its rows across runs of the same statement on one cursor; a new
+    cursor per search looked everything up again, which cost more client time than anything else in
+    a search."""
 
     __slots__ = ("cursor", "held")
 
-    def __init__(self, cursor: psycopg.Cursor[Any]) -> None:
-        self.cursor = cursor
-        self.held: tuple[str, ...] | None = None
+    def __init__(self, cursor: _CursorT) -> None:
+        self.cursor: _CursorT = cursor
+        self.held: object = None
 
 
 _SESSION = "_memstore_search_session"
 
 
-def _session(conn: psycopg.Connection[Any]) -> _Session:
-    found: _Session | None = getattr(conn, _SESSION, None)
+@overload
+def search_session(conn: psycopg.Connection[Any]) -> SearchSession[psycopg.Cursor[Any]]: ...
+@overload
+def search_session(conn: psycopg.AsyncConnection[Any]) -> SearchSession[psycopg.AsyncCursor[Any]]: ...
+def search_session(conn: Any) -> Any:
+    """``conn``'s search session, made on first use (and again if its cursor was closed)."""
+    found = getattr(conn, _SESSION, None)
     if found is None or found.cursor.closed:
-        found = _Session(conn.cursor())
+        found = SearchSession(conn.cursor())
         setattr(conn, _SESSION, found)
     return found
 
@@ -296,7 +306,7 @@ def run_search(
     """The search under ``settings``, in one round trip.
 
     On a connection in no transaction, in autocommit mode (no BEGIN or COMMIT of its own): a plain
-    search sends its statement alone when the connection already holds its settings (``_Session``),
+    search sends its statement alone when the connection already holds its settings (``SearchSession``),
     else the session settings and the statement pipelined up to one Sync. A search that changes the
     planner pipelines transaction-local settings with the statement: the extended protocol runs
     everything up to a Sync as one implicit transaction, so they end with it. Inside a caller's
@@ -315,7 +325,7 @@ def run_search(
         if not settings.plain:
             return _pipelined(conn, SETTINGS_SQL, settings.values(), statement, params, prepare)
         held = settings.index_values()
-        session = _session(conn)
+        session = search_session(conn)
         try:
             if session.held == held:
                 return session.cursor.execute(statement, params, prepare=prepare).fetchall()
