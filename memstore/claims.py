@@ -10,7 +10,7 @@ or taken over meanwhile is never overwritten by a stale result.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,20 +136,10 @@ def complete(
 ) -> list[int]:
     """Write the vectors (and the thumbnails of images, in the same row version) of still-held claims
     and drop their queue rows; returns the item ids written."""
-    if not claims:
-        return []
-    with raw_connection(engine) as conn:
-        items = _settle_held(conn, collection, claims)
-        if items:
-            with conn.cursor() as cur:
-                cur.executemany(
-                    sql.SQL(
-                        "UPDATE {} SET embedding = %s, thumbnail = %s, status = 'ready', error = NULL, "
-                        "updated_at = now() WHERE id = %s"
-                    ).format(collection.table),
-                    [(vectors[i], (thumbnails or {}).get(i), i) for i in items],
-                )
-    return items
+    write = sql.SQL(
+        "UPDATE {} SET embedding = %s, thumbnail = %s, status = 'ready', error = NULL, updated_at = now() WHERE id = %s"
+    ).format(collection.table)
+    return _settle_held(engine, collection, claims, write, lambda i: (vectors[i], (thumbnails or {}).get(i), i))
 
 
 def complete_space(
@@ -158,39 +148,43 @@ def complete_space(
     """Write the vectors of still-held claims into a side space's table and drop their queue rows;
     returns the item ids written. An item whose original changed meanwhile had its claim reset by
     the trigger that queued it again, so its stale vector is never written."""
-    if not claims:
-        return []
-    with raw_connection(engine) as conn:
-        items = _settle_held(conn, collection, claims)
-        if items:
-            with conn.cursor() as cur:
-                cur.executemany(
-                    sql.SQL(
-                        # Only for an item still there (its row is locked above): a deleted
-                        # item's trigger has already cleared the space, and must stay cleared.
-                        "INSERT INTO {side} (id, embedding) SELECT %(id)s, %(v)s "
-                        "WHERE EXISTS (SELECT 1 FROM {t} WHERE id = %(id)s) "
-                        "ON CONFLICT (id) DO UPDATE SET embedding = EXCLUDED.embedding"
-                    ).format(side=sql.Identifier(space.table_name), t=collection.table),
-                    [{"id": i, "v": vectors[i]} for i in items],
-                )
-    return items
+    write = sql.SQL(
+        # Only for an item still there (its row is locked first): a deleted item's trigger has
+        # already cleared the space, and must stay cleared.
+        "INSERT INTO {side} (id, embedding) SELECT %(id)s, %(v)s "
+        "WHERE EXISTS (SELECT 1 FROM {t} WHERE id = %(id)s) "
+        "ON CONFLICT (id) DO UPDATE SET embedding = EXCLUDED.embedding"
+    ).format(side=sql.Identifier(space.table_name), t=collection.table)
+    return _settle_held(engine, collection, claims, write, lambda i: {"id": i, "v": vectors[i]})
 
 
-def _settle_held(conn: psycopg.Connection[Any], collection: Collection, claims: Sequence[Claim]) -> list[int]:
-    """Drop the queue rows of ``claims`` their claimer still holds; returns their item ids, whose
-    vectors the caller then writes in the same transaction.
+def _settle_held(
+    engine: sa.Engine,
+    collection: Collection,
+    claims: Sequence[Claim],
+    write: sql.Composed,
+    params: Callable[[int], Any],
+) -> list[int]:
+    """In one transaction: drop the queue rows of ``claims`` their claimer still holds, and run
+    ``write`` with ``params(item_id)`` for each of their items; returns those item ids.
 
     Locks in the one order every writer takes them: the item rows (by id), then their queue rows.
     The API's enqueue locks an item and then upserts its queue row; taking the queue rows first
     deadlocked with it (seen with 20 concurrent posts of one external_id)."""
+    if not claims:
+        return []
     by_queue = {c.queue_id: c for c in claims}
-    lock_items(conn, collection, [c.item_id for c in claims])
-    held = conn.execute(
-        "DELETE FROM memstore_ingest_queue WHERE id = ANY(%s) AND claimed_by = %s RETURNING id",
-        (list(by_queue), claims[0].claimer),
-    ).fetchall()
-    return [by_queue[int(r[0])].item_id for r in held]
+    with raw_connection(engine) as conn:
+        lock_items(conn, collection, [c.item_id for c in claims])
+        held = conn.execute(
+            "DELETE FROM memstore_ingest_queue WHERE id = ANY(%s) AND claimed_by = %s RETURNING id",
+            (list(by_queue), claims[0].claimer),
+        ).fetchall()
+        items = [by_queue[int(r[0])].item_id for r in held]
+        if items:
+            with conn.cursor() as cur:
+                cur.executemany(write, [params(i) for i in items])
+    return items
 
 
 def lock_items(conn: psycopg.Connection[Any], collection: Collection, item_ids: Sequence[int]) -> None:
