@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from typing import Any, Literal
 
 from psycopg import sql
@@ -125,7 +126,9 @@ class Collection:
             self, "spaces", tuple(s if isinstance(s, Space) else _space_from_row(s) for s in self.spaces)
         )
 
-    @property
+    # A row is frozen, so what is derived from it is derived once: the search path asks for its
+    # space on every search, and building the default one afresh cost more than the rest of the lookup.
+    @cached_property
     def default_space(self) -> Space:
         """The item table's own vectors, as a space."""
         return Space(
@@ -142,13 +145,22 @@ class Collection:
             collection_id=self.id,
         )
 
-    @property
+    @cached_property
+    def index_spec(self) -> compact_spec.IndexSpec:
+        """The representation of the item table's index (``memstore.compact``), from the options."""
+        return compact_spec.IndexSpec.from_options(self.options)
+
+    @cached_property
     def active_space_name(self) -> str:
         """The space searches use when they name none."""
         return str(self.options.get("active_space") or DEFAULT_SPACE)
 
     def all_spaces(self) -> list[Space]:
         return [self.default_space, *self.spaces]
+
+    @cached_property
+    def _spaces_by_name(self) -> dict[str, Space]:
+        return {s.name: s for s in self.all_spaces()}
 
     def space_by_id(self, space_id: int) -> Space | None:
         """The space with this id (0: ``default``), as queue rows name it; None when it is gone."""
@@ -157,9 +169,9 @@ class Collection:
     def space(self, name: str | None = None) -> Space:
         """The space ``name`` (default: the active one); InvalidInputError names the ones there are."""
         wanted = self.active_space_name if name is None else name
-        for s in self.all_spaces():
-            if s.name == wanted:
-                return s
+        found = self._spaces_by_name.get(wanted)
+        if found is not None:
+            return found
         raise SpaceNotFoundError(self.name, wanted, [s.name for s in self.all_spaces()])
 
     @property

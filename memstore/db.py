@@ -129,13 +129,22 @@ def server_went_away(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any
         return True
 
 
+_IDLE = int(TransactionStatus.IDLE)
+
+
+def idle(conn: psycopg.Connection[Any]) -> bool:
+    """No transaction open on ``conn``. Read from libpq as a number: ``conn.info.transaction_status``
+    builds an info object and an enum member each time, and a search asks three times."""
+    return bool(conn.pgconn.transaction_status == _IDLE)
+
+
 def _end_transaction(dbapi_connection: Any, _record: Any, state: PoolResetState) -> None:
     """Roll back what a returned connection left open, as the pool's rollback-on-return would, but
     only when something is open: every ``raw_connection`` commits or rolls back before it returns
     its connection (and SQLAlchemy's ``Connection`` does too), and the pool's own rollback of an
     idle connection cost a search more client time than the checkout itself."""
     conn: psycopg.Connection[Any] = dbapi_connection
-    if not state.terminate_only and conn.info.transaction_status != TransactionStatus.IDLE:
+    if not state.terminate_only and not idle(conn):
         conn.rollback()
 
 
@@ -216,7 +225,7 @@ def raw_connection(engine: sa.Engine) -> Iterator[psycopg.Connection[Any]]:
     conn: psycopg.Connection[Any] = proxied.driver_connection  # type: ignore[assignment]
     try:
         yield conn
-        if conn.info.transaction_status != TransactionStatus.IDLE:  # an autocommit search left none
+        if not idle(conn):  # an autocommit search left none
             conn.commit()
     except psycopg.OperationalError:
         # The server went away or the connection broke: never hand this one out again.

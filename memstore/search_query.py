@@ -178,11 +178,12 @@ def results(c: Collection, q: SearchQuery, rows: list[tuple[Any, ...]]) -> list[
     such vectors were refused) is near nothing: a vector search leaves it out."""
     out: list[SearchResult] = []
     if q.mode == "vector":
-        score = c.space(q.using).spec.score  # looked up once for every row
+        spec = c.space(q.using).spec  # looked up once for every row; its score computed inline
+        sign, offset, finite = spec.score_sign, spec.score_offset, math.isfinite
         for rank, r in enumerate(rows[q.offset : q.window], start=q.offset + 1):
             d = float(r[3])
-            if math.isfinite(d):
-                out.append(SearchResult(r[0], r[1], d, score(d), r[2], rank, None))
+            if finite(d):
+                out.append(SearchResult(r[0], r[1], d, sign * d + offset, r[2], rank, None))
     else:
         for r in rows:
             distance = None if r[3] is None or not math.isfinite(r[3]) else float(r[3])

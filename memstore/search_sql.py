@@ -30,9 +30,8 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 import psycopg
 from psycopg import sql
-from psycopg.pq import TransactionStatus
 
-from memstore import keywords
+from memstore import db, keywords
 
 if TYPE_CHECKING:
     from memstore.collections import Collection, Space
@@ -315,8 +314,7 @@ def run_search(
     ``prepare``: as psycopg takes it (True: a prepared statement from the first run, whose generic
     plan PostgreSQL may keep; False: planned on every run; None: prepared after a few runs).
     """
-    idle = conn.info.transaction_status == TransactionStatus.IDLE
-    if not idle:
+    if not db.idle(conn):
         return _pipelined(conn, SETTINGS_SQL, settings.values(), statement, params, prepare)
     was_autocommit = conn.autocommit
     if not was_autocommit:

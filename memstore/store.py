@@ -14,9 +14,9 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import psycopg
@@ -1045,8 +1045,9 @@ class VectorStore:
         return spec
 
 
-@dataclass(frozen=True)
-class SearchPlan:
+class SearchPlan(NamedTuple):
+    """What one search runs (a tuple: every search builds one, and a frozen dataclass cost more)."""
+
     statement: search_sql.Statement
     settings: SearchSettings
     params: dict[str, Any]

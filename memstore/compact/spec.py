@@ -84,7 +84,8 @@ class IndexSpec:
 
 
 def index_spec(c: Collection) -> IndexSpec:
-    return IndexSpec.from_options(c.options)
+    """The index representation a registry row names (read once per row: ``Collection.index_spec``)."""
+    return c.index_spec
 
 
 def validate_choice(
