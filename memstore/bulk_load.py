@@ -4,16 +4,22 @@ pgvector inserts a row into a live HNSW graph one at a time (a search of the gra
 the graph over rows already in the table is several times faster, and in parallel. So a load that is
 large against its collection runs as:
 
-1. take the collection's locks (no representation switch, no maintenance rebuild meanwhile), record
-   the load in the registry (``options.bulk_load``) and drop the collection's HNSW index (concurrently
-   for a plain table; a partitioned index under the short lock timeout);
-2. write the rows in batches (COPY into a staging table, then one upsert per batch), touching no graph;
-3. build the index again (``CREATE INDEX CONCURRENTLY``, parallel workers as the server allows; per
+1. take the collection's locks (no representation switch, no maintenance rebuild, no keyword change
+   meanwhile), record the load in the registry (``options.bulk_load``) and drop the collection's HNSW
+   index and its two GIN indexes, metadata and keywords (concurrently for a plain table; a
+   partitioned index under the short lock timeout);
+2. write the rows in batches (COPY into a staging table, then one upsert per batch), touching no graph
+   and no GIN tree;
+3. build the indexes again (``CREATE INDEX CONCURRENTLY``, parallel workers as the server allows; per
    partition, then attached), and clear the record.
 
-Searches answer throughout: without the index they are exact scans of the table, so every committed
-row is found (and slower, which is the price of the load: the load is only chosen when it is large
-against what is there, ``defers``). The load's call returns after the index is back. Writes from other
+The GIN indexes go with the graph because, measured on 100,000 rows of 128-d vectors, inserting
+their entries row by row took 2.5 s of a 4 s load (the keyword index computes each row's keywords
+in the insert), against 1.1 s to build both afterwards.
+
+Searches answer throughout: without the indexes they are exact scans of the table, so every
+committed row is found (and slower, which is the price of the load: the load is only chosen when it
+is large against what is there, ``defers``). The load's call returns after the index is back. Writes from other
 clients go on meanwhile and need no graph either. A load whose process died leaves its record behind;
 the next load of that collection or the maintenance worker (``finish_interrupted``) builds the index.
 
@@ -31,13 +37,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from psycopg import sql
 
-from memstore import locks, online_ddl, registry, sqlfiles
-from memstore.collections import Collection
+from memstore import keywords, locks, online_ddl, registry, sqlfiles
+from memstore.collections import METADATA_INDEX, Collection, metadata_index_name
 from memstore.compact import spec as compact_spec
 from memstore.db import Database
 from memstore.settings import Settings
@@ -122,10 +128,13 @@ def deferred_index(
     when the collection's locks stay taken for ``wait_s``. ``on_build`` receives the build's
     seconds."""
     with _connect(db, settings) as conn, _locked(conn, c, wait_s):
+        # Afresh under the locks: a keyword change that ended a moment ago decides the index built after.
+        c = registry.read_collection(conn, id=c.id)
         with conn.transaction():
             registry.set_option(conn, c, MARKER, {"started_at": datetime.now(UTC).isoformat()})
-        # The table's index (a partitioned table's parent index takes its partitions' with it).
-        online_ddl.drop_index(conn, c.index_name, partitioned=c.partitions > 1)
+        # The table's indexes (a partitioned table's parent index takes its partitions' with it).
+        for index in _deferred_indexes(c):
+            online_ddl.drop_index(conn, index.name, partitioned=c.partitions > 1)
         try:
             yield
         finally:
@@ -166,18 +175,37 @@ def _connect(db: Database, settings: Settings) -> psycopg.Connection[Any]:
     return conn
 
 
-def _build(db: Database, conn: psycopg.Connection[Any], c: Collection, *, progress: bool) -> None:
-    """The collection's HNSW index, as ``create_table_statements`` makes it, built online; then the
-    registry forgets the load."""
-    definition = sql.SQL("USING hnsw ({k} {o}) WITH (m = {m}, ef_construction = {ef})").format(
+class _Index(NamedTuple):
+    name: str
+    definition: sql.Composable  # what follows the table in CREATE INDEX
+    partition_name: Callable[[int], str]
+
+
+def _deferred_indexes(c: Collection) -> list[_Index]:
+    """The indexes a load drops and builds after, as ``create_table_statements`` makes them: the
+    metadata and keyword GIN indexes (built first: a second or two), then the HNSW graph. The keyword
+    index stays while a change of its words is half done (``keywords.PENDING``): that change's own
+    recovery owns it."""
+    parts = c.partition_tables()
+    hnsw = sql.SQL("USING hnsw ({k} {o}) WITH (m = {m}, ef_construction = {ef})").format(
         k=sql.SQL(compact_spec.key_expression("full", c.dimensions)),
         o=sql.SQL(compact_spec.opclass("full", c.metric)),
         m=sql.Literal(c.hnsw_m),
         ef=sql.Literal(c.hnsw_ef_construction),
     )
-    parts = c.partition_tables()
+    out = [_Index(metadata_index_name(c), METADATA_INDEX, lambda i: f"{parts[i]}_metadata")]
+    if keywords.PENDING not in c.options:
+        words = keywords.definition(c.language, c.text_fields, ocr=c.ocr)
+        out.append(_Index(keywords.index_name(c), words, lambda i: keywords.partition_index_name(c, i)))
+    out.append(_Index(c.index_name, hnsw, lambda i: f"{parts[i]}_hnsw"))
+    return out
+
+
+def _build(db: Database, conn: psycopg.Connection[Any], c: Collection, *, progress: bool) -> None:
+    """The indexes the load dropped, built online; then the registry forgets the load."""
     with _BuildProgress(db, conn, enabled=progress, label=c.name):
-        online_ddl.build_index(conn, c, c.index_name, definition, partition_name=lambda i: f"{parts[i]}_hnsw")
+        for index in _deferred_indexes(c):
+            online_ddl.build_index(conn, c, index.name, index.definition, partition_name=index.partition_name)
     # The planner's picture of a table that grew many times over (autovacuum would get to it later):
     # a search right after the load must not be planned as a scan of the few rows there were.
     conn.execute(sql.SQL("ANALYZE {}").format(c.table))

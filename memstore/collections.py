@@ -257,6 +257,14 @@ def validate_collection_params(
         raise InvalidInputError(f"partitions must be between 1 and {MAX_PARTITIONS}, not {partitions}")
 
 
+# The metadata filters' index (``@>`` containment), after its table.
+METADATA_INDEX = sql.SQL("USING gin (metadata jsonb_path_ops) WITH (fastupdate = off)")
+
+
+def metadata_index_name(c: Collection) -> str:
+    return f"{c.table_name}_metadata"
+
+
 def create_table_statements(c: Collection) -> list[sql.Composed]:
     """DDL for a new, empty collection (so a plain CREATE INDEX is fine: there is nothing to lock out)."""
     table = c.table
@@ -333,8 +341,8 @@ def create_table_statements(c: Collection) -> list[sql.Composed]:
         out.append(compact_spec.inline_vectors_statement(table))
     out += [
         # fastupdate off: see memstore.keywords.definition (a pending list slows every filtered search).
-        sql.SQL("CREATE INDEX {i} ON {t} USING gin (metadata jsonb_path_ops) WITH (fastupdate = off)").format(
-            i=sql.Identifier(f"{c.table_name}_metadata"), t=table
+        sql.SQL("CREATE INDEX {i} ON {t} {d}").format(
+            i=sql.Identifier(metadata_index_name(c)), t=table, d=METADATA_INDEX
         ),
         keywords.create_statement(c),
         ocr_items.pending_index_statement(c),

@@ -1,6 +1,6 @@
-"""Bulk loads: a load large against its collection goes in without the HNSW index and builds it
-afterwards; searches answer throughout; nothing is lost, also with several connections or after the
-loading process is killed."""
+"""Bulk loads: a load large against its collection goes in without the HNSW index (and the metadata
+and keyword GIN indexes) and builds them afterwards; searches answer throughout; nothing is lost,
+also with several connections or after the loading process is killed."""
 
 from __future__ import annotations
 
@@ -39,19 +39,24 @@ def _items(vectors: np.ndarray, start: int = 0) -> list[ItemIn]:
     return [ItemIn(vector=v, external_id=f"r{start + i}", metadata={"n": start + i}) for i, v in enumerate(vectors)]
 
 
-def _hnsw_indexes(engine: sa.Engine, table: str) -> list[tuple[int, bool]]:
-    """(oid, valid) of every HNSW index on ``table`` and its partitions: a rebuilt index has a new oid."""
+def _indexes(engine: sa.Engine, table: str, method: str = "hnsw") -> list[tuple[int, bool]]:
+    """(oid, valid) of every index of access ``method`` on ``table`` and its partitions: a rebuilt
+    index has a new oid."""
     with raw_connection(engine) as conn:
         return [
             (int(r[0]), bool(r[1]))
             for r in conn.execute(
                 "SELECT x.indexrelid, x.indisvalid FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid "
-                "JOIN pg_am am ON am.oid = i.relam WHERE am.amname = 'hnsw' "
+                "JOIN pg_am am ON am.oid = i.relam WHERE am.amname = %(m)s "
                 "AND x.indrelid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass(%(t)s) "
                 "UNION SELECT to_regclass(%(t)s)) ORDER BY 1",
-                {"t": table},
+                {"t": table, "m": method},
             )
         ]
+
+
+def _hnsw_indexes(engine: sa.Engine, table: str) -> list[tuple[int, bool]]:
+    return _indexes(engine, table, "hnsw")
 
 
 def _uses_index(engine: sa.Engine, store: VectorStore, name: str, q: np.ndarray) -> bool:
@@ -70,12 +75,25 @@ def test_a_large_load_builds_the_index_once_and_every_row_is_found(
     rng = np.random.default_rng(10)
     vectors = rng.normal(size=(1500, 16)).astype(np.float32)
     c = bulk_store.create_collection(name=collection_name, dimensions=16, partitions=partitions)
-    result = bulk_store.bulk_load(collection=collection_name, items=_items(vectors), batch_rows=400)
+    gin_before = _indexes(engine, c.table_name, "gin")
+    items = [
+        ItemIn(vector=it.vector, external_id=it.external_id, metadata=it.metadata, text=f"zebra{i} grazing")
+        for i, it in enumerate(_items(vectors))
+    ]
+    result = bulk_store.bulk_load(collection=collection_name, items=items, batch_rows=400)
     assert result.deferred_index and result.created == 1500 and result.rows == 1500
     assert result.build_s > 0
     indexes = _hnsw_indexes(engine, c.table_name)
     assert indexes and all(valid for _, valid in indexes)
     assert len(indexes) == (1 if partitions == 1 else partitions + 1)
+    # The metadata and keyword GIN indexes were dropped with the graph and built again after the rows.
+    gin = _indexes(engine, c.table_name, "gin")
+    assert len(gin) == len(gin_before) == 2 * len(indexes) and all(valid for _, valid in gin)
+    assert not {oid for oid, _ in gin} & {oid for oid, _ in gin_before}
+    words = bulk_store.search(collection=collection_name, text="zebra1234", mode="keyword", k=3)
+    assert [h.external_id for h in words] == ["r1234"]
+    kept = bulk_store.search(collection=collection_name, vector=vectors[77], k=1, filter={"n": 77}, exact=True)
+    assert [h.external_id for h in kept] == ["r77"]
     assert not bulk_load.in_progress(bulk_store.get_collection(name=collection_name, fresh=True))
     assert _uses_index(engine, bulk_store, collection_name, vectors[0])
     found = sum(
@@ -206,6 +224,7 @@ def test_a_load_killed_mid_way_leaves_nothing_unindexed_for_long(
     interrupted = bulk_store.get_collection(name=collection_name, fresh=True)
     assert bulk_load.in_progress(interrupted)
     assert _hnsw_indexes(engine, c.table_name) == []  # the index is gone and nobody is building it
+    assert _indexes(engine, c.table_name, "gin") == []  # the metadata and keyword indexes too
     committed = bulk_store.collection_stats(name=collection_name).items
     worker = MaintenanceWorker(engine, settings=bulk_store.settings, collections=[collection_name])
     try:
@@ -214,6 +233,7 @@ def test_a_load_killed_mid_way_leaves_nothing_unindexed_for_long(
         worker.close()
     assert [(o.decision, o.outcome) for o in worker.last_outcomes][:1] == [("build", "ok")]
     assert [valid for _, valid in _hnsw_indexes(engine, c.table_name)] == [True]
+    assert [valid for _, valid in _indexes(engine, c.table_name, "gin")] == [True, True]
     assert not bulk_load.in_progress(bulk_store.get_collection(name=collection_name, fresh=True))
     assert bulk_store.collection_stats(name=collection_name).items == committed
     assert not bulk_load.finish_interrupted(bulk_store.db, interrupted, bulk_store.settings)  # nothing left
