@@ -63,10 +63,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_serve_on_the_embedded_database_answers_health(tmp_path: Path) -> None:
-    """The first quick-start command: embedded server up, migrations applied, /health answering."""
+@pytest.mark.parametrize("access_log", [None, "false"])
+def test_serve_on_the_embedded_database_answers_health(tmp_path: Path, access_log: str | None) -> None:
+    """The first quick-start command: embedded server up, migrations applied, /health answering; one
+    access-log line per request unless MEMSTORE_API_ACCESS_LOG=false."""
     port = _free_port()
     env = _env(MEMSTORE_DATA_DIR=str(tmp_path / "data"))
+    if access_log is not None:
+        env["MEMSTORE_API_ACCESS_LOG"] = access_log
     proc = subprocess.Popen(
         [*MEMSTORE, "serve", "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -98,6 +102,9 @@ def test_serve_on_the_embedded_database_answers_health(tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
+    printed = proc.stdout.read() if proc.stdout else ""
+    assert "Application startup complete" in printed  # the service's own messages are logged either way
+    assert ('"GET /health HTTP/1.1" 200' in printed) is (access_log is None), printed[-2000:]
     pidfile = tmp_path / "data" / "pg" / "postmaster.pid"
     deadline = time.monotonic() + 20
     while pidfile.exists() and time.monotonic() < deadline:

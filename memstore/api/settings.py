@@ -37,6 +37,11 @@ class ApiSettings(BaseSettings):
     max_items_per_request: int = Field(default=1000, ge=1, le=100_000, description="JSON items (texts or vectors).")
     max_text_chars: int = Field(default=8192, ge=1, description="Longest text item or text query.")
     max_k: int = Field(default=MAX_K, ge=1, le=MAX_K, description="Most results one search returns.")
+    access_log: bool = Field(
+        default=True,
+        description="One log line per request (uvicorn's access log). It costs a vector search about 8% of the "
+        "API's throughput: turn it off where a proxy in front logs the requests already.",
+    )
     query_sample_rate: float = Field(
         default=0.01, ge=0.0, le=1.0, description="Share of query vectors kept for maintenance's recall probes."
     )

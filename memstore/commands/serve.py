@@ -112,5 +112,11 @@ def command(
     if maintenance:
         parts.append("maintenance")
     click.echo(f"memstore: serving on http://{host}:{port} ({', '.join(parts)}; docs at /docs)")
-    uvicorn.run(create_app(api_settings=api, options=options), host=host, port=port, log_level="info")
+    uvicorn.run(
+        create_app(api_settings=api, options=options),
+        host=host,
+        port=port,
+        log_level="info",
+        access_log=api.access_log,
+    )
     return 0
