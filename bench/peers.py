@@ -99,7 +99,7 @@ def run(args: argparse.Namespace, url: str, folder: Path) -> dict[str, Any]:
         if "memstore_python" in wanted:
             systems.append(MemstorePython(store, args.dims, representation))
         if "memstore_rest" in wanted:
-            serve = Serve(url, folder, args.rest_batch)
+            serve = Serve(url, folder, args.rest_batch, access_log=not args.no_access_log)
             systems.append(MemstoreRest(serve, store, args.dims, representation, args.rest_batch))
         if "raw_pgvector" in wanted:
             systems.append(RawPgvector(url, args.dims, settings, args.halfvec))
@@ -138,6 +138,7 @@ def run(args: argparse.Namespace, url: str, folder: Path) -> dict[str, Any]:
         "k": K,
         "hnsw": {"m": 16, "ef_construction": 64},
         "representation": representation,
+        "rest_access_log": not args.no_access_log,
         "recall_target": args.target,
         "ef_ladder": list(args.ef_ladder),
         "server": server,
@@ -217,6 +218,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--halfvec", action="store_true", help="memstore and raw pgvector index halfvec")
     p.add_argument("--systems", default=",".join((*CORE, *OPTIONAL)), help="comma-separated; default: all")
     p.add_argument("--rest-batch", type=int, default=5000, help="vectors per POST .../items (fewer if over 48 MiB)")
+    p.add_argument(
+        "--no-access-log",
+        action="store_true",
+        help="the REST server without its access log (MEMSTORE_API_ACCESS_LOG=false, as behind a logging proxy)",
+    )
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--plot", type=Path, help="write q/s against recall per system here (PNG; needs --whole-ladder)")
     p.add_argument("--database-url", help="an empty database to use (default: a temporary embedded server)")

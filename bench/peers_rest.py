@@ -37,7 +37,7 @@ def _free_port() -> int:
 class Serve:
     """``memstore serve --no-encoder`` in its own process, with an admin key to reach it."""
 
-    def __init__(self, url: str, data_dir: Path, max_items: int) -> None:
+    def __init__(self, url: str, data_dir: Path, max_items: int, *, access_log: bool = True) -> None:
         engine = create_engine(url)
         _, self.key = keys.create_key(engine, name=f"bench-peers-{uuid.uuid4().hex[:6]}", scopes=["admin"])
         engine.dispose()
@@ -47,6 +47,7 @@ class Serve:
             "MEMSTORE_DATA_DIR": str(data_dir),
             # The items endpoint takes 1,000 items a request by default; a bulk client sends more.
             "MEMSTORE_API_MAX_ITEMS_PER_REQUEST": str(max(1000, max_items)),
+            "MEMSTORE_API_ACCESS_LOG": "true" if access_log else "false",
         }
         cmd = [sys.executable, "-m", "memstore.cli", "serve", "--no-encoder", "--no-migrate"]
         cmd += ["--host", "127.0.0.1", "--port", str(self.port)]

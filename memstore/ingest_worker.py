@@ -147,9 +147,14 @@ class Processor:
                 missing.extend(members)
                 continue
             with raw_connection(self.engine) as conn:
+                # In binary: the originals come as their bytes. As text, bytea is hex, twice the size
+                # on the wire and decoded by the client in one call that holds the interpreter lock
+                # (32 photos of 150 kB: 11 ms and 7 ms of CPU, against 3 ms and 1.5 ms in binary),
+                # long enough to delay every search the same process answers meanwhile.
                 rows = conn.execute(
                     sql.SQL("SELECT id, text, content FROM {} WHERE id = ANY(%s)").format(collection.table),
                     ([c.item_id for c in members],),
+                    binary=True,
                 ).fetchall()
             found = {int(r[0]): (r[1], r[2]) for r in rows}
             for c in members:

@@ -131,7 +131,8 @@ def claim(conn: psycopg.Connection[Any], c: Collection) -> tuple[int, bytes] | N
         sql.SQL(
             "SELECT id, content FROM {} WHERE ocr_status = 'pending' AND status <> 'pending' "
             "ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED"
-        ).format(c.table)
+        ).format(c.table),
+        binary=True,  # the image as its bytes, not as hex (see ingest_worker.Processor._load)
     ).fetchone()
     if row is None:
         return None

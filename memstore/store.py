@@ -693,6 +693,7 @@ class VectorStore:
                     "SELECT content, content_type, text, external_id, metadata ->> 'filename' FROM {} WHERE id = %s"
                 ).format(c.table),
                 (int(id),),
+                binary=True,  # the original as its bytes, not as hex (see ingest_worker.Processor._load)
             ).fetchone()
         if row is None:
             raise ItemNotFoundError(collection, id)

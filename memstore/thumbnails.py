@@ -130,7 +130,9 @@ def read(engine: sa.Engine, collection: Collection, item_id: int) -> bytes | Non
 def _fill(engine: sa.Engine, collection: Collection, item_id: int, updated_at: Any) -> bytes | None:
     with raw_connection(engine) as conn:
         found = conn.execute(
-            sql.SQL("SELECT content FROM {} WHERE id = %s").format(collection.table), (item_id,)
+            sql.SQL("SELECT content FROM {} WHERE id = %s").format(collection.table),
+            (item_id,),
+            binary=True,  # the image as its bytes, not as hex (see ingest_worker.Processor._load)
         ).fetchone()
     made = make(bytes(found[0])) if found and found[0] is not None else None
     if made is None:
@@ -170,7 +172,9 @@ def backfill_table(conn: Any, table_name: str, *, batch: int = 64) -> int:
         after = ids[-1]
         made: list[tuple[bytes, int]] = []
         for item_id in ids:
-            found = conn.execute(sql.SQL("SELECT content FROM {} WHERE id = %s").format(table), (item_id,)).fetchone()
+            found = conn.execute(
+                sql.SQL("SELECT content FROM {} WHERE id = %s").format(table), (item_id,), binary=True
+            ).fetchone()
             thumb = make(bytes(found[0])) if found and found[0] is not None else None
             if thumb is not None:
                 made.append((thumb, item_id))

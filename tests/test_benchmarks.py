@@ -160,6 +160,7 @@ def test_peers_benchmark_measures_every_system_the_same_way(database_url: str) -
     assert "maintenance pass" in systems["memstore_python"]["cleanup"]
     assert result["ratio_ef"] == systems["memstore_python"]["ef"]
     assert set(result["goals"]) >= {"ingest_ratio_vs_raw_build>=0.8", "search_ratio_vs_raw>=0.85"}
+    assert result["rest_access_log"] is True  # the REST server as it ships, unless --no-access-log
 
 
 def test_scale_benchmark_reports_every_figure_per_size(database_url: str, tmp_path: Path) -> None:
