@@ -29,14 +29,8 @@ depends_on = None
 
 LIMIT = 100_000  # as revision 0008's bound on every text the keywords parse
 
-
-def upgrade() -> None:
-    # The keywords of a collection with OCR on: revision 0008's, and the text read in the image at
-    # weight C (below the file name, the listed fields and the text; above the parts of identifiers).
-    # The body repeats the four-argument function's rather than calling it: PostgreSQL evaluates index
-    # expressions with search_path set to pg_catalog, where memstore_keywords cannot be found.
-    op.execute(
-        rf"""
+# The keywords of a collection with OCR on (kept as text: revision 0011's downgrade restores it).
+KEYWORDS_WITH_SEEN = rf"""
         CREATE OR REPLACE FUNCTION memstore_keywords(body text, metadata jsonb, fields text[], config regconfig,
                                                      seen text)
         RETURNS tsvector LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
@@ -54,7 +48,14 @@ def upgrade() -> None:
             ) AS named
         $$
         """
-    )
+
+
+def upgrade() -> None:
+    # The keywords of a collection with OCR on: revision 0008's, and the text read in the image at
+    # weight C (below the file name, the listed fields and the text; above the parts of identifiers).
+    # The body repeats the four-argument function's rather than calling it: PostgreSQL evaluates index
+    # expressions with search_path set to pg_catalog, where memstore_keywords cannot be found.
+    op.execute(KEYWORDS_WITH_SEEN)
     # New content of an image is read again; anything else has nothing to read.
     op.execute(
         f"""
