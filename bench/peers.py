@@ -5,7 +5,9 @@ HNSW m 16 and ef_construction 64, cosine distance, k 10:
 
 - memstore's Python API (``VectorStore.bulk_load`` where the store has it, else ``upsert_items`` in
   batches of 10,000; ``search``);
-- memstore's REST API: a real ``memstore serve`` (no encoder), one httpx client, one request at a time;
+- memstore's REST API: a real ``memstore serve`` (no encoder), one request at a time on one kept-alive
+  connection of the standard library's ``http.client`` (and, for the ratios, the same searches sent with
+  httpx: ``rest_httpx_search_ratio_vs_raw``);
 - raw pgvector on the same server: ``COPY`` (binary) into a bare table, then one ``CREATE INDEX`` with
   memstore's build settings (maintenance_work_mem, max_parallel_maintenance_workers); a search is one
   prepared statement, ``hnsw.ef_search`` set once per session;
@@ -18,7 +20,7 @@ of the rows get new vectors and 10% are deleted, and again after the system's ow
 
 The ratios the issue asks for: ``ingest_ratio_vs_raw_build`` (memstore Python ingest rows/s over raw
 load-then-build rows/s), ``search_ratio_vs_raw`` and ``rest_search_ratio_vs_raw`` (q/s of memstore's
-Python and REST paths over raw single-statement q/s at the same ef: memstore's chosen one, the three
+Python and REST paths over raw single-statement q/s at the same ef: memstore's chosen one, all of them
 taking turns query by query so that noise from the machine lands on all alike).
 """
 
@@ -37,9 +39,19 @@ import psycopg
 from tqdm import tqdm
 
 from bench.peers_libs import OPTIONAL, optional_systems
-from bench.peers_measure import K, LadderResult, System, Workload, climb, make_workload, recall, time_searches
+from bench.peers_measure import (
+    K,
+    LadderResult,
+    Searcher,
+    System,
+    Workload,
+    climb,
+    make_workload,
+    recall,
+    time_searches,
+)
 from bench.peers_pg import MemstorePython, RawPgvector, sample_queries, server_settings
-from bench.peers_rest import MemstoreRest, Serve
+from bench.peers_rest import HttpxSearches, MemstoreRest, Serve
 from memstore import migrate
 from memstore.db import create_engine, libpq_url, normalise_url
 from memstore.embedded import start_embedded_server
@@ -155,19 +167,32 @@ def run(args: argparse.Namespace, url: str, folder: Path) -> dict[str, Any]:
 def _same_ef_ratios(
     systems: list[System], ladders: dict[str, LadderResult], w: Workload, rounds: int
 ) -> dict[str, Any]:
-    """memstore's paths against raw pgvector at memstore's chosen ef, the three taking turns."""
+    """memstore's paths against raw pgvector at memstore's chosen ef, all taking turns: the Python API,
+    the REST API through the standard library's client and through httpx, raw pgvector."""
     by_name = {s.name: s for s in systems}
     if "memstore_python" not in by_name or "raw_pgvector" not in by_name:
-        return {"search_ratio_vs_raw": None, "rest_search_ratio_vs_raw": None, "ratio_ef": None, "same_ef_qps": {}}
+        return {
+            "search_ratio_vs_raw": None,
+            "rest_search_ratio_vs_raw": None,
+            "rest_httpx_search_ratio_vs_raw": None,
+            "ratio_ef": None,
+            "same_ef_qps": {},
+        }
     ef = ladders["memstore_python"].ef
-    names = [n for n in CORE if n in by_name]
-    for n in names:
-        by_name[n].set_ef(ef)
-    timings = dict(zip(names, time_searches([by_name[n] for n in names], w.queries, rounds), strict=True))
-    qps = {n: round(t.qps, 1) for n, t in timings.items()}
+    searchers: list[Searcher] = []
+    for n in CORE:
+        if n in by_name:
+            by_name[n].set_ef(ef)
+            searchers.append(by_name[n])
+    rest = by_name.get("memstore_rest")
+    if isinstance(rest, MemstoreRest):
+        searchers.append(HttpxSearches(rest))
+    timings = time_searches(searchers, w.queries, rounds)
+    qps = {s.name: round(t.qps, 1) for s, t in zip(searchers, timings, strict=True)}
     return {
         "search_ratio_vs_raw": _ratio(qps["memstore_python"], qps["raw_pgvector"]),
         "rest_search_ratio_vs_raw": _ratio(qps.get("memstore_rest"), qps["raw_pgvector"]),
+        "rest_httpx_search_ratio_vs_raw": _ratio(qps.get(HttpxSearches.name), qps["raw_pgvector"]),
         "ratio_ef": ef,
         "same_ef_qps": qps,
     }

@@ -19,8 +19,14 @@ from bench.data import clustered, exact_neighbours
 K = 10
 
 
-class System(Protocol):
+class Searcher(Protocol):
     name: str  # the key in the JSON's systems table
+
+    def search(self, query: np.ndarray) -> list[int]:
+        """The ids of the K nearest rows at the ef last set, best first."""
+
+
+class System(Searcher, Protocol):
     label: str  # the row's name in the docs' table
     ingest_path: str  # how rows went in (e.g. bulk_load, upsert_items, COPY + CREATE INDEX)
     cleanup_name: str  # what its own clean-up after churn is
@@ -29,9 +35,6 @@ class System(Protocol):
         """Load every row; returns when all of them are searchable (an index build included)."""
 
     def set_ef(self, ef: int) -> None: ...
-
-    def search(self, query: np.ndarray) -> list[int]:
-        """The ids of the K nearest rows at the ef last set, best first."""
 
     def update(self, ids: np.ndarray, vectors: np.ndarray) -> None:
         """New vectors for existing ids."""
@@ -129,7 +132,7 @@ def _timing(latencies: list[float]) -> Timing:
     return Timing(float(len(ms) / (ms.sum() / 1000)), float(np.percentile(ms, 50)), float(np.percentile(ms, 99)))
 
 
-def time_searches(systems: Sequence[System], queries: np.ndarray, rounds: int, warmup: int = 50) -> list[Timing]:
+def time_searches(systems: Sequence[Searcher], queries: np.ndarray, rounds: int, warmup: int = 50) -> list[Timing]:
     """One client, one query at a time. With several systems they take turns query by query (and the
     first of each turn rotates), so load from anything else on the machine lands on all alike."""
     for s in systems:

@@ -1,8 +1,15 @@
 """bench.peers' REST system: a real ``memstore serve`` (no encoder: vectors only) on the same server,
-reached by one httpx client sending one request at a time."""
+one request at a time.
+
+Searches go through the standard library's ``http.client`` on one kept-alive connection: the figure is
+meant to be the server's, and the client a Python user picks costs what it costs on top. httpx, for
+example, spends about 1.5 ms of CPU per search request on the 2-core development machine, more than
+the server and the database together; it is measured in the same run as its own figure
+(``HttpxSearches``). Loads, updates and deletes go through httpx (streamed bodies, large requests)."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import socket
@@ -74,6 +81,9 @@ class Serve:
             time.sleep(0.3)
         raise RuntimeError(f"memstore serve did not answer within 120 s; see {self.log.name}")
 
+    def connect(self) -> SearchConnection:
+        return SearchConnection(self.port, self.key)
+
     def call(self, method: str, path: str, body: Any) -> Any:
         r = self.client.request(method, path, json=body)
         if r.status_code >= 300:
@@ -88,6 +98,36 @@ class Serve:
         except subprocess.TimeoutExpired:
             self.proc.kill()
         self.log.close()
+
+
+class SearchConnection:
+    """One kept-alive HTTP/1.1 connection of the standard library, posting JSON bodies."""
+
+    def __init__(self, port: int, key: str) -> None:
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+        self.headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+
+    def post(self, path: str, body: dict[str, Any]) -> Any:
+        # bytes, not str: http.client then sends the headers and the body in one write
+        payload = json.dumps(body).encode()
+        try:
+            response = self._exchange(path, payload)
+        except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
+            # the server closes a connection left idle past its keep-alive time (uvicorn: 5 s); a
+            # search is safe to send again, on a new connection
+            self.conn.close()
+            response = self._exchange(path, payload)
+        data = response.read()
+        if response.status >= 300:
+            raise RuntimeError(f"POST {path}: {response.status} {data[:300]!r}")
+        return json.loads(data)
+
+    def _exchange(self, path: str, payload: bytes) -> http.client.HTTPResponse:
+        self.conn.request("POST", path, payload, self.headers)
+        return self.conn.getresponse()
+
+    def close(self) -> None:
+        self.conn.close()
 
 
 class MemstoreRest:
@@ -118,6 +158,7 @@ class MemstoreRest:
         if representation != "full":  # the REST API creates full indexes; the switch is the store's
             store.set_index_representation(collection=name, representation=representation, grace_s=0)
         self.ef = store.settings.default_ef_search
+        self.searches = serve.connect()
         self.ingest_path = "POST /load (NDJSON, one request); updates: POST /items, " + f"{batch} vectors a request"
         self.search_path = f"/v1/collections/{name}/search"
 
@@ -155,8 +196,11 @@ class MemstoreRest:
     def set_ef(self, ef: int) -> None:
         self.ef = ef
 
+    def body(self, query: np.ndarray) -> dict[str, Any]:
+        return {"vector": query.tolist(), "k": K, "ef_search": self.ef}
+
     def search(self, query: np.ndarray) -> list[int]:
-        out = self.serve.call("POST", self.search_path, {"vector": query.tolist(), "k": K, "ef_search": self.ef})
+        out = self.searches.post(self.search_path, self.body(query))
         return [int(hit["external_id"]) for hit in out["results"]]
 
     def update(self, ids: np.ndarray, vectors: np.ndarray) -> None:
@@ -174,5 +218,23 @@ class MemstoreRest:
         return maintenance_pass(self.store, self.collection)
 
     def close(self) -> None:
+        self.searches.close()
         if self.collection in {c.name for c in self.store.list_collections()}:
             self.store.drop_collection(name=self.collection)
+
+
+class HttpxSearches:
+    """The REST collection's searches sent with httpx instead (the same server, collection and ef): the
+    cost of a popular client, for the interleaved measurement only."""
+
+    name = "memstore_rest_httpx"
+
+    def __init__(self, rest: MemstoreRest) -> None:
+        self.rest = rest
+
+    def set_ef(self, ef: int) -> None:
+        self.rest.set_ef(ef)
+
+    def search(self, query: np.ndarray) -> list[int]:
+        out = self.rest.serve.call("POST", self.rest.search_path, self.rest.body(query))
+        return [int(hit["external_id"]) for hit in out["results"]]

@@ -141,7 +141,8 @@ def test_peers_benchmark_measures_every_system_the_same_way(database_url: str) -
         database_url,
         *("--database-url", database_url, "--rows", "1500", "--queries", "30", "--rounds", "1"),
     )
-    for key in ("ingest_ratio_vs_raw_build", "search_ratio_vs_raw", "rest_search_ratio_vs_raw"):
+    ratios = ("ingest_ratio_vs_raw_build", "search_ratio_vs_raw", "rest_search_ratio_vs_raw")
+    for key in (*ratios, "rest_httpx_search_ratio_vs_raw"):
         assert isinstance(result[key], float) and result[key] > 0, key
     systems, skipped = result["systems"], result["skipped"]
     assert set(CORE) <= set(systems)
