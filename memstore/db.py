@@ -64,6 +64,7 @@ def resolve_database_url(settings: Settings | None = None) -> str:
                 settings.data_dir,
                 maintenance_work_mem=settings.maintenance_work_mem,
                 max_parallel_maintenance_workers=settings.max_parallel_maintenance_workers,
+                shared_buffers=settings.embedded_shared_buffers,
             )
     return url
 

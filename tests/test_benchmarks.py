@@ -240,3 +240,23 @@ def test_reembed_benchmark_fills_a_second_space_under_a_search_stream(database_u
         "exactly_one_vector",
     }
     assert result["goals_met"] == all(result["goals"].values())
+
+
+def test_buffers_benchmark_starts_the_server_with_each_size() -> None:
+    """Each size is what the server really ran with (its own child process, its own start)."""
+    sizes = ("--sizes=128MB,256MB", "--ef=40", "--rounds=1", "--passes=1")
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.buffers", "--json", "--rows=2000", "--queries=20", *sizes],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert [run["shared_buffers"] for size in ("128MB", "256MB") for run in result["runs"][size]] == ["128MB", "256MB"]
+    assert result["index_bytes"] > 0 and result["build_s"] >= 0
+    for size in ("128MB", "256MB"):
+        figures = result["summary"][size]["40"]
+        assert 0 < figures["p50_ms"] <= figures["p99_ms"]
+    assert result["summary"]["128MB"]["40"]["ratio_vs_first"] == 1.0

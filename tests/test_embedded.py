@@ -12,16 +12,23 @@ from pathlib import Path
 
 import psutil
 import psycopg
+import pytest
+from pydantic import ValidationError
 
 from memstore.db import libpq_url
+from memstore.embedded import SERVER_CONF, shared_buffers_size
+from memstore.settings import Settings
 
 HOLDER = textwrap.dedent(
     """
-    import sys, time
+    import logging, sys, time
     from memstore.cli_support import exit_cleanly_on_sigterm
     from memstore.embedded import start_embedded_server
+    logging.basicConfig(level=logging.WARNING)
     exit_cleanly_on_sigterm()
-    url = start_embedded_server(sys.argv[1], maintenance_work_mem="64MB", max_parallel_maintenance_workers=1)
+    url = start_embedded_server(
+        sys.argv[1], maintenance_work_mem="64MB", max_parallel_maintenance_workers=1, shared_buffers=sys.argv[2]
+    )
     print(url, flush=True)
     while True:
         time.sleep(0.1)
@@ -29,9 +36,12 @@ HOLDER = textwrap.dedent(
 )
 
 
-def _start_holder(data_dir: Path) -> tuple[subprocess.Popen[str], str]:
+def _start_holder(data_dir: Path, shared_buffers: str = "auto") -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, str(data_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-c", HOLDER, str(data_dir), shared_buffers],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     assert proc.stdout is not None
     url = proc.stdout.readline().strip()
@@ -114,3 +124,64 @@ def test_tuning_is_applied(tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=20)
+
+
+def _shared_buffers(url: str) -> str:
+    with psycopg.connect(libpq_url(url)) as conn:
+        row = conn.execute("SELECT current_setting('shared_buffers')").fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def _stop(proc: subprocess.Popen[str]) -> str:
+    """SIGTERM, then what the holder wrote to stderr."""
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=20)
+    return err
+
+
+def test_shared_buffers_apply_from_the_first_start_and_follow_the_setting(tmp_path: Path) -> None:
+    """A new data folder's first start already has them (not PostgreSQL's 128MB); a later start takes a
+    changed setting; a process joining a running server keeps the server's and says so."""
+    started: list[subprocess.Popen[str]] = []
+
+    def holder(buffers: str) -> tuple[subprocess.Popen[str], str]:
+        proc, url = _start_holder(tmp_path, buffers)
+        started.append(proc)
+        return proc, url
+
+    try:
+        first, url = holder("200MB")
+        assert _shared_buffers(url) == "200MB"
+        joiner, joined_url = holder("300MB")  # the server runs: its buffers stay
+        assert _shared_buffers(joined_url) == "200MB"
+        assert "300MB applies when it next starts" in _stop(joiner)
+        _stop(first)
+        assert _wait_stopped(tmp_path)
+        second, url = holder("300MB")
+        assert _shared_buffers(url) == "300MB"
+        _stop(second)
+    finally:
+        for proc in started:
+            if proc.poll() is None:
+                proc.kill()
+    conf = (tmp_path / "pg" / "postgresql.conf").read_text()
+    assert conf.count(f"include_if_exists = '{SERVER_CONF}'") == 1  # included once, however many starts
+    assert "shared_buffers = '300MB'" in (tmp_path / "pg" / SERVER_CONF).read_text()
+
+
+def test_shared_buffers_auto_is_an_eighth_of_memory_within_bounds() -> None:
+    gib = 1 << 30
+    assert shared_buffers_size("auto", memory_bytes=16 * gib) == "2048MB"
+    assert shared_buffers_size("auto", memory_bytes=gib // 2) == "128MB"  # never below PostgreSQL's default
+    assert shared_buffers_size("auto", memory_bytes=256 * gib) == "4096MB"
+    assert shared_buffers_size("512MB") == "512MB"
+
+
+@pytest.mark.parametrize("value", ["12", "1 GB", "2GB'; fsync = 'off", "-1MB", "auto "])
+def test_shared_buffers_refuse_what_is_not_a_size(value: str) -> None:
+    """A size goes into the server's configuration file: anything else is refused before it gets there."""
+    with pytest.raises(ValueError, match="shared_buffers"):
+        shared_buffers_size(value)
+    with pytest.raises(ValidationError):
+        Settings(embedded_shared_buffers=value)
