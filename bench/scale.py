@@ -394,7 +394,11 @@ def main(argv: list[str] | None = None) -> int:
         "elapsed_s": round(time.perf_counter() - started, 1),
     }
     if args.plot:
-        result["plot"] = str(plot(result, args.plot))
+        try:
+            result["plot"] = str(plot(result, args.plot))
+        except Exception as exc:  # a run of an hour is not lost to its picture: the figures still print
+            _log(f"the plot failed ({exc!r}); python -m bench.scale_report RESULT.json --plot OUT draws it again")
+            result["plot_error"] = repr(exc)
     print(json.dumps(result))
     return 0
 

@@ -121,18 +121,23 @@ def plot(result: dict[str, Any], path: Path) -> Path:
     efs = ", ".join(f"{r['rows']:,}: {r.get('ef_search')}" for r in rows)
     ax_search.set_title(f"search at the lowest ef_search with recall@10 >= 0.95\n(ef_search {efs})", fontsize=10)
 
-    series(ax_maint, "maintenance.vacuum_s", "plain VACUUM")
-    series(ax_maint, "maintenance.policy_s", "maintenance policy")
-    ax_maint.set_yscale("log")
-    ax_maint.set_ylabel("seconds after 2% churn")
     costs = ", ".join(f"{figure(r, 'maintenance.cost'):.3f}" for r in rows if figure(r, "maintenance.cost") is not None)
-    ax_maint.set_title(f"maintenance (policy / VACUUM: {costs})", fontsize=10)
+    if any(figure(r, "maintenance.vacuum_s") is not None for r in rows):
+        series(ax_maint, "maintenance.vacuum_s", "plain VACUUM")
+        series(ax_maint, "maintenance.policy_s", "maintenance policy")
+        ax_maint.set_yscale("log")
+        ax_maint.set_ylabel("seconds after 2% churn")
+        ax_maint.set_title(f"maintenance (policy / VACUUM: {costs})", fontsize=10)
+    else:  # a --no-maintenance run: nothing to draw (and a log scale of nothing would not render)
+        ax_maint.text(0.5, 0.5, "maintenance not measured in this run", ha="center", va="center")
+        ax_maint.set_title("maintenance", fontsize=10)
 
     for ax in axes.flat:
         ax.set_xscale("log")
         ax.set_xlabel("rows")
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=8, loc="upper left")
+        if ax.get_lines():
+            ax.legend(fontsize=8, loc="upper left")
     fig.suptitle(f"bench.scale: {result['dataset']}, k={result['k']}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

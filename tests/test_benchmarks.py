@@ -260,3 +260,30 @@ def test_buffers_benchmark_starts_the_server_with_each_size() -> None:
         figures = result["summary"][size]["40"]
         assert 0 < figures["p50_ms"] <= figures["p99_ms"]
     assert result["summary"]["128MB"]["40"]["ratio_vs_first"] == 1.0
+
+
+def test_scale_plot_draws_a_run_without_maintenance(tmp_path: Path) -> None:
+    """A --no-maintenance run has no maintenance figures: its plot still draws (an empty log-scaled
+    panel used to raise after the whole run), and the search that never reached the recall goal at the
+    largest size is left out of the curve rather than failing it."""
+    from bench.scale_report import fit_and_check, plot
+
+    def size(rows: int, ef: int | None, p99: float | None) -> dict[str, Any]:
+        search = {"search_qps": 500.0, "search_p50_ms": 1.0, "search_p99_ms": p99} if p99 else {}
+        return {
+            "rows": rows,
+            "ingest_rows_per_s": 20_000.0,
+            "ingest_rows_per_s_raw_copy": 30_000.0,
+            "build_s": rows / 5000,
+            "index_bytes": rows * 832,
+            "index_bytes_per_row": 832.0,
+            "ef_search": ef,
+            "recall_at_10": 0.96 if ef else None,
+            **search,
+            "at_default_ef": {"ef_search": 80, "recall_at_10": 0.9, "search_p50_ms": 2.0, "search_p99_ms": 3.0},
+        }
+
+    rows = [size(10_000, 10, 1.0), size(100_000, 80, 3.5), size(1_000_000, None, None)]
+    result = {"dataset": "synthetic-128d-clustered", "k": 10, "sizes": rows, **fit_and_check(rows)}
+    out = plot(result, tmp_path / "scale.png")
+    assert out.stat().st_size > 10_000
