@@ -122,15 +122,17 @@ def plot(result: dict[str, Any], path: Path) -> Path:
     ax_search.set_title(f"search at the lowest ef_search with recall@10 >= 0.95\n(ef_search {efs})", fontsize=10)
 
     costs = ", ".join(f"{figure(r, 'maintenance.cost'):.3f}" for r in rows if figure(r, "maintenance.cost") is not None)
-    if any(figure(r, "maintenance.vacuum_s") is not None for r in rows):
+    maintained = any(figure(r, "maintenance.vacuum_s") is not None for r in rows)
+    if maintained:
         series(ax_maint, "maintenance.vacuum_s", "plain VACUUM")
         series(ax_maint, "maintenance.policy_s", "maintenance policy")
         ax_maint.set_yscale("log")
         ax_maint.set_ylabel("seconds after 2% churn")
         ax_maint.set_title(f"maintenance (policy / VACUUM: {costs})", fontsize=10)
     else:  # a --no-maintenance run: nothing to draw (and a log scale of nothing would not render)
-        ax_maint.text(0.5, 0.5, "maintenance not measured in this run", ha="center", va="center")
-        ax_maint.set_title("maintenance", fontsize=10)
+        ax_maint.text(
+            0.5, 0.5, "maintenance not measured in this run", ha="center", va="center", transform=ax_maint.transAxes
+        )
 
     for ax in axes.flat:
         ax.set_xscale("log")
@@ -138,6 +140,8 @@ def plot(result: dict[str, Any], path: Path) -> Path:
         ax.grid(alpha=0.3, which="both")
         if ax.get_lines():
             ax.legend(fontsize=8, loc="upper left")
+    if not maintained:
+        ax_maint.set_axis_off()
     fig.suptitle(f"bench.scale: {result['dataset']}, k={result['k']}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
