@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import psycopg
 
 from maintenance.config import MaintenanceConfig
 from maintenance.display import Bars, fmt_bytes, table
@@ -246,7 +247,29 @@ def _status(worker: MaintenanceWorker, common: Common, *, with_recall: bool) -> 
         return table(cells, columns) if cells else "no collections"
 
     emit(common.as_json, rows, shown)
+    with worker.connect() as conn:
+        note = buffer_cache_note(conn)
+    if note:
+        click.echo(note, err=True)  # stderr: the JSON on stdout stays one document
     return EXIT_OK
+
+
+def buffer_cache_note(conn: psycopg.Connection[Any]) -> str | None:
+    """A line of advice when the database's HNSW indexes, together, outgrow the server's buffer cache:
+    past it, every search reads graph pages through the kernel's cache (about twice the time a search,
+    docs/scale.md)."""
+    from memstore import sqlfiles
+
+    row = conn.execute(sqlfiles.text("buffer_cache")).fetchone()
+    hnsw_bytes, buffer_bytes = (int(row[0]), int(row[1])) if row else (0, 0)
+    if not buffer_bytes or hnsw_bytes <= buffer_bytes:
+        return None
+    return (
+        f"memstore-maint: the HNSW indexes take {fmt_bytes(hnsw_bytes)}, more than the server's shared_buffers "
+        f"({fmt_bytes(buffer_bytes)}): searches read graph pages through the kernel's cache. Raise "
+        "shared_buffers (the embedded server: MEMSTORE_EMBEDDED_SHARED_BUFFERS); see the README, "
+        '"Tuning for HNSW".'
+    )
 
 
 def _last_sql() -> str:

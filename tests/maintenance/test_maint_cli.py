@@ -18,7 +18,7 @@ import pytest
 
 from maintenance.cli import main
 from memstore.collections import Collection
-from memstore.settings import get_settings
+from memstore.settings import Settings, get_settings
 from tests.maintenance.maint_helpers import churn
 
 
@@ -134,3 +134,44 @@ def test_durations_are_formatted_for_people(seconds: float, text: str) -> None:
     from maintenance.display import format_duration
 
     assert format_duration(seconds) == text
+
+
+def test_status_says_when_the_indexes_outgrow_the_buffer_cache(
+    cli_env: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    """On a server whose shared_buffers (1MB) hold less than its HNSW indexes, status says so on stderr
+    and its JSON stays whole; on the test server (auto: far above these small indexes) it says nothing."""
+    from memstore import migrate
+    from memstore.db import create_engine
+    from memstore.embedded import start_embedded_server
+    from memstore.models import ItemIn
+    from memstore.store import VectorStore
+    from tests.maintenance.maint_helpers import clustered
+
+    assert main(["status", "--json"]) == 0
+    assert "shared_buffers" not in capsys.readouterr().err
+
+    url = start_embedded_server(
+        tmp_path, maintenance_work_mem="64MB", max_parallel_maintenance_workers=1, shared_buffers="1MB"
+    )
+    migrate.upgrade(url)
+    engine = create_engine(url)
+    try:
+        store = VectorStore(engine, settings=Settings(database_url=url))
+        store.create_collection(name="outgrown", dimensions=128)
+        vectors = clustered(3000, 128, seed=1)
+        store.upsert_items(
+            collection="outgrown", items=[ItemIn(external_id=str(i), vector=v.tolist()) for i, v in enumerate(vectors)]
+        )
+    finally:
+        engine.dispose()
+    monkeypatch.setenv("MEMSTORE_DATABASE_URL", url)
+    get_settings.cache_clear()
+    assert main(["status", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert [row["collection"] for row in json.loads(captured.out.strip().splitlines()[-1])] == ["outgrown"]
+    assert "more than the server's shared_buffers (1.0MB)" in captured.err
+    assert "MEMSTORE_EMBEDDED_SHARED_BUFFERS" in captured.err
