@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import threading
 import warnings
 from contextlib import suppress
@@ -123,8 +122,9 @@ def _write_server_conf(pgdata: Path, values: dict[str, str], owner: str | None) 
         staged = pgdata / f"{SERVER_CONF}.new"
         staged.write_text(text)
         staged.chmod(0o600)
-        if owner:  # the server runs as its own user when memstore runs as root
-            shutil.chown(staged, user=owner, group=owner)
+        if owner:  # the server runs as its own user when memstore runs as root: the folder's owner
+            folder = pgdata.stat()
+            os.chown(staged, folder.st_uid, folder.st_gid)
         os.replace(staged, target)
     main = pgdata / "postgresql.conf"
     include = f"include_if_exists = '{SERVER_CONF}'"
