@@ -110,3 +110,21 @@ def test_serve_on_the_embedded_database_answers_health(tmp_path: Path, access_lo
     while pidfile.exists() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not pidfile.exists(), "the embedded server kept running after memstore serve exited"
+
+
+def test_ingest_says_each_retry_when_the_server_cannot_be_reached(tmp_path: Path) -> None:
+    """A wrong --url is a line on stderr at each retry, not a minute and a half of silence."""
+    (tmp_path / "note.txt").write_text("hello")
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [*MEMSTORE, "ingest", str(tmp_path), "--collection", "notes", "--url", f"http://127.0.0.1:{port}"]
+    proc = subprocess.Popen(command, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()  # the first retry is announced at once (it would wait 1 s, then 2, 4 ...)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    assert f"cannot reach http://127.0.0.1:{port}" in first, first
+    assert "trying again in 1 s (attempt 2 of 8)" in first, first

@@ -32,6 +32,8 @@ from memstore.commands.api_access import api_options, auth_headers, problem
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
 TEXT_SUFFIXES = {".txt", ".md"}
+# Tries of one request in all: on connection errors after 1, 2, 4 ... 30 s (about a minute and a half).
+ATTEMPTS = 8
 
 
 @dataclass(frozen=True)
@@ -135,12 +137,28 @@ class Client:
         connection errors, after 1, 2, 4 ... 30 s; a server that stays busy answers with its last reply."""
         strategy = Retrying(
             retry=retry_if_exception_type(httpx.TransportError) | retry_if_result(_busy),
-            stop=stop_after_attempt(8),
+            stop=stop_after_attempt(ATTEMPTS),
             wait=_retry_after,
+            before_sleep=self._say_retry,
             retry_error_callback=self._give_up,
         )
         response: httpx.Response = strategy(self.http.request, method, url, **kw)
         return response
+
+    def _say_retry(self, state: RetryCallState) -> None:
+        """One line on stderr per retry, so that a wrong --url or a busy server is not a silent minute."""
+        assert state.outcome is not None and state.next_action is not None
+        error = state.outcome.exception()
+        why = (
+            f"cannot reach {self.http.base_url} ({error})"
+            if error
+            else f"the server is busy ({state.outcome.result().status_code})"
+        )
+        click.echo(
+            f"memstore ingest: {why}; trying again in {state.next_action.sleep:.0f} s "
+            f"(attempt {state.attempt_number + 1} of {ATTEMPTS})",
+            err=True,
+        )
 
     def _give_up(self, state: RetryCallState) -> httpx.Response:
         assert state.outcome is not None
