@@ -6,9 +6,17 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test lint bench-store clean
 
+# TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu: PyTorch's CPU-only wheels (PyPI's Linux torch
+# brings the CUDA libraries, several GB), as the Dockerfile's CPU variant does.
+TORCH_INDEX_URL ?=
+
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+	@echo "memstore: installing into $(VENV) (PyTorch and its libraries: a few minutes on a first run, without output)"
 	$(BIN)/pip install --quiet --upgrade pip
+	@if [ -n "$(TORCH_INDEX_URL)" ]; then \
+		$(BIN)/pip install --quiet --index-url "$(TORCH_INDEX_URL)" torch==2.14.1 torchvision==0.29.1; \
+	fi
 	$(BIN)/pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 

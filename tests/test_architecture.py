@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -173,3 +174,15 @@ def test_every_package_folder_is_listed_for_installation() -> None:
     docker = (ROOT / "Dockerfile").read_text()
     for folder in ("memstore", "encoder", "maintenance", *mapped):
         assert f"COPY {folder} {folder}" in docker, f"the Dockerfile does not copy {folder}/"
+
+
+def test_the_torch_pins_outside_pyproject_are_pyproject_s() -> None:
+    """The Dockerfile's and the Makefile's CPU-only installs name torch and torchvision by version: the
+    same versions as pyproject.toml, or pip would fetch a second torch (or fail) right after."""
+    pins = re.findall(r'"(torch(?:vision)?==[^"]+)"', (ROOT / "pyproject.toml").read_text())
+    assert [pin.split("==")[0] for pin in sorted(pins)] == ["torch", "torchvision"], pins
+    for name in ("Dockerfile", "Makefile"):
+        text = (ROOT / name).read_text()
+        for pin in pins:
+            assert pin in text, f"{name} does not install {pin}"
+        assert len(re.findall(r"torch(?:vision)?==", text)) == len(pins), f"{name} names other torch versions"
