@@ -128,3 +128,20 @@ def test_ingest_says_each_retry_when_the_server_cannot_be_reached(tmp_path: Path
         proc.wait(timeout=30)
     assert f"cannot reach http://127.0.0.1:{port}" in first, first
     assert "trying again in 1 s (attempt 2 of 8)" in first, first
+
+
+def test_the_readme_python_example_runs(server_url: str) -> None:
+    """The README's Python example, as a user pastes it, against a fresh database."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in readme.split("```python\n")[1:]]
+    [example] = [b for b in blocks if "VectorStore(get_engine())" in b]
+    with scratch_database(server_url, "memstore_readme") as url:
+        done = subprocess.run(
+            [sys.executable, "-c", example],
+            env=_env(MEMSTORE_DATABASE_URL=url),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("img-1 "), done.stdout  # the one item, found through its filter
