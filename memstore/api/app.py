@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -128,6 +128,12 @@ def create_app(
                 pass
         body = await run_in_threadpool(_health, rt, detailed)
         return JSONResponse(body, status_code=503 if body["status"] == "unavailable" else 200)
+
+    @app.get("/", include_in_schema=False)
+    async def root() -> RedirectResponse:
+        """The bare address opens the web pages (which ask for a key when there is no session). The
+        target is relative, so that it holds behind a proxy serving memstore under a path."""
+        return RedirectResponse("ui/", status_code=307)
 
     @app.get("/metrics", tags=["operations"], summary="Prometheus metrics", response_class=Response)
     async def metrics() -> Response:

@@ -223,3 +223,15 @@ def test_an_image_page_shows_the_text_read_in_it_escaped(admin_page, api, collec
     assert api.post("/v1/collections", json={"name": plain_name}).status_code == 201
     [plain] = _add_images(api, plain_name, 1)
     assert 'id="ocr"' not in admin_page.get(f"/ui/c/{plain_name}/items/{plain}").text
+
+
+def test_the_bare_address_leads_to_the_pages(server) -> None:
+    """GET / answers a redirect to the web pages (relative, for a proxy's path), whose front door
+    asks for a key: nothing of a collection is shown to the anonymous visitor on the way."""
+    with httpx.Client(base_url=server.url, timeout=60) as anonymous:
+        r = anonymous.get("/")
+        assert r.status_code == 307 and r.headers["location"] == "ui/"
+        followed = anonymous.get("/", follow_redirects=True)
+        assert followed.url.path.startswith("/ui/") and followed.status_code == 200, followed.url
+        assert "sign in" in followed.text.lower()
+        assert anonymous.post("/").status_code == 405  # a redirect for reading only
