@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -319,7 +320,9 @@ def create_encoder(
     dev = resolve_device(device)
     prec = resolve_precision(precision, dev)
     weights = resolve_weights(name, tag, cache_dir)
-    with torch.random.fork_rng(devices=[]):
+    if weights.checkpoint is None and pretrained != DEFAULT:
+        log.info("%s: untrained weights, as asked (its vectors carry no meaning)", name)
+    with torch.random.fork_rng(devices=[]), _untrained_quietly(weights.checkpoint is None):
         torch.manual_seed(seed)  # untrained weights are the same in every process
         model = open_clip.create_model(
             name,
@@ -385,3 +388,20 @@ def create_encoder_from_settings(
         threads=threads,
         graph=settings.graph,
     )
+
+
+@contextmanager
+def _untrained_quietly(untrained: bool) -> Iterator[None]:
+    """open_clip warns on the root logger that no pretrained weights were loaded, which reads as an
+    error when untrained weights are what was asked for; that case is logged above in our words."""
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("No pretrained weights loaded")
+
+    root = logging.getLogger()
+    if untrained:
+        root.addFilter(keep)
+    try:
+        yield
+    finally:
+        root.removeFilter(keep)

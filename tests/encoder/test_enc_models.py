@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import logging
 import os
 import random
 import threading
@@ -42,6 +43,17 @@ def test_tiny_model_reports_its_facts_and_returns_unit_vectors(tiny):
 def test_untrained_weights_are_the_same_in_every_process(tiny):
     again = create_encoder("memstore-tiny", pretrained=None, batch_size=8)
     assert np.array_equal(again.encode_texts(["same"]), tiny.encode_texts(["same"]))
+
+
+def test_untrained_weights_asked_for_are_said_plainly_not_as_open_clips_warning(caplog):
+    """open_clip's root-logger warning ("No pretrained weights loaded") reads as a failure in a log;
+    when untrained weights are what was asked for, the log says so in one INFO line instead."""
+    with caplog.at_level("INFO"):
+        create_encoder("memstore-tiny", pretrained=None, batch_size=8, graph="eager")
+    messages = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert not any("No pretrained weights loaded" in m for _, m in messages), messages
+    assert ("INFO", "memstore-tiny: untrained weights, as asked (its vectors carry no meaning)") in messages
+    assert not logging.getLogger().filters  # the filter lasts only for the model's creation
 
 
 def test_the_traced_graph_gives_the_eager_modules_vectors(tiny):
