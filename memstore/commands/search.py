@@ -30,7 +30,8 @@ def _filter(_ctx: click.Context, _param: click.Parameter, value: str | None) -> 
 @click.option(
     "--mode",
     type=click.Choice(["hybrid", "keyword", "vector"]),
-    help="default: hybrid when the server can embed the query, else vector",
+    help="default: hybrid (the words embedded and matched as keywords); ask for keyword where the server "
+    "cannot embed them for this collection (a collection of your own vectors, or another model's)",
 )
 @click.option("--filter", "filter_", metavar="JSON", callback=_filter, help='metadata filter, e.g. {"tag": "cat"}')
 @click.option("-k", "k", type=click.IntRange(1, 1000), default=10, help="hits to show")
