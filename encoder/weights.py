@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import open_clip
 
@@ -37,6 +39,27 @@ def _offline() -> bool:
 
     env = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
     return env or bool(constants.HF_HUB_OFFLINE)
+
+
+def _unresolved_host(cfg: dict[str, Any]) -> str | None:
+    """The host the weights would come from, when its name does not resolve here; None when it does,
+    or when a proxy would resolve it (HTTPS_PROXY and the like) and so this machine cannot tell."""
+    proxies = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
+    if any(os.environ.get(name) for name in proxies):
+        return None
+    if cfg.get("hf_hub"):
+        from huggingface_hub import constants
+
+        host = urlparse(constants.ENDPOINT).hostname
+    else:
+        host = urlparse(str(cfg.get("url") or "")).hostname
+    if not host:
+        return None
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError:  # socket.gaierror: no such name, or no resolver answering
+        return host
+    return None
 
 
 def _hf_cache_root(cache_dir: str | None) -> str:
@@ -127,6 +150,11 @@ def resolve_weights(model: str, pretrained: str | None, cache_dir: str | None = 
     if hit is None:
         if _offline():
             raise WeightsNotFoundError(_missing_message(model, pretrained, cfg, cache_dir, "HF_HUB_OFFLINE is set"))
+        unresolved = _unresolved_host(cfg)
+        if unresolved:  # no network: fail at once rather than after the hub's retries (about a minute)
+            raise WeightsNotFoundError(
+                _missing_message(model, pretrained, cfg, cache_dir, f"the name {unresolved} does not resolve")
+            )
         # Said before the download starts: without network, the hub's retries take a while and fill
         # the log before the failure that names the way out.
         log.warning(

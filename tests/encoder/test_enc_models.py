@@ -252,6 +252,7 @@ def test_the_offline_command_is_logged_before_a_download_starts(monkeypatch, tmp
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(weights, "_offline", lambda: False)
+    monkeypatch.setattr(weights, "_unresolved_host", lambda cfg: None)  # the name resolves; the fetch fails
     events: list[str] = []
 
     def no_network(cfg, cache_dir=None):
@@ -263,3 +264,35 @@ def test_the_offline_command_is_logged_before_a_download_starts(monkeypatch, tmp
         weights.resolve_weights("ViT-B-32", "laion2b_s34b_b79k", str(tmp_path))
     assert events == ["download"]
     assert "MEMSTORE_MODEL=memstore-tiny MEMSTORE_PRETRAINED=none" in caplog.text
+
+
+def test_weights_fail_at_once_when_their_host_does_not_resolve(monkeypatch, tmp_path):
+    """No network (the hub's name does not resolve): the way out at once, without the hub's minute of
+    retries; behind a proxy (which resolves names itself) the download is tried as before."""
+    import socket
+
+    from encoder import weights
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(weights, "_offline", lambda: False)
+    asked: list[str] = []
+
+    def no_dns(host, *args, **kwargs):
+        asked.append(host)
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    def download(cfg, cache_dir=None):
+        raise RuntimeError("the download was tried")
+
+    monkeypatch.setattr(weights.socket, "getaddrinfo", no_dns)
+    monkeypatch.setattr(weights.open_clip, "download_pretrained", download)
+    with pytest.raises(WeightsNotFoundError) as missing:
+        weights.resolve_weights("ViT-B-32", "laion2b_s34b_b79k", str(tmp_path))
+    assert "huggingface.co does not resolve" in str(missing.value) and asked == ["huggingface.co"]
+    assert "MEMSTORE_MODEL=memstore-tiny MEMSTORE_PRETRAINED=none" in str(missing.value)
+
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    with pytest.raises(WeightsNotFoundError, match="the download was tried"):
+        weights.resolve_weights("ViT-B-32", "laion2b_s34b_b79k", str(tmp_path))
