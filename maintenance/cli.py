@@ -102,7 +102,13 @@ def _announce_stop(signum: int) -> None:
 @cli.command(short_help="state of every index, without a recall probe")
 @common_options
 def status(common: Common) -> int:
-    """Show the state of every index (size, dead rows, last action, recommendation) without probing recall."""
+    """Show the state of every index (size, dead rows, last action, recommendation) without probing recall.
+
+    \b
+    Columns: live_rows; dead_fraction, dead index entries per live row (above 1 once more rows died
+    than live); index and fresh, the index's bytes and those of a fresh build of the live rows, and
+    their ratio; recall, the last probe's; owned, whether this worker cleans the index (its
+    vacuum_index_cleanup is off) rather than autovacuum; last_action and the recommendation."""
     return _run(common, lambda worker: _status(worker, common, with_recall=False))
 
 
