@@ -25,20 +25,21 @@ def _side_consistent(store: VectorStore, name: str) -> tuple[int, int, int]:
     spec = specs.index_spec(c)
     assert spec.version is not None
     side = sql.Identifier(specs.side_table(c.id, spec.version))
+    # One statement, so one snapshot: the test's writer keeps adding rows while this counts.
     with raw_connection(store.engine) as conn:
-        live = conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE embedding IS NOT NULL").format(c.table)).fetchone()
-        held = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(side)).fetchone()
-        stale = conn.execute(
+        row = conn.execute(
             sql.SQL(
-                "SELECT count(*) FROM {s} s LEFT JOIN {t} m USING (id) "
+                "SELECT (SELECT count(*) FROM {t} WHERE embedding IS NOT NULL), (SELECT count(*) FROM {s}), "
+                "(SELECT count(*) FROM {s} s LEFT JOIN {t} m USING (id) "
                 "CROSS JOIN (SELECT components, offsets, unit_norm FROM memstore_projections WHERE id = %s) p "
                 "WHERE m.embedding IS NULL OR "
-                "s.v <-> memstore_project(m.embedding, p.components, p.offsets, p.unit_norm) > 1e-3"
+                "s.v <-> memstore_project(m.embedding, p.components, p.offsets, p.unit_norm) > 1e-3)"
             ).format(s=side, t=c.table),
             (spec.projection_id,),
         ).fetchone()
-    assert live and held and stale
-    return int(live[0]), int(held[0]), int(stale[0])
+    assert row is not None
+    live, held, stale = row
+    return int(live), int(held), int(stale)
 
 
 def test_switching_online_keeps_searches_answering(store: VectorStore, collection_name: str) -> None:
