@@ -48,14 +48,21 @@ class SpacePass:
         if at < self._due and not now:
             return 0
         self._due = at + INTERVAL_S
+        done = 0
         try:
-            return sum(self._step_space(c, s) for c, s in self._spaces(at, fresh=now))
+            for c, space in self._spaces(at, fresh=now):
+                try:
+                    done += self._step_space(c, space)
+                except psycopg.Error as exc:
+                    if _server_trouble(exc):
+                        raise  # the connection or the server: the other spaces would fail alike
+                    # this space's trouble (a lock timeout, a statement refused): the others go on
+                    log.error("spaces: space %r of %s: %s", space.name, c.name, exc)
         except psycopg.Error as exc:
             log.error("spaces: %s", exc)
-            return 0
         except Exception:  # a bug must not end the ingest loop it runs in
             log.exception("spaces: unexpected error")
-            return 0
+        return done
 
     def close(self) -> None:
         if self._conn is not None:
@@ -104,3 +111,10 @@ class SpacePass:
         with raw_connection(self.engine) as conn:
             rows = conn.execute("SELECT id FROM memstore_spaces WHERE state = 'filling' ORDER BY id").fetchall()
         return [int(r[0]) for r in rows]
+
+
+def _server_trouble(exc: psycopg.Error) -> bool:
+    """A lost connection or a server going away (no SQLSTATE, class 08 or 57), as opposed to one
+    statement's failure (a lock timeout is 55P03, also an OperationalError in psycopg)."""
+    state = exc.sqlstate
+    return state is None or state[:2] in ("08", "57")

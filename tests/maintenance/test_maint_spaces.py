@@ -9,11 +9,13 @@ from typing import Any
 
 import numpy as np
 import psycopg
+import pytest
 
 from maintenance.recall import measure_recall
 from maintenance.targets import targets_for
 from maintenance.worker import MaintenanceWorker
 from memstore.collections import Collection
+from memstore.models import ItemIn
 from memstore.space_pass import SpacePass
 from memstore.store import VectorStore
 from tests.maintenance.maint_helpers import clustered, index_oid
@@ -69,3 +71,45 @@ def test_a_space_is_a_target_probed_and_rebuilt_on_its_own_vectors(
     query = np.asarray(clustered(1, 12, seed=7)[0])
     hits = store.search(collection=c.name, vector=query, using="other", k=3)
     assert len(hits) == 3
+
+
+def test_one_space_in_trouble_does_not_hold_up_the_others(
+    store: VectorStore, make_collection: Callable[..., Collection], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pass steps every filling space; an error on one (here its index build keeps hitting a lock
+    timeout) is logged for that space, and the spaces after it still fill and turn ready."""
+    from memstore import space_pass
+
+    first = make_collection(300, 8)
+    second_name = f"{first.name}_b"
+    store.create_collection(name=second_name, dimensions=8)
+    store.upsert_items(
+        collection=second_name, items=[ItemIn(vector=v, external_id=f"e{i}") for i, v in enumerate(clustered(300, 8))]
+    )
+    try:
+        for name in (first.name, second_name):  # the first's space has the lower id: it is stepped first
+            store.create_space(collection=name, name="other", model="some-model", dimensions=6)
+            ids = store.find_external_ids(collection=name, external_ids=[f"e{i}" for i in range(300)])
+            vectors = dict(zip(ids, clustered(len(ids), 6, seed=3), strict=True))
+            store.put_space_vectors(collection=name, name="other", vectors=vectors)
+        stuck = store.get_collection(name=first.name, fresh=True).spaces[0].id
+        build = space_pass.spaces.build_index
+
+        def build_or_time_out(conn: psycopg.Connection[Any], c: Collection, space: Any) -> bool:
+            if space.id == stuck:
+                raise psycopg.errors.LockNotAvailable("canceling statement due to lock timeout")
+            return build(conn, c, space)
+
+        monkeypatch.setattr(space_pass.spaces, "build_index", build_or_time_out)
+        passer = SpacePass(store.engine, settings=store.settings)
+        try:
+            for _ in range(10):
+                passer.step(now=True)
+                if store.get_collection(name=second_name, fresh=True).spaces[0].state == "ready":
+                    break
+        finally:
+            passer.close()
+        assert store.get_collection(name=second_name, fresh=True).spaces[0].state == "ready"
+        assert store.get_collection(name=first.name, fresh=True).spaces[0].state == "filling"
+    finally:
+        store.drop_collection(name=second_name)
