@@ -232,9 +232,6 @@ class HttpxSearches:
     def __init__(self, rest: MemstoreRest) -> None:
         self.rest = rest
 
-    def set_ef(self, ef: int) -> None:
-        self.rest.set_ef(ef)
-
     def search(self, query: np.ndarray) -> list[int]:
         out = self.rest.serve.call("POST", self.rest.search_path, self.rest.body(query))
         return [int(hit["external_id"]) for hit in out["results"]]

@@ -225,6 +225,7 @@ def _status(worker: MaintenanceWorker, common: Common, *, with_recall: bool) -> 
                 last_action=None if not last_action else f"{last_action['action']} {last_action['outcome']}",
             )
             rows.append(s)
+        note = buffer_cache_note(conn)
     columns = [
         "collection",
         "table",
@@ -253,8 +254,6 @@ def _status(worker: MaintenanceWorker, common: Common, *, with_recall: bool) -> 
         return table(cells, columns) if cells else "no collections"
 
     emit(common.as_json, rows, shown)
-    with worker.connect() as conn:
-        note = buffer_cache_note(conn)
     if note:
         click.echo(note, err=True)  # stderr: the JSON on stdout stays one document
     return EXIT_OK

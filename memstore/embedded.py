@@ -22,6 +22,7 @@ import psycopg
 from psycopg import sql
 
 from memstore.errors import DatabaseUnavailableError
+from memstore.settings import SERVER_SIZE
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ DATABASE_NAME = "memstore"
 # Settings read only when the server starts live in a file of their own, included from postgresql.conf
 # and written before every start: ALTER SYSTEM would leave a new data folder's first run without them.
 SERVER_CONF = "memstore.conf"
-_SIZE = re.compile(r"^[1-9][0-9]*(kB|MB|GB|TB)$")
+_SIZE = re.compile(rf"^{SERVER_SIZE}$")
 # shared_buffers 'auto': an eighth of the memory, within these bounds. PostgreSQL's own default (128MB)
 # holds the HNSW index of about 150k 128-d or 40k 768-d rows; past that every search reads graph pages
 # through the kernel's cache (300k x 128 rows: searches took 0.39 to 0.47 of the time with the index in
@@ -77,10 +78,10 @@ def start_embedded_server(
             f"could not start the embedded PostgreSQL under {data_dir / 'pg'}: {exc}; "
             f"its log is {data_dir / 'pg' / 'log'}"
         ) from exc
-    admin_url = server.get_uri()
-    _ensure_database(admin_url, database)
-    _tune(admin_url, maintenance_work_mem, max_parallel_maintenance_workers)
-    _report_shared_buffers(admin_url, buffers, pgdata)
+    with psycopg.connect(server.get_uri(), autocommit=True) as admin:
+        _ensure_database(admin, database)
+        _tune(admin, maintenance_work_mem, max_parallel_maintenance_workers)
+        _report_shared_buffers(admin, buffers, pgdata)
     url: str = server.get_uri(database=database, driver="psycopg")
     log.info("embedded PostgreSQL ready at %s (pid %s)", url, os.getpid())
     return url
@@ -133,15 +134,14 @@ def _write_server_conf(pgdata: Path, values: dict[str, str], owner: str | None) 
             f.write(f"\n# memstore's settings that apply when the server starts\n{include}\n")
 
 
-def _report_shared_buffers(admin_url: str, wanted: str, pgdata: Path) -> None:
+def _report_shared_buffers(conn: psycopg.Connection[Any], wanted: str, pgdata: Path) -> None:
     """Say so when the running server's buffers are not the ones asked for (it was already running,
     or an ALTER SYSTEM overrides them)."""
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT pg_size_bytes(%s) = setting::bigint * pg_size_bytes(unit), current_setting('shared_buffers') "
-            "FROM pg_settings WHERE name = 'shared_buffers'",
-            (wanted,),
-        ).fetchone()
+    row = conn.execute(
+        "SELECT pg_size_bytes(%s) = setting::bigint * pg_size_bytes(unit), current_setting('shared_buffers') "
+        "FROM pg_settings WHERE name = 'shared_buffers'",
+        (wanted,),
+    ).fetchone()
     if row and not row[0]:
         log.warning(
             "the embedded server runs with shared_buffers %s; %s applies when it next starts (once every "
@@ -170,37 +170,35 @@ def _forget_dead_handles(server_class: Any, pgdata: Path) -> None:
             handles.write_text(json.dumps(alive))
 
 
-def _ensure_database(admin_url: str, database: str) -> None:
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone()
-        if not exists:
-            # Another process may win the race; its database is as good as ours.
-            with suppress(psycopg.errors.DuplicateDatabase):
-                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
+def _ensure_database(conn: psycopg.Connection[Any], database: str) -> None:
+    exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone()
+    if not exists:
+        # Another process may win the race; its database is as good as ours.
+        with suppress(psycopg.errors.DuplicateDatabase):
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
 
 
-def _tune(admin_url: str, maintenance_work_mem: str, max_parallel_maintenance_workers: int) -> None:
+def _tune(conn: psycopg.Connection[Any], maintenance_work_mem: str, max_parallel_maintenance_workers: int) -> None:
     """Settings that matter for HNSW, applied without a restart (both are reloadable)."""
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        current: dict[str, str] = dict(
-            conn.execute(
-                "SELECT name, setting || coalesce(unit, '') FROM pg_settings WHERE name = ANY(%s)",
-                (["maintenance_work_mem", "max_parallel_maintenance_workers", "jit"],),
-            ).fetchall()
-        )
-        wanted = {
-            "maintenance_work_mem": maintenance_work_mem,
-            "max_parallel_maintenance_workers": str(max_parallel_maintenance_workers),
-            # JIT compiles plans for large row estimates; for short vector queries it only adds latency.
-            "jit": "off",
-        }
-        changed = False
-        for name, value in wanted.items():
-            probe = conn.execute("SELECT current_setting(%s) = %s", (name, value)).fetchone()
-            if probe and probe[0]:
-                continue
-            conn.execute(sql.SQL("ALTER SYSTEM SET {} = {}").format(sql.Identifier(name), sql.Literal(value)))
-            changed = True
-        if changed:
-            conn.execute("SELECT pg_reload_conf()")
-            log.info("tuned embedded server (was %s)", current)
+    current: dict[str, str] = dict(
+        conn.execute(
+            "SELECT name, setting || coalesce(unit, '') FROM pg_settings WHERE name = ANY(%s)",
+            (["maintenance_work_mem", "max_parallel_maintenance_workers", "jit"],),
+        ).fetchall()
+    )
+    wanted = {
+        "maintenance_work_mem": maintenance_work_mem,
+        "max_parallel_maintenance_workers": str(max_parallel_maintenance_workers),
+        # JIT compiles plans for large row estimates; for short vector queries it only adds latency.
+        "jit": "off",
+    }
+    changed = False
+    for name, value in wanted.items():
+        probe = conn.execute("SELECT current_setting(%s) = %s", (name, value)).fetchone()
+        if probe and probe[0]:
+            continue
+        conn.execute(sql.SQL("ALTER SYSTEM SET {} = {}").format(sql.Identifier(name), sql.Literal(value)))
+        changed = True
+    if changed:
+        conn.execute("SELECT pg_reload_conf()")
+        log.info("tuned embedded server (was %s)", current)

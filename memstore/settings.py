@@ -9,6 +9,10 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+# A size in a PostgreSQL setting, with its unit (also checked before it is written to the server's
+# configuration, memstore.embedded).
+SERVER_SIZE = r"[1-9][0-9]*(kB|MB|GB|TB)"
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MEMSTORE_", env_file=".env", extra="ignore")
@@ -44,7 +48,7 @@ class Settings(BaseSettings):
     )
     embedded_shared_buffers: str = Field(
         default="auto",
-        pattern=r"^(auto|[1-9][0-9]*(kB|MB|GB|TB))$",
+        pattern=rf"^(auto|{SERVER_SIZE})$",
         description="The embedded server's buffer cache, e.g. 2GB; 'auto': an eighth of the machine's memory, "
         "between 128MB and 4GB. Read when the server starts.",
     )
