@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -43,6 +44,30 @@ def conn(dsn: str) -> Iterator[psycopg.Connection[Any]]:
         yield c
 
 
+def settle_live_count(store: VectorStore, c: Collection, inserted: int, timeout_s: float = 30.0) -> None:
+    """Make the table's live-row count exact before a test reads it.
+
+    The store's pooled connections report their insert counts lazily (up to PostgreSQL's idle
+    interval later). A report that arrives after ANALYZE adds the inserts a second time, and a probe
+    then sees twice the live rows (a size ratio of 0.59 where 1.2 was right). Closing the pool makes
+    each backend report as it exits; ANALYZE runs once the inserts are counted.
+    """
+    store.engine.dispose()
+    deadline = time.monotonic() + timeout_s
+    with psycopg.connect(libpq_url(store.engine.url.render_as_string(hide_password=False)), autocommit=True) as conn:
+        while True:
+            row = conn.execute(
+                "SELECT coalesce(sum(n_tup_ins), 0) FROM pg_stat_user_tables WHERE relname = ANY(%s)",
+                (c.partition_tables(),),
+            ).fetchone()
+            if row is not None and int(row[0]) >= inserted:
+                break
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{c.table_name}: {row} inserts counted after {timeout_s} s, {inserted} made")
+            time.sleep(0.05)
+        conn.execute(f'ANALYZE "{c.table_name}"')
+
+
 @pytest.fixture
 def make_collection(store: VectorStore, collection_name: str) -> Callable[..., Collection]:
     def make(
@@ -62,10 +87,7 @@ def make_collection(store: VectorStore, collection_name: str) -> Callable[..., C
             collection=collection_name, items=[ItemIn(vector=v, external_id=f"e{i}") for i, v in enumerate(vectors)]
         )
         c = store.get_collection(name=collection_name, fresh=True)
-        # The store's pooled connections flush their statistics lazily; ANALYZE sets the live count now.
-        with store.engine.connect() as sa_conn:
-            sa_conn.exec_driver_sql(f'ANALYZE "{c.table_name}"')
-            sa_conn.commit()
+        settle_live_count(store, c, n)
         return c
 
     return make

@@ -299,6 +299,7 @@ def test_actions_are_recorded_with_before_and_after(
     assert outcome.outcome == "ok"
     [row] = [a for a in history.list_actions(conn, collection=c.name) if a["action"] == action]
     assert row["reason"] == "requested" and row["duration_s"] > 0 and row["finished_at"] is not None
+    assert row["before"]["live_rows"] == 1500  # counted once (see settle_live_count)
     assert row["before"]["dead_entries"] == 300
     assert row["after"]["dead_entries"] == 0
     if action == "rebuild":
