@@ -68,7 +68,8 @@ def test_serve_on_the_embedded_database_answers_health(tmp_path: Path, access_lo
     """The first quick-start command: embedded server up, migrations applied, /health answering; one
     access-log line per request unless MEMSTORE_API_ACCESS_LOG=false."""
     port = _free_port()
-    env = _env(MEMSTORE_DATA_DIR=str(tmp_path / "data"))
+    # The offline model (the default one's weights cannot be fetched here): /health must reach "ok".
+    env = _env(MEMSTORE_DATA_DIR=str(tmp_path / "data"), MEMSTORE_MODEL="memstore-tiny", MEMSTORE_PRETRAINED="none")
     if access_log is not None:
         env["MEMSTORE_API_ACCESS_LOG"] = access_log
     proc = subprocess.Popen(
@@ -81,9 +82,12 @@ def test_serve_on_the_embedded_database_answers_health(tmp_path: Path, access_lo
             try:
                 response = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
                 body = response.json()
-                break
+                if body["status"] != "starting":  # the model loads after the server answers
+                    break
+                assert any("still loading" in r for r in body["reasons"]), body
             except httpx.HTTPError:
-                time.sleep(0.5)
+                pass
+            time.sleep(0.5)
         if body is None:
             proc.kill()
             output = proc.stdout.read() if proc.stdout else ""

@@ -114,8 +114,9 @@ def create_app(
 
     @app.get("/health", tags=["operations"], summary="Liveness; with a key: database, encoder and workers")
     async def health(request: Request) -> JSONResponse:
-        """``status`` is ``ok``, ``degraded`` (serving, but a part failed: ``reasons`` says which; 200)
-        or ``unavailable`` (the database is unreachable; 503). Versions, the model, the queue and
+        """``status`` is ``ok``, ``starting`` (serving, while the encoder loads its model; 200),
+        ``degraded`` (serving, but a part failed: ``reasons`` says which; 200) or ``unavailable``
+        (the database is unreachable; 503). Versions, the model, the queue and
         the workers are shown to a valid key of any scope only (or to everyone with
         MEMSTORE_API_HEALTH_DETAIL=public): they map the deployment for an attacker."""
         rt: Runtime = app.state.runtime
@@ -263,6 +264,11 @@ def _health(rt: Runtime, detailed: bool) -> dict[str, Any]:
         body["database"] = {"error": str(exc)}
         reasons.append("the database is unreachable")
     body["encoder"] = {"state": rt.encoder.state}
+    if rt.encoder.state == "loading":
+        # Not "ok": a client that waits for "ok" before its first text search would get a 503.
+        reasons.append("the encoder is still loading its model: text and image items and searches wait for it")
+        if body["status"] == "ok":
+            body["status"] = "starting"
     if rt.encoder.state == "failed":
         reasons.append("the encoder failed to start: text and image items and searches are refused")
         if body["status"] == "ok":
