@@ -164,6 +164,20 @@ def test_peers_benchmark_measures_every_system_the_same_way(database_url: str) -
     assert result["rest_access_log"] is True  # the REST server as it ships, unless --no-access-log
 
 
+def test_scale_reference_measures_the_same_rows_in_hnswlib(database_url: str) -> None:
+    """The reference graph's recall per ef, on bench.scale's rows (hnswlib: the ``peers`` extra)."""
+    pytest.importorskip("hnswlib", reason="bench.scale_reference needs hnswlib: pip install -e '.[peers]'")
+    result = _run("bench.scale_reference", database_url, *("--sizes", "2000,3000", "--queries", "40"))
+    assert result["system"] == "hnswlib" and result["hnsw"] == {"m": 16, "ef_construction": 64}
+    assert [s["rows"] for s in result["sizes"]] == [2000, 3000]
+    for size in result["sizes"]:
+        recall = {int(ef): r for ef, r in size["recall_by_ef"].items()}
+        assert all(0 <= r <= 1 for r in recall.values()) and size["build_s"] > 0
+        assert recall[max(recall)] >= 0.95  # 3,000 rows at ef 800: nearly exact
+        assert size["ef_for_goal"] == min(ef for ef, r in recall.items() if r >= 0.95)
+        assert 0 <= size["queries_below_half_at_top_ef"] <= 1
+
+
 def test_scale_benchmark_reports_every_figure_per_size(database_url: str, tmp_path: Path) -> None:
     """Two tiny sizes: every figure the curves and docs/scale.md read is there and sane (not how fast)."""
     plot = tmp_path / "scale.png"
