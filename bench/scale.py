@@ -245,7 +245,8 @@ def measure_size(store: VectorStore, url: str, n: int, args: argparse.Namespace)
         for stale in (name, raw_name):
             with contextlib.suppress(LookupError):
                 store.drop_collection(name=stale)
-        collections = {x: store.create_collection(name=x, dimensions=args.dims) for x in (name, raw_name)}
+        graph = {"hnsw_m": args.m, "hnsw_ef_construction": args.ef_construction}  # None: the collection defaults
+        collections = {x: store.create_collection(name=x, dimensions=args.dims, **graph) for x in (name, raw_name)}
         c, raw = collections[name], collections[raw_name]
         raw_definition = _index_definition(conn, raw.index_name)
         conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(raw.index_name)))
@@ -347,6 +348,10 @@ def main(argv: list[str] | None = None) -> int:
         default=True,
         help="churn and compare the policy with VACUUM (--no-maintenance: ingest, build and search only)",
     )
+    parser.add_argument("--m", type=int, help="the graph's m (default: the collections' default, 16)")
+    parser.add_argument(
+        "--ef-construction", type=int, help="the graph's ef_construction (default: the collections' default, 64)"
+    )
     parser.add_argument("--reference-build-max", type=int, default=100_000, help="largest size also built raw")
     parser.add_argument("--seed", type=int, default=20261201)
     parser.add_argument("--database-url", help="a database to use (default: a temporary embedded server)")
@@ -387,6 +392,10 @@ def main(argv: list[str] | None = None) -> int:
         "dataset": f"synthetic-{args.dims}d-clustered",
         "k": K,
         "recall_goal": RECALL_GOAL,
+        "hnsw": {
+            "m": args.m or Settings().default_hnsw_m,
+            "ef_construction": args.ef_construction or Settings().default_hnsw_ef_construction,
+        },
         "maintenance_work_mem": args.maintenance_work_mem,
         "max_parallel_maintenance_workers": args.max_parallel_maintenance_workers,
         "sizes": rows,

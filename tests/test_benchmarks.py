@@ -185,8 +185,9 @@ def test_scale_benchmark_reports_every_figure_per_size(database_url: str, tmp_pa
         "bench.scale",
         database_url,
         *("--database-url", database_url, "--sizes", "2000,3000", "--queries", "60", "--search-rounds", "1"),
-        *("--plot", str(plot)),
+        *("--plot", str(plot), "--ef-construction", "48"),
     )
+    assert result["hnsw"] == {"m": 16, "ef_construction": 48}
     assert [s["rows"] for s in result["sizes"]] == [2000, 3000]
     for size in result["sizes"]:
         assert size["recall_at_10"] >= 0.95
