@@ -248,6 +248,7 @@ def measure_size(store: VectorStore, url: str, n: int, args: argparse.Namespace)
         graph = {"hnsw_m": args.m, "hnsw_ef_construction": args.ef_construction}  # None: the collection defaults
         collections = {x: store.create_collection(name=x, dimensions=args.dims, **graph) for x in (name, raw_name)}
         c, raw = collections[name], collections[raw_name]
+        out["hnsw"] = {"m": c.hnsw_m, "ef_construction": c.hnsw_ef_construction}  # as the collection was made
         raw_definition = _index_definition(conn, raw.index_name)
         conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(raw.index_name)))
         for x in (c, raw):  # the policy and VACUUM below must be the only maintenance

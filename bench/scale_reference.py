@@ -4,8 +4,8 @@ The same rows and queries as ``bench.scale`` (same generator, seed, query count 
 go into hnswlib, in process, with the graph parameters of the collection (``--m`` 16,
 ``--ef-construction`` 64). For each size: the build's seconds, recall@10 at every ef of the grid,
 the lowest ef reaching 0.95, and how recall spreads over the queries (the share of queries that find
-fewer than half of their neighbours at the largest ef: queries the graph cannot reach, which no ef
-helps). Read beside ``bench.scale``'s sweep, it tells whether an ef that grows with the rows is the
+fewer than half of their neighbours at the largest ef: queries the graph barely reaches, which no
+ef of the grid fixed). Read beside ``bench.scale``'s sweep, it tells whether an ef that grows with the rows is the
 data's doing (both graphs need it) or pgvector's (hnswlib does not).
 
 Needs hnswlib (the ``peers`` extra). The last line printed is one JSON object.
@@ -52,7 +52,7 @@ def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
     reached = [int(ef) for ef, r in recall.items() if r >= RECALL_GOAL]
     return {
         "rows": n,
-        "build_s": round(build_s, 2),
+        "build_s": round(build_s, 3),
         "recall_by_ef": recall,
         "ef_for_goal": min(reached) if reached else None,
         "queries_below_half_at_top_ef": round(float((per_query < 0.5).mean()), 4),

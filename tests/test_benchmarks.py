@@ -189,6 +189,7 @@ def test_scale_benchmark_reports_every_figure_per_size(database_url: str, tmp_pa
     )
     assert result["hnsw"] == {"m": 16, "ef_construction": 48}
     assert [s["rows"] for s in result["sizes"]] == [2000, 3000]
+    assert all(size["hnsw"] == {"m": 16, "ef_construction": 48} for size in result["sizes"])  # the collections
     for size in result["sizes"]:
         assert size["recall_at_10"] >= 0.95
         assert size["recall_by_ef"][str(size["ef_search"])] == size["recall_at_10"]

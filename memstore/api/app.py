@@ -252,36 +252,41 @@ class _ReplicaCollector(Collector):
 
 
 def _health(rt: Runtime, detailed: bool) -> dict[str, Any]:
-    """Status and reasons for everyone; with ``detailed``, what runs (the queue is read only then)."""
+    """Status and reasons for everyone; with ``detailed``, what runs (the queue is read only then).
+
+    The status is the worst that holds: ``unavailable`` (no database), ``degraded`` (a part failed),
+    ``starting`` (the model still loads), ``ok``."""
     reasons: list[str] = []  # short and fixed: shown to everyone, so no error text, path or version
     body: dict[str, Any] = {"status": "ok", "reasons": reasons, "auth": rt.api.auth}
+    unavailable = degraded = False
     try:
         body["database"] = migrate.database_facts(rt.engine)
         if detailed:
             body["queue"] = queue.queue_depth(rt.engine)
     except Exception as exc:
-        body["status"] = "unavailable"
+        unavailable = True
         body["database"] = {"error": str(exc)}
         reasons.append("the database is unreachable")
-    body["encoder"] = {"state": rt.encoder.state}
-    if rt.encoder.state == "loading":
+    encoder, state = rt.encoder, rt.encoder.state  # read once: the loading thread may change it meanwhile
+    body["encoder"] = {"state": state}
+    if state == "loading":
         # Not "ok": a client that waits for "ok" before its first text search would get a 503.
         reasons.append("the encoder is still loading its model: text and image items and searches wait for it")
-        if body["status"] == "ok":
-            body["status"] = "starting"
-    if rt.encoder.state == "failed":
+    if state == "failed":
+        degraded = True
         reasons.append("the encoder failed to start: text and image items and searches are refused")
-        if body["status"] == "ok":
-            body["status"] = "degraded"
-    if rt.encoder.backend is not None:
-        body["encoder"].update(rt.encoder.backend.info.as_dict())
-    elif rt.encoder.error:
-        body["encoder"]["error"] = rt.encoder.error
+    backend = encoder.backend
+    if backend is not None:
+        body["encoder"].update(backend.info.as_dict())
+    elif encoder.error:
+        body["encoder"]["error"] = encoder.error
     replicas = rt.store.db.states()
     if replicas and not any(r["healthy"] for r in replicas):
+        degraded = True
         reasons.append("no read replica is serving: reads go to the primary")
-        if body["status"] == "ok":
-            body["status"] = "degraded"
+    body["status"] = (
+        "unavailable" if unavailable else "degraded" if degraded else "starting" if state == "loading" else "ok"
+    )
     if not detailed:
         return {"status": body["status"], "reasons": reasons}
     if replicas:

@@ -39,17 +39,23 @@ def test_an_encoder_without_weights_makes_health_degraded_and_logs_the_offline_c
     assert "MEMSTORE_MODEL=memstore-tiny MEMSTORE_PRETRAINED=none make run" in caplog.text
 
 
-def test_health_says_starting_while_the_model_loads(settings) -> None:
-    """A client that waits for "ok" before its first text search must not get "ok" and then a 503."""
-    app = create_app(settings, api_settings=ApiSettings(auth="off"), options=RuntimeOptions(encoder="off"))
+def test_health_says_starting_while_the_model_loads(settings, monkeypatch) -> None:
+    """A client that waits for "ok" before its first text search must not get "ok" and then a 503;
+    a failed part still reads "degraded" while the model loads (the worst state wins)."""
+    app = create_app(settings, api_settings=ApiSettings(auth="off"), options=RuntimeOptions(encoder="none"))
     with LiveServer(app) as live:
         host = live.runtime.encoder
         host.state, host.model = "loading", "memstore-tiny"  # held here: a real load ends when it pleases
         starting = httpx.get(f"{live.url}/health")
+        db = live.runtime.store.db
+        monkeypatch.setattr(db, "states", lambda: [{"url": "standby", "healthy": False}])
+        no_replica = httpx.get(f"{live.url}/health").json()
+        monkeypatch.undo()
         host.state, host.model = "off", None
         after = httpx.get(f"{live.url}/health").json()
     assert starting.status_code == 200 and starting.json()["status"] == "starting"
     assert any("still loading" in r for r in starting.json()["reasons"])
+    assert no_replica["status"] == "degraded" and len(no_replica["reasons"]) == 2
     assert after["status"] == "ok" and after["reasons"] == []
 
 

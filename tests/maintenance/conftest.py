@@ -57,7 +57,7 @@ def settle_live_count(store: VectorStore, c: Collection, inserted: int, timeout_
     with psycopg.connect(libpq_url(store.engine.url.render_as_string(hide_password=False)), autocommit=True) as conn:
         while True:
             row = conn.execute(
-                "SELECT coalesce(sum(n_tup_ins), 0) FROM pg_stat_user_tables WHERE relname = ANY(%s)",
+                "SELECT coalesce(sum(n_tup_ins), 0) FROM pg_stat_user_tables WHERE relid = ANY(%s::regclass[])",
                 (c.partition_tables(),),
             ).fetchone()
             if row is not None and int(row[0]) >= inserted:
