@@ -212,7 +212,8 @@ def _status(worker: MaintenanceWorker, common: Common, *, with_recall: bool) -> 
 
     rows: list[dict[str, Any]] = []
     with worker.connect() as conn:
-        for p, d in worker.probe(with_recall=with_recall, record=with_recall):
+        probed = worker.probe(with_recall=with_recall, record=with_recall)
+        for p, d in probed:
             last = conn.execute(
                 "SELECT last_recall, last_action FROM (" + _last_sql() + ") AS x", {"table": p.table}
             ).fetchone()
@@ -226,6 +227,14 @@ def _status(worker: MaintenanceWorker, common: Common, *, with_recall: bool) -> 
             )
             rows.append(s)
         note = buffer_cache_note(conn)
+    worst: dict[str, float] = {}  # per collection: a partitioned one has a target per partition
+    for p, _ in probed:
+        if p.fresh_recall is not None:
+            worst[p.collection] = min(p.fresh_recall, worst.get(p.collection, 1.0))
+    floor = worker.config.recall_floor
+    notes = [n for c, r in worst.items() if (n := sparse_graph_note(c, r, floor))]
+    if note:
+        notes.append(note)
     columns = [
         "collection",
         "table",
@@ -254,9 +263,22 @@ def _status(worker: MaintenanceWorker, common: Common, *, with_recall: bool) -> 
         return table(cells, columns) if cells else "no collections"
 
     emit(common.as_json, rows, shown)
-    if note:
-        click.echo(note, err=True)  # stderr: the JSON on stdout stays one document
+    for line in notes:
+        click.echo(line, err=True)  # stderr: the JSON on stdout stays one document
     return EXIT_OK
+
+
+def sparse_graph_note(collection: str, fresh_recall: float | None, floor: float) -> str | None:
+    """A line of advice when even a fresh build of a collection's index stays under the recall floor:
+    rebuilding cannot help (the policy does not loop on it), a deeper search or a denser graph can
+    (a million clustered rows needed ef_construction 128 and m 32: docs/scale.md)."""
+    if fresh_recall is None or fresh_recall >= floor:
+        return None
+    return (
+        f"memstore-maint: {collection}: a fresh build of its index reached recall {fresh_recall:.3f}, under the "
+        f"floor {floor:.2f}, so no rebuild will do better. Raise the collection's ef_search, or build a denser "
+        'graph (hnsw_ef_construction, hnsw_m; docs/scale.md, "What the rows ask of any HNSW graph").'
+    )
 
 
 def buffer_cache_note(conn: psycopg.Connection[Any]) -> str | None:

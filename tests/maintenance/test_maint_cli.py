@@ -175,3 +175,12 @@ def test_status_says_when_the_indexes_outgrow_the_buffer_cache(
     assert [row["collection"] for row in json.loads(captured.out.strip().splitlines()[-1])] == ["outgrown"]
     assert "more than the server's shared_buffers (1.0MB)" in captured.err
     assert "MEMSTORE_EMBEDDED_SHARED_BUFFERS" in captured.err
+
+
+def test_status_advises_a_denser_graph_when_even_a_fresh_build_misses_the_recall_floor() -> None:
+    from maintenance.cli import sparse_graph_note
+
+    note = sparse_graph_note("photos", 0.858, 0.95)
+    assert note is not None and "photos" in note and "0.858" in note and "hnsw_ef_construction" in note
+    assert sparse_graph_note("photos", 0.97, 0.95) is None  # a rebuild restores what the graph can give
+    assert sparse_graph_note("photos", None, 0.95) is None  # never rebuilt: nothing known yet
