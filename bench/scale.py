@@ -43,7 +43,7 @@ from psycopg import sql
 from tqdm import tqdm
 
 from bench.churn import Mirror, churn_round, sample_user_queries
-from bench.churn_data import synthetic
+from bench.churn_data import Dataset, synthetic
 from bench.scale_report import fit_and_check, plot
 from maintenance.config import MaintenanceConfig
 from maintenance.progress import Progress, Watch
@@ -58,6 +58,8 @@ from memstore.store import VectorStore
 K = 10
 RECALL_GOAL = 0.95
 USER_QUERIES = 200  # the users' earlier searches the worker's recall probe replays
+EF_GRID = "10,20,40,60,80,100,120,160,200,300,400,600,800"
+SEED = 20261201
 
 
 def _log(message: str) -> None:
@@ -232,10 +234,16 @@ def measure_maintenance(
     }
 
 
-def measure_size(store: VectorStore, url: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
-    # Extra vectors feed the churn's updates and inserts (0.8 x fraction per round, two rounds).
+def size_dataset(n: int, args: argparse.Namespace) -> Dataset:
+    """What one size draws: its ``n`` rows and, after them, the spare vectors that feed the churn's
+    updates and inserts (0.8 x fraction per round, two rounds); the ``--queries`` queries with exact
+    answers, then the users' earlier searches. ``bench.scale_reference`` builds the same rows."""
     spare = int(n * args.churn * 2) + 10
-    ds = synthetic(n + spare, dims=args.dims, queries=args.queries + USER_QUERIES, seed=args.seed)
+    return synthetic(n + spare, dims=args.dims, queries=args.queries + USER_QUERIES, seed=args.seed)
+
+
+def measure_size(store: VectorStore, url: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
+    ds = size_dataset(n, args)
     base, queries, user_queries = ds.base[:n], ds.queries[: args.queries], ds.queries[args.queries :]
     truth = [set(row.tolist()) for row in exact_topk(base, queries, K)]
     name, raw_name = f"bench_scale_{n}", f"bench_scale_{n}_raw"
@@ -339,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", type=_sizes, default=_sizes("10000,100000,1000000"), help="rows, comma-separated")
     parser.add_argument("--dims", type=int, default=128)
     parser.add_argument("--queries", type=int, default=300, help="queries with exact answers (recall, latency)")
-    parser.add_argument("--ef-grid", type=_sizes, default=_sizes("10,20,40,60,80,100,120,160,200,300,400,600,800"))
+    parser.add_argument("--ef-grid", type=_sizes, default=_sizes(EF_GRID))
     parser.add_argument("--search-rounds", type=int, default=3)
     parser.add_argument("--batch", type=int, default=20_000, help="rows per bulk-ingest batch")
     parser.add_argument("--churn", type=float, default=0.02, help="fraction of the rows changed before maintenance")
@@ -354,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         "--ef-construction", type=int, help="the graph's ef_construction (default: the collections' default, 64)"
     )
     parser.add_argument("--reference-build-max", type=int, default=100_000, help="largest size also built raw")
-    parser.add_argument("--seed", type=int, default=20261201)
+    parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument("--database-url", help="a database to use (default: a temporary embedded server)")
     parser.add_argument("--maintenance-work-mem", default="2GB")
     parser.add_argument("--max-parallel-maintenance-workers", type=int, default=1)
@@ -393,10 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         "dataset": f"synthetic-{args.dims}d-clustered",
         "k": K,
         "recall_goal": RECALL_GOAL,
-        "hnsw": {
-            "m": args.m or Settings().default_hnsw_m,
-            "ef_construction": args.ef_construction or Settings().default_hnsw_ef_construction,
-        },
+        "hnsw": measured[0]["hnsw"] if measured else None,  # as this run's collections were made
         "maintenance_work_mem": args.maintenance_work_mem,
         "max_parallel_maintenance_workers": args.max_parallel_maintenance_workers,
         "sizes": rows,

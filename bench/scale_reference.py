@@ -23,16 +23,13 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from bench.churn_data import synthetic
-from bench.scale import RECALL_GOAL, USER_QUERIES, K, _sizes, exact_topk
+from bench.scale import EF_GRID, RECALL_GOAL, SEED, K, _sizes, exact_topk, size_dataset
 
 
 def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
     import hnswlib
 
-    # Generated exactly as bench.scale does for this size (the spare rows feed its churn).
-    spare = int(n * args.churn * 2) + 10
-    ds = synthetic(n + spare, dims=args.dims, queries=args.queries + USER_QUERIES, seed=args.seed)
+    ds = size_dataset(n, args)  # bench.scale's own rows and queries for this size
     base, queries = ds.base[:n], ds.queries[: args.queries]
     truth = exact_topk(base, queries, K)
     index = hnswlib.Index(space="cosine", dim=args.dims)
@@ -68,9 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", type=_sizes, default=_sizes("10000,100000,1000000"), help="rows, comma-separated")
     parser.add_argument("--dims", type=int, default=128)
     parser.add_argument("--queries", type=int, default=300, help="as bench.scale (the same queries)")
-    parser.add_argument("--ef-grid", type=_sizes, default=_sizes("10,20,40,60,80,100,120,160,200,300,400,600,800"))
+    parser.add_argument("--ef-grid", type=_sizes, default=_sizes(EF_GRID))
     parser.add_argument("--churn", type=float, default=0.02, help="as bench.scale (it sets how many rows are drawn)")
-    parser.add_argument("--seed", type=int, default=20261201, help="as bench.scale")
+    parser.add_argument("--seed", type=int, default=SEED, help="as bench.scale")
     parser.add_argument("--m", type=int, default=16)
     parser.add_argument("--ef-construction", type=int, default=64)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="build threads")

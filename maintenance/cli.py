@@ -211,9 +211,11 @@ def _status(worker: MaintenanceWorker, common: Common, *, with_recall: bool) -> 
     from maintenance.probes import parse_json
 
     rows: list[dict[str, Any]] = []
+    worst: dict[str, float] = {}  # the lowest fresh recall per collection (a target per partition or space)
     with worker.connect() as conn:
-        probed = worker.probe(with_recall=with_recall, record=with_recall)
-        for p, d in probed:
+        for p, d in worker.probe(with_recall=with_recall, record=with_recall):
+            if p.fresh_recall is not None:
+                worst[p.collection] = min(p.fresh_recall, worst.get(p.collection, 1.0))
             last = conn.execute(
                 "SELECT last_recall, last_action FROM (" + _last_sql() + ") AS x", {"table": p.table}
             ).fetchone()
@@ -227,10 +229,6 @@ def _status(worker: MaintenanceWorker, common: Common, *, with_recall: bool) -> 
             )
             rows.append(s)
         note = buffer_cache_note(conn)
-    worst: dict[str, float] = {}  # per collection: a partitioned one has a target per partition
-    for p, _ in probed:
-        if p.fresh_recall is not None:
-            worst[p.collection] = min(p.fresh_recall, worst.get(p.collection, 1.0))
     floor = worker.config.recall_floor
     notes = [n for c, r in worst.items() if (n := sparse_graph_note(c, r, floor))]
     if note:

@@ -44,7 +44,7 @@ def conn(dsn: str) -> Iterator[psycopg.Connection[Any]]:
         yield c
 
 
-def settle_live_count(store: VectorStore, c: Collection, inserted: int, timeout_s: float = 30.0) -> None:
+def settle_live_count(dsn: str, store: VectorStore, c: Collection, inserted: int, timeout_s: float = 30.0) -> None:
     """Make the table's live-row count exact before a test reads it.
 
     The store's pooled connections report their insert counts lazily (up to PostgreSQL's idle
@@ -54,7 +54,7 @@ def settle_live_count(store: VectorStore, c: Collection, inserted: int, timeout_
     """
     store.engine.dispose()
     deadline = time.monotonic() + timeout_s
-    with psycopg.connect(libpq_url(store.engine.url.render_as_string(hide_password=False)), autocommit=True) as conn:
+    with psycopg.connect(dsn, autocommit=True) as conn:
         while True:
             row = conn.execute(
                 "SELECT coalesce(sum(n_tup_ins), 0) FROM pg_stat_user_tables WHERE relid = ANY(%s::regclass[])",
@@ -69,7 +69,7 @@ def settle_live_count(store: VectorStore, c: Collection, inserted: int, timeout_
 
 
 @pytest.fixture
-def make_collection(store: VectorStore, collection_name: str) -> Callable[..., Collection]:
+def make_collection(dsn: str, store: VectorStore, collection_name: str) -> Callable[..., Collection]:
     def make(
         n: int,
         dims: int = 16,
@@ -87,7 +87,7 @@ def make_collection(store: VectorStore, collection_name: str) -> Callable[..., C
             collection=collection_name, items=[ItemIn(vector=v, external_id=f"e{i}") for i, v in enumerate(vectors)]
         )
         c = store.get_collection(name=collection_name, fresh=True)
-        settle_live_count(store, c, n)
+        settle_live_count(dsn, store, c, n)
         return c
 
     return make
