@@ -44,3 +44,22 @@ def test_a_failed_transaction_is_rolled_back_on_return(one_connection: sa.Engine
     proxied.close()
     with raw_connection(one_connection) as again:
         assert again.execute("SELECT 1").fetchone() == (1,)  # usable: not stuck in the failed transaction
+
+
+def test_requests_one_after_another_keep_to_the_last_returned_connection(database_url: str) -> None:
+    """The pool hands out the connection returned last (LIFO): after a burst opened several, requests
+    in a row reuse one warm backend instead of taking turns through them all."""
+    engine = create_engine(database_url, pool_size=3, max_overflow=0)
+    try:
+        burst = [engine.raw_connection() for _ in range(3)]  # three at once, as side-by-side writers
+        pids = [c.driver_connection.info.backend_pid for c in burst]  # type: ignore[union-attr]
+        assert len(set(pids)) == 3
+        for proxied in burst:
+            proxied.close()  # returned in order: pids[2] last
+        seen = set()
+        for _ in range(6):
+            with raw_connection(engine) as conn:
+                seen.add(conn.info.backend_pid)
+        assert seen == {pids[2]}
+    finally:
+        engine.dispose()
