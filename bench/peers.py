@@ -15,13 +15,14 @@ HNSW m 16 and ef_construction 64, cosine distance, k 10:
 
 For each: ingest rows/s end to end (until every row is searchable: index build included), the lowest
 ef of ``--ef-ladder`` reaching recall@10 >= ``--target`` against exact answers (numpy), search q/s and
-p50/p99 there (one client, ``--rounds`` passes over the queries after a warm-up), then recall after 20%
+p50/p99 there (one client, ``--rounds`` passes over the queries after a warm-up; every system taking
+turns of ``--turn`` queries), then recall after 20%
 of the rows get new vectors and 10% are deleted, and again after the system's own clean-up.
 
 The ratios the issue asks for: ``ingest_ratio_vs_raw_build`` (memstore Python ingest rows/s over raw
 load-then-build rows/s), ``search_ratio_vs_raw`` and ``rest_search_ratio_vs_raw`` (q/s of memstore's
 Python and REST paths over raw single-statement q/s at the same ef: memstore's chosen one, all of them
-taking turns query by query so that noise from the machine lands on all alike).
+taking turns so that noise from the machine lands on all alike).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from tqdm import tqdm
 
 from bench.peers_libs import OPTIONAL, optional_systems
 from bench.peers_measure import (
+    TURN,
     K,
     LadderResult,
     Searcher,
@@ -126,12 +128,12 @@ def run(args: argparse.Namespace, url: str, folder: Path) -> dict[str, Any]:
             table[s.name].update(ef=ld.ef, reached_target=ld.reached, recall=ld.recall, curve=ld.curve)
         for s in systems:
             s.set_ef(ladders[s.name].ef)
-        # Every system at its own chosen ef, all taking turns query by query: timed one after another,
+        # Every system at its own chosen ef, all taking turns (``--turn`` queries each): timed one after another,
         # a slow minute of a shared machine fell on one system alone and decided the comparison.
-        for s, timing in zip(systems, time_searches(systems, w.queries, args.rounds), strict=True):
+        for s, timing in zip(systems, time_searches(systems, w.queries, args.rounds, turn=args.turn), strict=True):
             table[s.name].update(timing.as_dict())
             print(f"{s.name}: {table[s.name]['search_qps']:.0f} q/s at ef {ladders[s.name].ef}", file=sys.stderr)
-        ratios = _same_ef_ratios(systems, ladders, w, args.rounds)
+        ratios = _same_ef_ratios(systems, ladders, w, args.rounds, args.turn)
         for s in systems:
             if isinstance(s, MemstorePython | MemstoreRest):
                 sample_queries(store, s.collection, w.queries)  # what the worker's recall probes search with
@@ -152,6 +154,7 @@ def run(args: argparse.Namespace, url: str, folder: Path) -> dict[str, Any]:
         "rows": args.rows,
         "dims": args.dims,
         "queries": args.queries,
+        "turn": args.turn,
         "k": K,
         "hnsw": {"m": 16, "ef_construction": 64},
         "representation": representation,
@@ -170,7 +173,7 @@ def run(args: argparse.Namespace, url: str, folder: Path) -> dict[str, Any]:
 
 
 def _same_ef_ratios(
-    systems: list[System], ladders: dict[str, LadderResult], w: Workload, rounds: int
+    systems: list[System], ladders: dict[str, LadderResult], w: Workload, rounds: int, turn: int
 ) -> dict[str, Any]:
     """memstore's paths against raw pgvector at memstore's chosen ef, all taking turns: the Python API,
     the REST API through the standard library's client and through httpx, raw pgvector."""
@@ -192,7 +195,7 @@ def _same_ef_ratios(
     rest = by_name.get("memstore_rest")
     if isinstance(rest, MemstoreRest):
         searchers.append(HttpxSearches(rest))
-    timings = time_searches(searchers, w.queries, rounds)
+    timings = time_searches(searchers, w.queries, rounds, turn=turn)
     qps = {s.name: round(t.qps, 1) for s, t in zip(searchers, timings, strict=True)}
     return {
         "search_ratio_vs_raw": _ratio(qps["memstore_python"], qps["raw_pgvector"]),
@@ -226,6 +229,13 @@ def _goals(r: dict[str, Any]) -> dict[str, bool | None]:
     }
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"give a whole number of at least 1, not {text}")
+    return value
+
+
 def _ladder(text: str) -> tuple[int, ...]:
     values = tuple(sorted({int(v) for v in text.split(",") if v.strip()}))
     if not values or values[0] < K:
@@ -244,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
         "--queries", type=int, default=1000, help="queries with exact answers (recall and timing; 1000: recall +-0.003)"
     )
     p.add_argument("--rounds", type=int, default=3, help="timed passes over the queries")
+    p.add_argument(
+        "--turn", type=_positive, default=TURN, help="queries each system runs back to back when they take turns"
+    )
     p.add_argument("--target", type=float, default=0.95, help="the recall@10 the ef ladder must reach")
     p.add_argument("--ef-ladder", type=_ladder, default=LADDER, help="default: " + ",".join(map(str, LADDER)))
     p.add_argument("--whole-ladder", action="store_true", help="measure every ef of the ladder (for --plot)")

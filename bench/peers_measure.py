@@ -132,9 +132,19 @@ def _timing(latencies: list[float]) -> Timing:
     return Timing(float(len(ms) / (ms.sum() / 1000)), float(np.percentile(ms, 50)), float(np.percentile(ms, 99)))
 
 
-def time_searches(systems: Sequence[Searcher], queries: np.ndarray, rounds: int, warmup: int = 50) -> list[Timing]:
-    """One client, one query at a time. With several systems they take turns query by query (and the
-    first of each turn rotates), so load from anything else on the machine lands on all alike."""
+TURN = 25  # queries a system runs back to back in its turn
+
+
+def time_searches(
+    systems: Sequence[Searcher], queries: np.ndarray, rounds: int, warmup: int = 50, turn: int = TURN
+) -> list[Timing]:
+    """One client, one query at a time. With several systems they take turns, ``turn`` queries each
+    (and the first of each cycle rotates), so load from anything else on the machine lands on all
+    alike. A turn of several queries, not one, because a program runs its searches back to back;
+    25 queries take a few tens of milliseconds, much shorter than the machine's changes of speed.
+    (Turns of one query gave the same ratios within the noise: docs/performance.md, runs 7 and 8.)"""
+    if turn < 1:
+        raise ValueError(f"turn must be at least one query, not {turn}")
     for s in systems:
         for q in queries[:warmup]:
             s.search(q)
@@ -144,13 +154,15 @@ def time_searches(systems: Sequence[Searcher], queries: np.ndarray, rounds: int,
     names = "+".join(s.name for s in systems)
     with tqdm(total=total, desc=f"{names}: timed searches", file=sys.stderr, leave=False) as bar:
         for r in range(rounds):
-            for i, q in enumerate(queries):
-                turn = (r * len(queries) + i) % len(systems)
-                for j in order[turn:] + order[:turn]:
-                    t0 = time.perf_counter()
-                    systems[j].search(q)
-                    latencies[j].append(time.perf_counter() - t0)
-                bar.update()
+            for c, start in enumerate(range(0, len(queries), turn)):
+                block = queries[start : start + turn]
+                first = (r * len(queries) // turn + c) % len(systems)
+                for j in order[first:] + order[:first]:
+                    for q in block:
+                        t0 = time.perf_counter()
+                        systems[j].search(q)
+                        latencies[j].append(time.perf_counter() - t0)
+                bar.update(len(block))
     return [_timing(lat) for lat in latencies]
 
 

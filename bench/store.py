@@ -10,6 +10,8 @@ Measured in one run on one server. The baselines are what the same server can do
   sending one prepared statement per search, the two alternating query by query so that drift on a
   noisy machine hits both alike (``SELECT id ... ORDER BY embedding <=> q LIMIT k`` on the
   same table and index, ``hnsw.ef_search`` set once for the session);
+- pool_lifo_gain: the store's q/s over the same store's on a first-in, first-out pool, in the same
+  turns, both pools holding the idle connections a load's side-by-side writers leave;
 - recall_at_10 of the index at the collection's default ef_search, against exact answers (numpy).
 
 ``python -m bench.peers`` puts the same comparison, and the stores people pick instead, in one table.
@@ -105,10 +107,23 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t0
 
 
+def _burst(store: VectorStore, connections: int) -> None:
+    """Leave ``connections`` idle connections in the store's pool, as a load's side-by-side writers do."""
+    held = [store.engine.raw_connection() for _ in range(connections)]
+    for proxied in held:
+        proxied.close()
+
+
 def bench_search(
-    store: VectorStore, raw: psycopg.Connection[Any], queries: np.ndarray, k: int, rounds: int
+    store: VectorStore, url: str, raw: psycopg.Connection[Any], queries: np.ndarray, k: int, rounds: int
 ) -> tuple[dict[str, float], list[list[int]]]:
+    """The store's searches against raw ones; and the same store on a first-in, first-out pool (the
+    pool's default before memstore chose last-in, first-out), both pools holding the connections a
+    load's writers leave behind."""
     c = store.get_collection(name="bench_store")
+    fifo = VectorStore(create_engine(url, lifo=False), settings=store.settings)
+    for s in (store, fifo):
+        _burst(s, store.settings.bulk_connections)
     # The least a search can cost on this server: one prepared statement (autocommit: no BEGIN or
     # COMMIT around it), the setting made once for the session.
     raw.commit()
@@ -116,23 +131,32 @@ def bench_search(
     raw.execute(sql.SQL("SET hnsw.ef_search = {}").format(sql.Literal(c.default_ef_search)))
     statement = sql.SQL("SELECT id FROM {} ORDER BY embedding {} %s LIMIT %s").format(c.table, sql.SQL(c.spec.operator))
     found: list[list[int]] = []
-    t_store = t_raw = 0.0
-    # The two sides alternate query by query (and swap who goes first), so load from anything else
-    # on the machine lands on both alike.
+    spent = {"store": 0.0, "raw": 0.0, "fifo": 0.0}
+    sides = list(spent)
+    # The sides take turns query by query (and who goes first rotates), so load from anything else
+    # on the machine lands on all alike.
     for r in tqdm(range(rounds), desc="search (store vs raw psycopg)", file=sys.stderr):
         for i, q in enumerate(queries):
-            for side in ("store", "raw") if (r + i) % 2 == 0 else ("raw", "store"):
+            turn = (r + i) % len(sides)
+            for side in sides[turn:] + sides[:turn]:
                 t0 = time.perf_counter()
-                if side == "store":
-                    results = store.search(collection="bench_store", vector=q, k=k)
-                    t_store += time.perf_counter() - t0
-                    if r == 0:
-                        found.append([int(x.external_id) for x in results])
-                else:
+                if side == "raw":
                     raw.execute(statement, (q, k), prepare=True).fetchall()
-                    t_raw += time.perf_counter() - t0
+                else:
+                    results = (store if side == "store" else fifo).search(collection="bench_store", vector=q, k=k)
+                    if r == 0 and side == "store":
+                        found.append([int(x.external_id) for x in results])
+                spent[side] += time.perf_counter() - t0
+    fifo.engine.dispose()
     n = rounds * len(queries)
-    return {"search_qps_store": n / t_store, "search_qps_raw": n / t_raw, "search_ratio": t_raw / t_store}, found
+    out = {
+        "search_qps_store": n / spent["store"],
+        "search_qps_raw": n / spent["raw"],
+        "search_ratio": spent["raw"] / spent["store"],
+        "search_qps_store_fifo_pool": n / spent["fifo"],
+        "pool_lifo_gain": spent["fifo"] / spent["store"],
+    }
+    return out, found
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         with psycopg.connect(libpq_url(url)) as raw:
             register_vector(raw)
             ingest = bench_ingest(store, raw, base, args.batch)
-            search, found = bench_search(store, raw, queries, 10, args.search_rounds)
+            search, found = bench_search(store, url, raw, queries, 10, args.search_rounds)
         truth = exact_neighbours(base, queries, 10)
         c = store.get_collection(name="bench_store")
         for name in ("bench_store", "bench_raw"):

@@ -149,16 +149,17 @@ def _end_transaction(dbapi_connection: Any, _record: Any, state: PoolResetState)
         conn.rollback()
 
 
-def create_engine(url: str, *, pool_size: int = 8, max_overflow: int = 8) -> sa.Engine:
+def create_engine(url: str, *, pool_size: int = 8, max_overflow: int = 8, lifo: bool = True) -> sa.Engine:
+    """The process's pooled engine. ``lifo=False`` only to measure the difference (``bench.store``)."""
     engine = sa.create_engine(
         normalise_url(url),
         pool_size=pool_size,
         max_overflow=max_overflow,
         # The most recently returned connection first: requests one after another keep to one warm
-        # backend (measured on 100,000 rows: 14% more searches a second than cycling through the pool
-        # a load's side-by-side writers left behind), and the connections a burst opened stay idle
-        # rather than taking turns, so a server's idle timeout can close them.
-        pool_use_lifo=True,
+        # backend instead of cycling through every connection a burst opened (a load's side-by-side
+        # writers; ``python -m bench.store``'s pool_lifo_gain), and the connections a burst opened
+        # stay idle rather than taking turns, so a server's idle timeout can close them.
+        pool_use_lifo=lifo,
         # No ping per checkout (a round trip on every search); a connection that fails is
         # invalidated by raw_connection instead, and the pool opens a new one next time.
         pool_pre_ping=False,

@@ -125,10 +125,40 @@ def test_store_benchmark_reports_its_ratios_against_the_raw_limits(database_url:
         "--search-rounds",
         "1",
     )
-    for key in ("ingest_ratio", "search_ratio"):
+    for key in ("ingest_ratio", "search_ratio", "pool_lifo_gain"):
         assert result[key] > 0
     assert result["ingest_rows_per_s_raw"] > 0 and result["search_qps_raw"] > 0
     assert result["recall_at_10"] >= 0.9  # 2,000 rows at ef_search 80: nearly exact
+
+
+def test_systems_take_turns_of_whole_blocks_of_queries() -> None:
+    """Each system runs a turn of queries back to back, the first system of each cycle rotates, and
+    every system answers every query of every round once."""
+    import numpy as np
+
+    from bench.peers_measure import time_searches
+
+    calls: list[tuple[str, int]] = []
+
+    class Recorder:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def search(self, query: np.ndarray) -> list[int]:
+            calls.append((self.name, int(query[0])))
+            return []
+
+    queries = np.arange(10, dtype=np.float32).reshape(10, 1)
+    timings = time_searches([Recorder("a"), Recorder("b")], queries, rounds=2, warmup=0, turn=4)
+    assert [t.qps > 0 for t in timings] == [True, True]
+    # round 1: turns of 4, 4 and the last 2 queries; the first system of each cycle rotates
+    expected = [("a", range(0, 4)), ("b", range(0, 4)), ("b", range(4, 8)), ("a", range(4, 8))]
+    expected += [("a", range(8, 10)), ("b", range(8, 10))]
+    assert calls[:20] == [(name, q) for name, block in expected for q in block]
+    for name in ("a", "b"):
+        assert sorted(q for n, q in calls if n == name) == sorted(list(range(10)) * 2)
+    with pytest.raises(ValueError, match="turn"):
+        time_searches([Recorder("a")], queries, rounds=1, warmup=0, turn=0)
 
 
 def test_peers_benchmark_measures_every_system_the_same_way(database_url: str) -> None:
@@ -139,8 +169,9 @@ def test_peers_benchmark_measures_every_system_the_same_way(database_url: str) -
     result = _run(
         "bench.peers",
         database_url,
-        *("--database-url", database_url, "--rows", "1500", "--queries", "30", "--rounds", "1"),
+        *("--database-url", database_url, "--rows", "1500", "--queries", "30", "--rounds", "1", "--turn", "7"),
     )
+    assert result["turn"] == 7
     ratios = ("ingest_ratio_vs_raw_build", "search_ratio_vs_raw", "rest_search_ratio_vs_raw")
     for key in (*ratios, "rest_httpx_search_ratio_vs_raw"):
         assert isinstance(result[key], float) and result[key] > 0, key
