@@ -7,8 +7,8 @@ Measured in one run on one server. The baselines are what the same server can do
   FORMAT BINARY`` into a same-shaped table without its HNSW index, then one ``CREATE INDEX`` with
   memstore's build settings, end to end (the raw side first, then the store);
 - search_ratio: queries/s of ``VectorStore.search`` over queries/s of one raw psycopg connection
-  sending one prepared statement per search, the two alternating query by query so that drift on a
-  noisy machine hits both alike (``SELECT id ... ORDER BY embedding <=> q LIMIT k`` on the
+  sending one prepared statement per search, the sides taking turns query by query so that drift on
+  a noisy machine hits all alike (``SELECT id ... ORDER BY embedding <=> q LIMIT k`` on the
   same table and index, ``hnsw.ef_search`` set once for the session);
 - pool_lifo_gain: the store's q/s over the same store's on a first-in, first-out pool, in the same
   turns, both pools holding the idle connections a load's side-by-side writers leave;
