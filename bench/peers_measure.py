@@ -142,7 +142,8 @@ def time_searches(
     (and the first of each cycle rotates), so load from anything else on the machine lands on all
     alike. A turn of several queries, not one, because a program runs its searches back to back;
     25 queries take a few tens of milliseconds, much shorter than the machine's changes of speed.
-    (Turns of one query gave the same ratios within the noise: docs/performance.md, runs 7 and 8.)"""
+    (Turns of one query gave the same Python API ratio within the noise: docs/performance.md, runs 7
+    and 8.)"""
     if turn < 1:
         raise ValueError(f"turn must be at least one query, not {turn}")
     for s in systems:
@@ -153,10 +154,11 @@ def time_searches(
     total = rounds * len(queries)
     names = "+".join(s.name for s in systems)
     with tqdm(total=total, desc=f"{names}: timed searches", file=sys.stderr, leave=False) as bar:
+        cycles = -(-len(queries) // turn)  # a round's turns per system (the last one may be short)
         for r in range(rounds):
             for c, start in enumerate(range(0, len(queries), turn)):
                 block = queries[start : start + turn]
-                first = (r * len(queries) // turn + c) % len(systems)
+                first = (r * cycles + c) % len(systems)
                 for j in order[first:] + order[:first]:
                     for q in block:
                         t0 = time.perf_counter()

@@ -12,6 +12,8 @@ Measured in one run on one server. The baselines are what the same server can do
   same table and index, ``hnsw.ef_search`` set once for the session);
 - pool_lifo_gain: the store's q/s over the same store's on a first-in, first-out pool, in the same
   turns, both pools holding the idle connections a load's side-by-side writers leave;
+- search_qps_store_statement_raw: the store's own search statement sent on the raw connection, in the
+  same turns: between it and the store's q/s is the client's work around the statement;
 - recall_at_10 of the index at the collection's default ef_search, against exact answers (numpy).
 
 ``python -m bench.peers`` puts the same comparison, and the stores people pick instead, in one table.
@@ -40,6 +42,7 @@ from memstore.collections import Collection
 from memstore.db import create_engine, libpq_url, normalise_url
 from memstore.embedded import start_embedded_server
 from memstore.models import ItemIn
+from memstore.search_query import check_query
 from memstore.settings import Settings
 from memstore.store import VectorStore
 
@@ -122,16 +125,39 @@ def bench_search(
     load's writers leave behind."""
     c = store.get_collection(name="bench_store")
     fifo = VectorStore(create_engine(url, lifo=False), settings=store.settings)
+    try:
+        return _turns(store, fifo, raw, c, queries, k, rounds)
+    finally:
+        fifo.engine.dispose()
+
+
+def _turns(
+    store: VectorStore,
+    fifo: VectorStore,
+    raw: psycopg.Connection[Any],
+    c: Collection,
+    queries: np.ndarray,
+    k: int,
+    rounds: int,
+) -> tuple[dict[str, float], list[list[int]]]:
     for s in (store, fifo):
-        _burst(s, store.settings.bulk_connections)
+        _burst(s, min(store.settings.bulk_connections, store.settings.pool_size))
     # The least a search can cost on this server: one prepared statement (autocommit: no BEGIN or
     # COMMIT around it), the setting made once for the session.
     raw.commit()
     raw.autocommit = True
     raw.execute(sql.SQL("SET hnsw.ef_search = {}").format(sql.Literal(c.default_ef_search)))
     statement = sql.SQL("SELECT id FROM {} ORDER BY embedding {} %s LIMIT %s").format(c.table, sql.SQL(c.spec.operator))
+    # memstore's own statement for this search (its columns, the CTE that restores strict order),
+    # sent on the raw connection: what the statement costs, apart from the client's work around it.
+    plan = store.plan(c, check_query(mode=None, vector=queries[0], text=None, k=k), ef_search=None, exact=False)
+    for q in queries[:20]:  # every side warm (registry, prepared statements) before the clock starts
+        raw.execute(statement, (q, k), prepare=True).fetchall()
+        raw.execute(plan.statement, {**plan.params, "q": q}, prepare=True).fetchall()
+        for s in (store, fifo):
+            s.search(collection="bench_store", vector=q, k=k)
     found: list[list[int]] = []
-    spent = {"store": 0.0, "raw": 0.0, "fifo": 0.0}
+    spent = {"store": 0.0, "raw": 0.0, "fifo": 0.0, "statement": 0.0}
     sides = list(spent)
     # The sides take turns query by query (and who goes first rotates), so load from anything else
     # on the machine lands on all alike.
@@ -142,18 +168,20 @@ def bench_search(
                 t0 = time.perf_counter()
                 if side == "raw":
                     raw.execute(statement, (q, k), prepare=True).fetchall()
+                elif side == "statement":
+                    raw.execute(plan.statement, {**plan.params, "q": q}, prepare=True).fetchall()
                 else:
                     results = (store if side == "store" else fifo).search(collection="bench_store", vector=q, k=k)
                     if r == 0 and side == "store":
                         found.append([int(x.external_id) for x in results])
                 spent[side] += time.perf_counter() - t0
-    fifo.engine.dispose()
     n = rounds * len(queries)
     out = {
         "search_qps_store": n / spent["store"],
         "search_qps_raw": n / spent["raw"],
         "search_ratio": spent["raw"] / spent["store"],
         "search_qps_store_fifo_pool": n / spent["fifo"],
+        "search_qps_store_statement_raw": n / spent["statement"],
         "pool_lifo_gain": spent["fifo"] / spent["store"],
     }
     return out, found

@@ -150,7 +150,8 @@ def _end_transaction(dbapi_connection: Any, _record: Any, state: PoolResetState)
 
 
 def create_engine(url: str, *, pool_size: int = 8, max_overflow: int = 8, lifo: bool = True) -> sa.Engine:
-    """The process's pooled engine. ``lifo=False`` only to measure the difference (``bench.store``)."""
+    """A pooled engine (``get_engine`` keeps the process's own). ``lifo=False`` only to measure the
+    difference (``bench.store``)."""
     engine = sa.create_engine(
         normalise_url(url),
         pool_size=pool_size,

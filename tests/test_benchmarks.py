@@ -125,7 +125,7 @@ def test_store_benchmark_reports_its_ratios_against_the_raw_limits(database_url:
         "--search-rounds",
         "1",
     )
-    for key in ("ingest_ratio", "search_ratio", "pool_lifo_gain"):
+    for key in ("ingest_ratio", "search_ratio", "pool_lifo_gain", "search_qps_store_statement_raw"):
         assert result[key] > 0
     assert result["ingest_rows_per_s_raw"] > 0 and result["search_qps_raw"] > 0
     assert result["recall_at_10"] >= 0.9  # 2,000 rows at ef_search 80: nearly exact
@@ -155,6 +155,7 @@ def test_systems_take_turns_of_whole_blocks_of_queries() -> None:
     expected = [("a", range(0, 4)), ("b", range(0, 4)), ("b", range(4, 8)), ("a", range(4, 8))]
     expected += [("a", range(8, 10)), ("b", range(8, 10))]
     assert calls[:20] == [(name, q) for name, block in expected for q in block]
+    assert calls[20] == ("b", 0)  # round 2 goes on rotating: its first cycle is the fourth
     for name in ("a", "b"):
         assert sorted(q for n, q in calls if n == name) == sorted(list(range(10)) * 2)
     with pytest.raises(ValueError, match="turn"):
@@ -334,3 +335,17 @@ def test_scale_plot_draws_a_run_without_maintenance(tmp_path: Path) -> None:
     result = {"dataset": "synthetic-128d-clustered", "k": 10, "sizes": rows, **fit_and_check(rows)}
     out = plot(result, tmp_path / "scale.png")
     assert out.stat().st_size > 10_000
+
+
+def test_build_settings_benchmark_builds_every_variant(database_url: str) -> None:
+    """Every variant is built and searched as often as asked; on 1,500 rows each graph is nearly exact."""
+    result = _run(
+        "bench.build_settings", database_url, "--database-url", database_url, "--rows", "1500", "--queries", "20"
+    )
+    variants = result["variants"]
+    assert set(variants) == {"workers_0", "workers_1", "workers_2", "workers_3", "concurrently", "inner_product"}
+    assert variants["inner_product"]["opclass"] == "vector_ip_ops" and variants["concurrently"]["concurrently"]
+    for name, v in variants.items():
+        assert len(v["build_s"]) == len(v["recall"]) == len(v["qps"]) == result["repeat"] == 2, name
+        assert all(s > 0 for s in v["build_s"]) and all(q > 0 for q in v["qps"]), name
+        assert min(v["recall"]) >= 0.9, name
