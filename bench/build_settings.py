@@ -33,8 +33,8 @@ from psycopg import sql
 from tqdm import tqdm
 
 from bench.data import clustered, exact_neighbours
-from memstore.db import libpq_url, normalise_url
-from memstore.embedded import start_embedded_server
+from bench.databases import server_url
+from memstore.db import libpq_url
 from memstore.settings import Settings
 
 K = 10
@@ -155,15 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     settings = Settings()
     with tempfile.TemporaryDirectory(prefix="memstore-build-") as tmp:
-        if args.database_url:
-            url = normalise_url(args.database_url)
-        else:
-            url = start_embedded_server(
-                Path(tmp),
-                maintenance_work_mem=settings.maintenance_work_mem,
-                max_parallel_maintenance_workers=settings.max_parallel_maintenance_workers,
-            )
-        result = run(url, args, settings)
+        result = run(server_url(args.database_url, Path(tmp), settings), args, settings)
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
     return 0
 

@@ -4,13 +4,29 @@ migrated to head, so that a run never touches a user's data."""
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import psycopg
 import sqlalchemy as sa
 from psycopg import sql
 
 from memstore import migrate
-from memstore.db import libpq_url
+from memstore.db import libpq_url, normalise_url
+from memstore.embedded import start_embedded_server
+from memstore.settings import Settings
+
+
+def server_url(database_url: str | None, folder: Path, settings: Settings, *, shared_buffers: str = "auto") -> str:
+    """``database_url`` when given, else a temporary embedded server under ``folder`` started with
+    memstore's build settings (the memory and parallel workers every baseline's build gets too)."""
+    if database_url:
+        return normalise_url(database_url)
+    return start_embedded_server(
+        folder,
+        maintenance_work_mem=settings.maintenance_work_mem,
+        max_parallel_maintenance_workers=settings.max_parallel_maintenance_workers,
+        shared_buffers=shared_buffers,
+    )
 
 
 def new_database(server_url: str, prefix: str) -> str:

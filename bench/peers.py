@@ -39,6 +39,7 @@ from typing import Any
 import psycopg
 from tqdm import tqdm
 
+from bench.databases import server_url
 from bench.peers_libs import OPTIONAL, optional_systems
 from bench.peers_measure import (
     TURN,
@@ -55,8 +56,7 @@ from bench.peers_measure import (
 from bench.peers_pg import MemstorePython, RawPgvector, sample_queries, server_settings
 from bench.peers_rest import HttpxSearches, MemstoreRest, Serve
 from memstore import migrate
-from memstore.db import create_engine, libpq_url, normalise_url
-from memstore.embedded import start_embedded_server
+from memstore.db import create_engine, libpq_url
 from memstore.settings import Settings
 from memstore.store import VectorStore
 
@@ -277,15 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown systems: {', '.join(sorted(unknown))}")
     settings = Settings()
     with tempfile.TemporaryDirectory(prefix="memstore-peers-") as tmp:
-        if args.database_url:
-            url = normalise_url(args.database_url)
-        else:
-            url = start_embedded_server(
-                Path(tmp) / "db",
-                maintenance_work_mem=settings.maintenance_work_mem,
-                max_parallel_maintenance_workers=settings.max_parallel_maintenance_workers,
-                shared_buffers=settings.embedded_shared_buffers,  # as `memstore serve` starts it
-            )
+        # The embedded server with `memstore serve`'s buffer cache, as the service starts it.
+        url = server_url(args.database_url, Path(tmp) / "db", settings, shared_buffers=settings.embedded_shared_buffers)
         migrate.upgrade(url)
         result = run(args, url, Path(tmp))
     if args.plot:

@@ -37,22 +37,14 @@ from psycopg import sql
 from tqdm import tqdm
 
 from bench.data import clustered, exact_neighbours, load_npz, recall_at_k
+from bench.databases import server_url
 from memstore import migrate, online_ddl
 from memstore.collections import Collection
-from memstore.db import create_engine, libpq_url, normalise_url
-from memstore.embedded import start_embedded_server
+from memstore.db import create_engine, libpq_url
 from memstore.models import ItemIn
 from memstore.search_query import check_query
 from memstore.settings import Settings
 from memstore.store import VectorStore
-
-
-def _database(args: argparse.Namespace, tmp: str) -> str:
-    if args.database_url:
-        return normalise_url(args.database_url)
-    s = Settings()  # memstore's own build settings, which the raw build gets too
-    memory, workers = s.maintenance_work_mem, s.max_parallel_maintenance_workers
-    return start_embedded_server(Path(tmp), maintenance_work_mem=memory, max_parallel_maintenance_workers=workers)
 
 
 def _raw_copy(conn: psycopg.Connection[Any], table: str, ids: list[str], rows: np.ndarray) -> None:
@@ -205,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         every = clustered(args.rows + args.queries, args.dimensions, seed=42)
         base, queries = every[: args.rows], every[args.rows :]
     with tempfile.TemporaryDirectory(prefix="memstore-bench-") as tmp:
-        url = _database(args, tmp)
+        url = server_url(args.database_url, Path(tmp), Settings())
         migrate.upgrade(url)
         engine = create_engine(url)
         store = VectorStore(engine, settings=Settings(database_url=url))
