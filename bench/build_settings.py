@@ -32,13 +32,15 @@ from pgvector.psycopg import register_vector
 from psycopg import sql
 from tqdm import tqdm
 
-from bench.data import clustered, exact_neighbours
+from bench.data import clustered, exact_neighbours, recall_at_k
 from bench.databases import server_url
+from memstore import online_ddl
 from memstore.db import libpq_url
 from memstore.settings import Settings
 
 K = 10
 TABLES = {"cosine": "bench_build_cosine", "inner_product": "bench_build_ip"}
+OPS = {"cosine": ("vector_cosine_ops", "<=>"), "inner_product": ("vector_ip_ops", "<#>")}  # opclass, operator
 
 
 def _variants(default_workers: int) -> list[dict[str, Any]]:
@@ -69,12 +71,17 @@ def _load(conn: psycopg.Connection[Any], table: str, rows: np.ndarray) -> None:
 
 
 def _measure(
-    conn: psycopg.Connection[Any], v: dict[str, Any], queries: np.ndarray, truth: np.ndarray, ef: int, memory: str
+    conn: psycopg.Connection[Any],
+    v: dict[str, Any],
+    queries: np.ndarray,
+    truth: np.ndarray,
+    ef: int,
+    settings: Settings,
 ) -> dict[str, float]:
     table = sql.Identifier(TABLES[v["table"]])
-    ops, op = ("vector_ip_ops", "<#>") if v["table"] == "inner_product" else ("vector_cosine_ops", "<=>")
-    conn.execute("SELECT set_config('maintenance_work_mem', %s, false)", (memory,))
-    conn.execute("SELECT set_config('max_parallel_maintenance_workers', %s, false)", (str(v["workers"]),))
+    ops, op = OPS[v["table"]]
+    # memstore's build memory, with this variant's workers
+    online_ddl.build_resources(conn, settings.model_copy(update={"max_parallel_maintenance_workers": v["workers"]}))
     conn.execute("DROP INDEX IF EXISTS bench_build_hnsw")
     t0 = time.perf_counter()
     conn.execute(
@@ -89,13 +96,11 @@ def _measure(
     )
     for q in queries[:20]:
         conn.execute(statement, (q,), prepare=True).fetchall()
-    found, t0 = [], time.perf_counter()
-    for q in queries:
-        found.append({r[0] for r in conn.execute(statement, (q,), prepare=True).fetchall()})
+    t0 = time.perf_counter()
+    found = [[r[0] for r in conn.execute(statement, (q,), prepare=True).fetchall()] for q in queries]
     search_s = time.perf_counter() - t0
     conn.execute("DROP INDEX bench_build_hnsw")
-    hits = [len(f & set(t.tolist())) / K for f, t in zip(found, truth, strict=True)]
-    return {"build_s": build_s, "recall": float(np.mean(hits)), "qps": len(queries) / search_s}
+    return {"build_s": build_s, "recall": recall_at_k(found, truth), "qps": len(queries) / search_s}
 
 
 def run(url: str, args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
@@ -116,7 +121,7 @@ def run(url: str, args: argparse.Namespace, settings: Settings) -> dict[str, Any
                 for _ in range(args.repeat):
                     for v in variants:
                         q = unit_queries if v["table"] == "inner_product" else queries
-                        runs[v["name"]].append(_measure(conn, v, q, truth, args.ef, settings.maintenance_work_mem))
+                        runs[v["name"]].append(_measure(conn, v, q, truth, args.ef, settings))
                         bar.update()
         finally:
             for table in TABLES.values():
@@ -133,7 +138,7 @@ def run(url: str, args: argparse.Namespace, settings: Settings) -> dict[str, Any
             v["name"]: {
                 "workers": v["workers"],
                 "concurrently": v["concurrently"],
-                "opclass": "vector_ip_ops" if v["table"] == "inner_product" else "vector_cosine_ops",
+                "opclass": OPS[v["table"]][0],
                 "build_s": [round(m["build_s"], 2) for m in runs[v["name"]]],
                 "recall": [round(m["recall"], 4) for m in runs[v["name"]]],
                 "qps": [round(m["qps"], 1) for m in runs[v["name"]]],
