@@ -25,7 +25,6 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from tqdm import tqdm
 
 from bench.data import clustered, exact_neighbours, load_npz, recall_at_k
 from bench.databases import server_url
+from bench.peers_measure import time_searches, timed
 from memstore import migrate, online_ddl
 from memstore.collections import Collection
 from memstore.db import create_engine, libpq_url
@@ -96,12 +96,6 @@ def bench_ingest(store: VectorStore, raw: psycopg.Connection[Any], base: np.ndar
     return {"ingest_rows_per_s_store": n / t_store, "ingest_rows_per_s_raw": n / t_raw, "ingest_ratio": t_raw / t_store}
 
 
-def timed(fn: Callable[[], object]) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
 def _burst(store: VectorStore, connections: int) -> None:
     """Leave ``connections`` idle connections in the store's pool, as a load's side-by-side writers do."""
     held = [store.engine.raw_connection() for _ in range(connections)]
@@ -121,6 +115,13 @@ def bench_search(
         return _turns(store, fifo, raw, c, queries, k, rounds)
     finally:
         fifo.engine.dispose()
+
+
+class _Side:
+    """One way of searching, as ``bench.peers_measure.time_searches`` takes turns between them."""
+
+    def __init__(self, name: str, search: Callable[[np.ndarray], list[int]]) -> None:
+        self.name, self.search = name, search
 
 
 def _turns(
@@ -143,38 +144,33 @@ def _turns(
     # memstore's own statement for this search (its columns, the CTE that restores strict order),
     # sent on the raw connection: what the statement costs, apart from the client's work around it.
     plan = store.plan(c, check_query(mode=None, vector=queries[0], text=None, k=k), ef_search=None, exact=False)
-    for q in queries[:20]:  # every side warm (registry, prepared statements) before the clock starts
-        raw.execute(statement, (q, k), prepare=True).fetchall()
-        raw.execute(plan.statement, {**plan.params, "q": q}, prepare=True).fetchall()
-        for s in (store, fifo):
-            s.search(collection="bench_store", vector=q, k=k)
-    found: list[list[int]] = []
-    spent = {"store": 0.0, "raw": 0.0, "fifo": 0.0, "statement": 0.0}
-    sides = list(spent)
+
+    def through(s: VectorStore) -> Callable[[np.ndarray], list[int]]:
+        return lambda q: [int(x.external_id) for x in s.search(collection="bench_store", vector=q, k=k)]
+
+    def raw_ids(q: np.ndarray) -> list[int]:
+        return [r[0] for r in raw.execute(statement, (q, k), prepare=True).fetchall()]
+
+    def statement_ids(q: np.ndarray) -> list[int]:
+        return [r[0] for r in raw.execute(plan.statement, {**plan.params, "q": q}, prepare=True).fetchall()]
+
+    sides = [
+        _Side("store", through(store)),
+        _Side("raw", raw_ids),
+        _Side("fifo", through(fifo)),
+        _Side("statement", statement_ids),
+    ]
+    found = [sides[0].search(q) for q in queries]  # the store's answers, for recall
     # The sides take turns query by query (and who goes first rotates), so load from anything else
     # on the machine lands on all alike.
-    for r in tqdm(range(rounds), desc="search (store vs raw psycopg)", file=sys.stderr):
-        for i, q in enumerate(queries):
-            turn = (r + i) % len(sides)
-            for side in sides[turn:] + sides[:turn]:
-                t0 = time.perf_counter()
-                if side == "raw":
-                    raw.execute(statement, (q, k), prepare=True).fetchall()
-                elif side == "statement":
-                    raw.execute(plan.statement, {**plan.params, "q": q}, prepare=True).fetchall()
-                else:
-                    results = (store if side == "store" else fifo).search(collection="bench_store", vector=q, k=k)
-                    if r == 0 and side == "store":
-                        found.append([int(x.external_id) for x in results])
-                spent[side] += time.perf_counter() - t0
-    n = rounds * len(queries)
+    qps = {side.name: t.qps for side, t in zip(sides, time_searches(sides, queries, rounds, turn=1), strict=True)}
     out = {
-        "search_qps_store": n / spent["store"],
-        "search_qps_raw": n / spent["raw"],
-        "search_ratio": spent["raw"] / spent["store"],
-        "search_qps_store_fifo_pool": n / spent["fifo"],
-        "search_qps_store_statement_raw": n / spent["statement"],
-        "pool_lifo_gain": spent["fifo"] / spent["store"],
+        "search_qps_store": qps["store"],
+        "search_qps_raw": qps["raw"],
+        "search_ratio": qps["store"] / qps["raw"],
+        "search_qps_store_fifo_pool": qps["fifo"],
+        "search_qps_store_statement_raw": qps["statement"],
+        "pool_lifo_gain": qps["store"] / qps["fifo"],
     }
     return out, found
 
