@@ -5,6 +5,7 @@
 - ``raw_connection``: a pooled psycopg connection for one transaction;
 - ``dedicated_connection``: a connection of its own, outside the pool, for what must not share one
   (LISTEN, a session advisory lock, VACUUM and concurrent index builds, long DDL);
+- ``search_connections``: the engine's connections for searches alone (``memstore.search_pool``);
 - ``async_pool``: the asyncio pool of the search fast path, on the same URL;
 - ``Database``: all of that for one database, with reads and writes asked for apart (``read()``,
   ``write()``): reads go to hot standbys when ``MEMSTORE_READ_DATABASE_URLS`` names some
@@ -21,6 +22,7 @@ import re
 import select
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from contextvars import ContextVar
@@ -32,12 +34,13 @@ import sqlalchemy as sa
 from pgvector.psycopg import register_vector
 from psycopg.pq import TransactionStatus
 from psycopg.types.json import set_json_loads
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from sqlalchemy import event
 from sqlalchemy.pool import PoolResetState
 
 from memstore.embedded import start_embedded_server
 from memstore.errors import InvalidInputError
+from memstore.search_pool import SearchConnections
 from memstore.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -149,18 +152,18 @@ def _end_transaction(dbapi_connection: Any, _record: Any, state: PoolResetState)
         conn.rollback()
 
 
-def create_engine(url: str, *, pool_size: int = 8, max_overflow: int = 8, lifo: bool = True) -> sa.Engine:
-    """A pooled engine (``get_engine`` keeps the process's own). ``lifo=False`` only to measure the
-    difference (``bench.store``)."""
+def create_engine(url: str, *, pool_size: int = 8, max_overflow: int = 8) -> sa.Engine:
+    """A pooled engine (``get_engine`` keeps the process's own); its searches get connections of
+    their own (``search_connections``), as many as its pool keeps."""
     engine = sa.create_engine(
         normalise_url(url),
         pool_size=pool_size,
         max_overflow=max_overflow,
         # The most recently returned connection first: requests one after another keep to one warm
         # backend instead of cycling through every connection a burst opened (a load's side-by-side
-        # writers; ``python -m bench.store``'s pool_lifo_gain), and the connections a burst opened
-        # stay idle rather than taking turns, so a server's idle timeout can close them.
-        pool_use_lifo=lifo,
+        # writers), and the connections a burst opened stay idle rather than taking turns, so a
+        # server's idle timeout can close them.
+        pool_use_lifo=True,
         # No ping per checkout (a round trip on every search); a connection that fails is
         # invalidated by raw_connection instead, and the pool opens a new one next time.
         pool_pre_ping=False,
@@ -194,7 +197,11 @@ def dedicated_connection(
     engine: sa.Engine, *, application_name: str, autocommit: bool = True, vector_types: bool = True
 ) -> psycopg.Connection[Any]:
     """A new connection to the engine's database, outside its pool; the caller closes it."""
-    conn = psycopg.connect(_dsn(engine), autocommit=autocommit, application_name=application_name)
+    return _open(_dsn(engine), application_name=application_name, autocommit=autocommit, vector_types=vector_types)
+
+
+def _open(dsn: str, *, application_name: str, autocommit: bool, vector_types: bool) -> psycopg.Connection[Any]:
+    conn = psycopg.connect(dsn, autocommit=autocommit, application_name=application_name)
     register_json(conn)
     if vector_types:
         try:
@@ -203,6 +210,29 @@ def dedicated_connection(
             if not autocommit:
                 conn.rollback()
     return conn
+
+
+_search_sets: weakref.WeakKeyDictionary[sa.Engine, SearchConnections] = weakref.WeakKeyDictionary()
+
+
+def search_connections(engine: sa.Engine) -> SearchConnections:
+    """The engine's connections for searches alone, made on first use: as many as its pool keeps
+    (``pool_size``), autocommit, pgvector's types registered. ``engine.dispose()`` closes them with
+    the pool's, as does the engine's end."""
+    with _lock:
+        found = _search_sets.get(engine)
+        if found is None:
+            size = engine.pool.size() if isinstance(engine.pool, sa.QueuePool) else 8
+            dsn = _dsn(engine)  # not the engine itself: the set must not keep its engine alive
+            found = SearchConnections(
+                lambda: _open(dsn, application_name="memstore-search", autocommit=True, vector_types=True),
+                lambda conn: not server_went_away(conn),
+                max_size=max(1, size),
+            )
+            _search_sets[engine] = found
+            event.listen(engine, "engine_disposed", lambda _engine: found.close())
+            weakref.finalize(engine, found.close)
+        return found
 
 
 def async_pool(
@@ -331,6 +361,22 @@ class Database:
         ``lsn``), else the primary's."""
         with self._reading() as (_replica, conn):
             yield conn
+
+    def run_search(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """``fn`` on one of the primary's search connections (``search_connections``: autocommit, so
+        ``fn`` runs statements that need no transaction of their own); run once more on a fresh
+        connection when the first one fails under it (a search is safe to repeat). With replicas,
+        ``run_read``: the replica's pools and its routing."""
+        if self.replicas:
+            return self.run_read(fn)
+        searches = search_connections(self.engine)
+        try:
+            return searches.run(fn)
+        except psycopg.OperationalError as exc:
+            if isinstance(exc, PoolTimeout):
+                raise
+            log.info("search connection lost (%s); running the search once more on a fresh one", exc)
+        return searches.run(fn)
 
     def run_read(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
         """``fn`` on a read connection; when a replica's connection fails under it, that replica is

@@ -882,8 +882,9 @@ class VectorStore:
             # second attempt reads the registry afresh.
             c = self.get_collection(name=collection, fresh=attempt > 0)
             try:
-                # On a replica when there are some; run again elsewhere if that replica's connection fails.
-                rows = self.db.run_read(partial(self._search_rows, c, q, ef_search, exact))
+                # On a search connection (a replica's when there are some); run once more on another
+                # when the connection fails under it.
+                rows = self.db.run_search(partial(self._search_rows, c, q, ef_search, exact))
                 break
             except SpaceNotFoundError:
                 # A space made or dropped by another process within the registry's cache time.

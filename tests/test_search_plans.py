@@ -2,7 +2,7 @@
 cached generic plan (no planning per search) that still scans the HNSW index and stops at k; a
 filtered search is planned with its own values every time.
 
-What the server did is read from its own records of the pooled connection's session:
+What the server did is read from its own records of the search connection's session:
 ``pg_prepared_statements`` counts the generic and the custom plans each prepared statement ran.
 """
 
@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from psycopg import sql
 
 from memstore.async_search import AsyncSearcher
-from memstore.db import create_engine, raw_connection
+from memstore.db import create_engine, raw_connection, search_connections
 from memstore.models import ItemIn
 from memstore.search_query import check_query
 from memstore.settings import Settings
@@ -30,7 +30,8 @@ DIMS = 8
 
 @pytest.fixture
 def one_connection(database_url: str) -> Iterator[sa.Engine]:
-    """A pool of exactly one connection: every search runs in the session the test then inspects."""
+    """A pool of exactly one connection, and so one search connection (``search_connections``): every
+    search runs in the session the test then inspects."""
     engine = create_engine(database_url, pool_size=1, max_overflow=0)
     yield engine
     engine.dispose()
@@ -52,8 +53,9 @@ def filled(store: VectorStore, collection_name: str) -> Iterator[np.ndarray]:
 
 
 def _prepared(engine: sa.Engine, table: str) -> list[dict[str, Any]]:
-    """The prepared statements of the pool's one session that read ``table``, with their plan counts."""
-    with raw_connection(engine) as conn:
+    """The prepared statements of the one search connection's session that read ``table``, with their
+    plan counts."""
+    with search_connections(engine).connection() as conn:
         rows = conn.execute(
             "SELECT name, statement, generic_plans, custom_plans FROM pg_prepared_statements "
             "WHERE statement LIKE %s ORDER BY name",
@@ -78,7 +80,7 @@ def test_an_unfiltered_search_runs_a_cached_generic_plan_on_the_index(
     assert "LIMIT 7" in prepared["statement"]  # k is in the text: the plan knows how far to scan
     # The cached generic plan itself: the HNSW index, ordered by distance, stopping at k.
     vector = "[" + ",".join(str(float(x)) for x in filled[0]) + "]"
-    with raw_connection(one_connection) as conn:
+    with search_connections(one_connection).connection() as conn:
         plan = "\n".join(
             r[0]
             for r in conn.execute(
@@ -116,7 +118,7 @@ def test_a_generic_plan_runs_under_each_search_s_own_settings(
     queries = np.random.default_rng(12).normal(size=(12, DIMS)).astype(np.float32)
     for q in queries[:8]:  # past the five custom plans: the generic plan is cached
         store.search(collection=collection_name, vector=q, k=10, ef_search=200)
-    with raw_connection(one_connection) as conn:
+    with search_connections(one_connection).connection() as conn:
         held = conn.execute("SELECT current_setting('hnsw.ef_search')").fetchone()
     assert held is not None and held[0] == "200"
     unit = filled / np.linalg.norm(filled, axis=1, keepdims=True)
@@ -128,7 +130,7 @@ def test_a_generic_plan_runs_under_each_search_s_own_settings(
     assert len(statements) == 2  # the index search and the exact one, each with its own cached plan
     assert all(p["generic"] > 0 for p in statements.values()), statements
     store.search(collection=collection_name, vector=queries[0], k=10)  # the collection's default again
-    with raw_connection(one_connection) as conn:
+    with search_connections(one_connection).connection() as conn:
         held = conn.execute("SELECT current_setting('hnsw.ef_search'), current_setting('enable_indexscan')").fetchone()
     assert held == (str(c.default_ef_search), "on")
 

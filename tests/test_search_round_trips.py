@@ -1,8 +1,8 @@
 """A search through the Python API is one round trip, and what one search sets never reaches the next.
 
-The round trips are counted from libpq's own protocol trace of the pooled connection: every round
-trip ends with a Sync (extended protocol) or is a simple Query, so a search that sends one Sync and
-no Query waited on the server once.
+The round trips are counted from libpq's own protocol trace of the search connection
+(``memstore.db.search_connections``): every round trip ends with a Sync (extended protocol) or is a
+simple Query, so a search that sends one Sync and no Query waited on the server once.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from psycopg import pq, sql
 
 from memstore import search_sql
-from memstore.db import create_engine
+from memstore.db import create_engine, search_connections
 from memstore.errors import CollectionNotFoundError
 from memstore.models import ItemIn
 from memstore.settings import Settings
@@ -28,7 +28,8 @@ from memstore.store import VectorStore
 
 @pytest.fixture
 def one_connection(database_url: str) -> Iterator[sa.Engine]:
-    """A pool of exactly one connection, so every search runs on the one the previous search used."""
+    """A pool of exactly one connection, and so one search connection: every search runs on the one
+    the previous search used."""
     engine = create_engine(database_url, pool_size=1, max_overflow=0)
     yield engine
     engine.dispose()
@@ -36,11 +37,10 @@ def one_connection(database_url: str) -> Iterator[sa.Engine]:
 
 @contextmanager
 def traced(engine: sa.Engine) -> Iterator[list[str]]:
-    """The protocol messages the pooled connection sends while the block runs (frontend lines only)."""
+    """The protocol messages the search connection sends while the block runs (frontend lines only)."""
     sent: list[str] = []
-    proxied = engine.raw_connection()
-    pgconn = proxied.driver_connection.pgconn  # type: ignore[union-attr]
-    proxied.close()  # back to the pool: the next checkout is this same connection
+    with search_connections(engine).connection() as conn:
+        pgconn = conn.pgconn  # given back: the next search takes this same connection
     read_end, write_end = os.pipe()
     os.set_blocking(read_end, False)
     pgconn.trace(write_end)
@@ -77,15 +77,11 @@ def _filled(store: VectorStore, name: str, rows: int = 300) -> np.ndarray:
 
 
 def _setting(engine: sa.Engine, name: str) -> Any:
-    proxied = engine.raw_connection()
-    try:
-        cur = proxied.cursor()
-        cur.execute("SELECT current_setting(%s, true)", (name,))
-        value = cur.fetchone()[0]  # type: ignore[index]
-        proxied.commit()
-        return value
-    finally:
-        proxied.close()
+    """The setting as the session of the (one) search connection holds it."""
+    with search_connections(engine).connection() as conn:
+        row = conn.execute("SELECT current_setting(%s, true)", (name,)).fetchone()
+    assert row is not None
+    return row[0]
 
 
 @pytest.mark.parametrize("kind", ["vector", "filtered", "hybrid", "exact"])
@@ -131,7 +127,7 @@ def test_a_search_runs_with_its_own_settings_whatever_ran_before_it(
     # back), and the next search with those settings sends them again.
     store.search(collection=collection_name, vector=base[1], k=3, ef_search=9)
     failing = search_sql.SearchSettings(ef_search=11, exact=False, max_scan_tuples=100)
-    with pytest.raises(psycopg.errors.DivisionByZero), store.db.read() as conn:
+    with pytest.raises(psycopg.errors.DivisionByZero), search_connections(one_connection).connection() as conn:
         search_sql.run_search(conn, failing, sql.SQL("SELECT 1 / 0"), {})
     assert _setting(one_connection, "hnsw.ef_search") == "9"
     store.search(collection=collection_name, vector=base[1], k=3, ef_search=11)

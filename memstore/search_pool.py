@@ -1,0 +1,148 @@
+"""The connections that run searches and nothing else, handed out last returned first.
+
+A search's own Python work around its statement is a few tenths of a millisecond, and taking a
+connection from a general pool and giving it back was the largest part of it: SQLAlchemy's pool
+(the engine's, for transactions) and psycopg_pool's each cost a search about 0.1 ms of client CPU
+with a 100,000-row index in the caches, as much as planning, sending and reading the search
+together (``python -m bench.store``: ``search_pool_gain``). A search needs none of what they do
+for a transaction: its connection is in autocommit mode, keeps the HNSW settings of its session
+(``memstore.search_sql.SearchSession``) and is idle again when the search returns. Here a checkout
+is a pop from a list and a check, without a round trip, that the server has not closed the
+connection; a return is an append.
+
+Last returned first, as the engine's pool (``memstore.db.create_engine``): searches one after
+another keep to one warm backend, and the connections a burst opened stay idle. psycopg_pool hands
+its connections out first in, first out, with no option for the other order.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg_pool import PoolTimeout
+
+Connect = Callable[[], psycopg.Connection[Any]]
+Usable = Callable[[psycopg.Connection[Any]], bool]
+T = TypeVar("T")
+
+
+class SearchConnections:
+    """At most ``max_size`` autocommit connections, opened when a search needs one (``connect``)
+    and kept for the next. ``usable(conn)`` says, without a round trip, whether an idle one may be
+    handed out again (one the server closed while it was idle is dropped and another taken)."""
+
+    def __init__(self, connect: Connect, usable: Usable, *, max_size: int, timeout_s: float = 30.0) -> None:
+        if max_size < 1:
+            raise ValueError(f"max_size must be at least 1, not {max_size}")
+        self.max_size = max_size
+        self.timeout_s = timeout_s
+        self._connect = connect
+        self._usable = usable
+        self._idle: list[psycopg.Connection[Any]] = []
+        # One plain lock for the list and the count: a checkout takes it once and a return once. The
+        # condition on it is waited on only when all max_size connections are out.
+        self._lock = threading.Lock()
+        self._freed = threading.Condition(self._lock)
+        self._out = 0
+        self._waiting = 0
+        self._generation = 0  # close() ends a generation: connections out at the time close on return
+        self.opened = 0  # connections opened so far
+
+    def run(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """``fn(conn)`` on a connection of the set (a method, not a context manager: the cheapest
+        way there is to wrap a call, and every search goes through it)."""
+        conn, generation = self._take()
+        try:
+            return fn(conn)
+        finally:
+            self._give_back(conn, generation)
+
+    @contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """``run``'s connection for a block of statements."""
+        conn, generation = self._take()
+        try:
+            yield conn
+        finally:
+            self._give_back(conn, generation)
+
+    def _take(self) -> tuple[psycopg.Connection[Any], int]:
+        """An idle connection that is still usable, else a new one. Waits up to ``timeout_s`` while
+        all ``max_size`` are out, then raises PoolTimeout (an OperationalError: the service answers
+        503)."""
+        with self._lock:
+            if self._out >= self.max_size:
+                self._wait_for_one()
+            self._out += 1
+            generation = self._generation
+        try:
+            while True:
+                with self._lock:
+                    conn = self._idle.pop() if self._idle else None
+                if conn is None:
+                    conn = self._connect()
+                    with self._lock:
+                        self.opened += 1
+                    return conn, generation
+                if self._usable(conn):
+                    return conn, generation
+                conn.close()
+        except BaseException:
+            self._release()
+            raise
+
+    def _wait_for_one(self) -> None:  # called with the lock held
+        deadline = time.monotonic() + self.timeout_s
+        self._waiting += 1
+        try:
+            while self._out >= self.max_size:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise PoolTimeout(
+                        f"all {self.max_size} search connections were busy for {self.timeout_s:g} s "
+                        "(MEMSTORE_POOL_SIZE sets how many a process keeps)"
+                    )
+                self._freed.wait(left)
+        finally:
+            self._waiting -= 1
+
+    def _give_back(self, conn: psycopg.Connection[Any], generation: int) -> None:
+        """Back to the idle list, unless the search left it broken, closed or inside a transaction
+        (then it is closed, never handed out again)."""
+        keep = not conn.closed and not conn.broken and conn.pgconn.transaction_status == _IDLE
+        with self._lock:
+            keep = keep and generation == self._generation
+            if keep:
+                self._idle.append(conn)
+            self._out -= 1
+            if self._waiting:
+                self._freed.notify()
+        if not keep:
+            conn.close()
+
+    def _release(self) -> None:
+        with self._lock:
+            self._out -= 1
+            if self._waiting:
+                self._freed.notify()
+
+    def idle_count(self) -> int:
+        with self._lock:
+            return len(self._idle)
+
+    def close(self) -> None:
+        """Close the idle connections now and those out on their return; later searches open new
+        ones (as an engine's pool after ``dispose()``)."""
+        with self._lock:
+            self._generation += 1
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+
+_IDLE = int(psycopg.pq.TransactionStatus.IDLE)
