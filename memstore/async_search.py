@@ -1,4 +1,5 @@
-"""Vector searches on the caller's event loop, over psycopg's async connection pool.
+"""Vector searches on the caller's event loop, on search connections of their own
+(``memstore.db.async_search_connections``).
 
 `VectorStore.search` is blocking, so an async server has to hand each search to a thread and back.
 On a small machine that hop, and the interpreter lock it makes two threads fight over, costs more
@@ -10,20 +11,17 @@ uses the blocking path for it.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import psycopg
-from pgvector.psycopg import register_vector_async
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import PoolClosed, PoolTimeout
 
 from memstore import search_query
 from memstore.collections import Collection
 from memstore.compact import spec as compact_spec
-from memstore.db import register_json, server_went_away
 from memstore.errors import CollectionNotFoundError
 from memstore.models import SearchResult
 from memstore.search_query import SearchQuery
@@ -45,30 +43,12 @@ class AsyncSearcher:
         self.store = store
         self.max_connections = max_connections
         self._run_blocking = run_blocking
-        self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
-        self._opening: asyncio.Lock | None = None
-
-    async def _connections(self) -> AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
-        if self._pool is None:
-            self._opening = self._opening or asyncio.Lock()
-            async with self._opening:
-                if self._pool is None:
-                    # Autocommit, and the settings at session level: these connections run
-                    # searches only, each under the settings it needs (see _run).
-                    pool = self.store.db.async_pool(
-                        max_size=self.max_connections,
-                        name="memstore-search",
-                        configure=_configure,
-                        check=_check,
-                    )
-                    await pool.open()
-                    self._pool = pool
-        return self._pool
+        # Autocommit, and the settings at session level: these connections run searches only, each
+        # under the settings it needs (see _run). None is opened before the first search.
+        self.connections = store.db.async_search_connections(max_size=max_connections)
 
     async def close(self) -> None:
-        if self._pool is not None:
-            await self._pool.close()
-            self._pool = None
+        await self.connections.close()
 
     async def search(
         self, *, collection: str, query: SearchQuery, ef_search: int | None = None, exact: bool = False
@@ -82,41 +62,21 @@ class AsyncSearcher:
             if compact_spec.index_spec(c).compact and not exact and query.mode != "keyword":
                 return None
             plan = self.store.plan(c, query, ef_search=ef_search, exact=exact)
-            pool = await self._connections()
             try:
-                async with pool.connection() as conn:
-                    rows = await self._run(conn, plan)
+                rows = await self.connections.run(partial(_run, plan=plan))
                 return search_query.results(c, query, rows)
             except psycopg.errors.UndefinedTable:
                 # The cached registry row names a table that is gone: read the registry afresh.
                 self.store.forget_collection(collection)
                 if attempt:
                     raise CollectionNotFoundError(collection) from None
-            except psycopg.OperationalError:
-                # A connection that died in the pool (a database restart): the pool drops it;
-                # a read is safe to send once more on a fresh one.
-                if attempt:
+            except psycopg.OperationalError as exc:
+                # A connection that died while idle (a database restart): it is closed, not handed
+                # out again; a read is safe to send once more on a fresh one.
+                if attempt or isinstance(exc, PoolTimeout | PoolClosed):
                     raise
                 log.info("search connection lost; retrying once on a fresh one")
         raise AssertionError("unreachable")
-
-    async def _run(self, conn: psycopg.AsyncConnection[Any], plan: SearchPlan) -> list[Any]:
-        """One round trip: the search alone when the connection already holds its settings, else the
-        settings and the search pipelined (autocommit: no transaction to commit afterwards)."""
-        session = search_session(conn)
-        try:
-            if session.held == plan.settings:
-                cur = await session.cursor.execute(plan.statement, plan.params, prepare=plan.prepare)
-            else:
-                session.held = None
-                async with conn.pipeline():
-                    await conn.execute(SESSION_SETTINGS_SQL, plan.settings.values())
-                    cur = await conn.execute(plan.statement, plan.params, prepare=plan.prepare)
-                session.held = plan.settings
-            return await cur.fetchall()
-        except BaseException:
-            session.held = None  # whatever failed, the next search on it sets everything again
-            raise
 
     async def _collection(self, name: str, *, fresh: bool) -> Collection:
         hit = None if fresh else self.store.cached_collection(name)
@@ -132,13 +92,20 @@ class AsyncSearcher:
         return result
 
 
-async def _check(conn: psycopg.AsyncConnection[Any]) -> None:
-    """Refuse a pooled connection the server has closed (a restart), without a round trip."""
-    if server_went_away(conn):
-        raise psycopg.OperationalError("the server closed this connection")
-
-
-async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
-    register_json(conn)
-    with contextlib.suppress(psycopg.ProgrammingError):  # no extension yet (before the first migration)
-        await register_vector_async(conn)
+async def _run(conn: psycopg.AsyncConnection[Any], *, plan: SearchPlan) -> list[Any]:
+    """One round trip: the search alone when the connection already holds its settings, else the
+    settings and the search pipelined (autocommit: no transaction to commit afterwards)."""
+    session = search_session(conn)
+    try:
+        if session.held == plan.settings:
+            cur = await session.cursor.execute(plan.statement, plan.params, prepare=plan.prepare)
+        else:
+            session.held = None
+            async with conn.pipeline():
+                await conn.execute(SESSION_SETTINGS_SQL, plan.settings.values())
+                cur = await conn.execute(plan.statement, plan.params, prepare=plan.prepare)
+            session.held = plan.settings
+        return await cur.fetchall()
+    except BaseException:
+        session.held = None  # whatever failed, the next search on it sets everything again
+        raise

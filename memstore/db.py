@@ -6,7 +6,7 @@
 - ``dedicated_connection``: a connection of its own, outside the pool, for what must not share one
   (LISTEN, a session advisory lock, VACUUM and concurrent index builds, long DDL);
 - ``search_connections``: the engine's connections for searches alone (``memstore.search_pool``);
-- ``async_pool``: the asyncio pool of the search fast path, on the same URL;
+- ``async_search_connections``: the same for the search fast path's event loop;
 - ``Database``: all of that for one database, with reads and writes asked for apart (``read()``,
   ``write()``): reads go to hot standbys when ``MEMSTORE_READ_DATABASE_URLS`` names some
   (``get_database``), writes to the primary. Read-your-writes: ``current_lsn()`` is the primary's WAL
@@ -24,23 +24,23 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import psycopg
 import sqlalchemy as sa
-from pgvector.psycopg import register_vector
+from pgvector.psycopg import register_vector, register_vector_async
 from psycopg.pq import TransactionStatus
 from psycopg.types.json import set_json_loads
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import PoolTimeout
 from sqlalchemy import event
 from sqlalchemy.pool import PoolResetState
 
 from memstore.embedded import start_embedded_server
 from memstore.errors import InvalidInputError
-from memstore.search_pool import SearchConnections
+from memstore.search_pool import AsyncSearchConnections, SearchConnections
 from memstore.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -235,25 +235,19 @@ def search_connections(engine: sa.Engine) -> SearchConnections:
         return found
 
 
-def async_pool(
-    engine: sa.Engine,
-    *,
-    max_size: int,
-    name: str,
-    configure: Any,
-    check: Any,
-) -> AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
-    """An asyncio pool (not yet open) of autocommit connections to the engine's database."""
-    return AsyncConnectionPool(
-        _dsn(engine),
-        min_size=1,
-        max_size=max_size,
-        open=False,
-        configure=configure,
-        check=check,
-        kwargs={"autocommit": True},
-        name=name,
-    )
+def async_search_connections(engine: sa.Engine, *, max_size: int) -> AsyncSearchConnections:
+    """Search connections for one event loop (``memstore.async_search``), to the engine's database:
+    autocommit, pgvector's types registered, none opened until a search needs one."""
+    dsn = _dsn(engine)
+
+    async def connect() -> psycopg.AsyncConnection[Any]:
+        conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True, application_name="memstore-search")
+        register_json(conn)
+        with suppress(psycopg.ProgrammingError):  # no extension yet (before the first migration)
+            await register_vector_async(conn)
+        return conn
+
+    return AsyncSearchConnections(connect, lambda conn: not server_went_away(conn), max_size=max_size)
 
 
 @contextmanager
@@ -608,10 +602,8 @@ class Database:
             self.engine, application_name=application_name, autocommit=autocommit, vector_types=vector_types
         )
 
-    def async_pool(
-        self, *, max_size: int, name: str, configure: Any, check: Any
-    ) -> AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
-        return async_pool(self.engine, max_size=max_size, name=name, configure=configure, check=check)
+    def async_search_connections(self, *, max_size: int) -> AsyncSearchConnections:
+        return async_search_connections(self.engine, max_size=max_size)
 
 
 # Zero lag when the standby has replayed everything it received (an idle primary sends nothing, so

@@ -1,11 +1,11 @@
 """The connections that run searches and nothing else, handed out last returned first.
 
 A search's own Python work around its statement is a few tenths of a millisecond, and taking a
-connection from a general pool and giving it back was the largest part of it: SQLAlchemy's pool
-(the engine's, for transactions) and psycopg_pool's each cost a search about 0.1 ms of client CPU
-with a 100,000-row index in the caches, as much as planning, sending and reading the search
-together (``python -m bench.store``: ``search_pool_gain``). A search needs none of what they do
-for a transaction: its connection is in autocommit mode, keeps the HNSW settings of its session
+connection from a general pool and giving it back was a large part of it: SQLAlchemy's pool (the
+engine's, for transactions) and psycopg_pool's each cost a search 0.05 to 0.1 ms of client CPU with a
+100,000-row index thrashing the caches, on the blocking path and on the event loop's alike
+(``python -m bench.store``: ``search_pool_gain``). A search needs none of what they do for a
+transaction: its connection is in autocommit mode, keeps the HNSW settings of its session
 (``memstore.search_sql.SearchSession``) and is idle again when the search returns. Here a checkout
 is a pop from a list and a check, without a round trip, that the server has not closed the
 connection; a return is an append.
@@ -17,17 +17,20 @@ its connections out first in, first out, with no option for the other order.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg_pool import PoolTimeout
+from psycopg_pool import PoolClosed, PoolTimeout
 
 Connect = Callable[[], psycopg.Connection[Any]]
 Usable = Callable[[psycopg.Connection[Any]], bool]
+AsyncConnect = Callable[[], Awaitable[psycopg.AsyncConnection[Any]]]
+AsyncUsable = Callable[[psycopg.AsyncConnection[Any]], bool]
 T = TypeVar("T")
 
 
@@ -143,6 +146,86 @@ class SearchConnections:
             idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
+
+
+class AsyncSearchConnections:
+    """``SearchConnections`` for the searches of one event loop (``memstore.async_search``, the REST
+    API's fast path). Everything runs on that loop, so the idle list needs no lock; a search waits
+    only when all ``max_size`` connections are out."""
+
+    def __init__(self, connect: AsyncConnect, usable: AsyncUsable, *, max_size: int, timeout_s: float = 30.0) -> None:
+        if max_size < 1:
+            raise ValueError(f"max_size must be at least 1, not {max_size}")
+        self.max_size = max_size
+        self.timeout_s = timeout_s
+        self._connect = connect
+        self._usable = usable
+        self._idle: list[psycopg.AsyncConnection[Any]] = []
+        self._slots = asyncio.Semaphore(max_size)
+        self._closed = False
+        self.opened = 0
+
+    async def run(self, fn: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]) -> T:
+        """``await fn(conn)`` on a connection of the set."""
+        conn = await self._take()
+        try:
+            return await fn(conn)
+        finally:
+            await self._give_back(conn)
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """``run``'s connection for a block of statements."""
+        conn = await self._take()
+        try:
+            yield conn
+        finally:
+            await self._give_back(conn)
+
+    async def _take(self) -> psycopg.AsyncConnection[Any]:
+        if self._closed:
+            raise PoolClosed("the search connections are closed (the service is shutting down)")
+        if self._slots.locked():
+            try:
+                await asyncio.wait_for(self._slots.acquire(), self.timeout_s)
+            except TimeoutError:
+                raise PoolTimeout(
+                    f"all {self.max_size} search connections were busy for {self.timeout_s:g} s "
+                    "(MEMSTORE_POOL_SIZE sets how many a process keeps)"
+                ) from None
+        else:
+            await self._slots.acquire()  # free: returns without yielding to the loop
+        try:
+            while self._idle:
+                conn = self._idle.pop()
+                if self._usable(conn):
+                    return conn
+                await conn.close()
+            conn = await self._connect()
+            self.opened += 1
+            return conn
+        except BaseException:
+            self._slots.release()
+            raise
+
+    async def _give_back(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        try:
+            if not self._closed and not conn.closed and not conn.broken and conn.pgconn.transaction_status == _IDLE:
+                self._idle.append(conn)
+            else:
+                await conn.close()
+        finally:
+            self._slots.release()
+
+    def idle_count(self) -> int:
+        return len(self._idle)
+
+    async def close(self) -> None:
+        """Close the idle connections now and those out on their return; the set opens no more."""
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await conn.close()
 
 
 _IDLE = int(psycopg.pq.TransactionStatus.IDLE)

@@ -77,7 +77,10 @@ def test_only_the_database_layer_opens_connections() -> None:
         for folder in ("memstore", "maintenance")
         for p in (ROOT / folder).rglob("*.py")
         if p not in allowed
-        and any(s in p.read_text() for s in ("psycopg.connect(", "render_as_string(", "AsyncConnectionPool("))
+        and any(
+            s in p.read_text()
+            for s in ("psycopg.connect(", "AsyncConnection.connect(", "render_as_string(", "AsyncConnectionPool(")
+        )
     ]
     assert offenders == []
 
@@ -123,6 +126,10 @@ def test_the_store_asks_for_reads_and_writes_apart(engine, settings, collection_
         def run_read(self, fn):
             self.calls.append("read")  # a read that may run again on another replica
             return super().run_read(fn)
+
+        def run_search(self, fn):
+            self.calls.append("read")  # a search: on a search connection, or a replica's when there are some
+            return super().run_search(fn)
 
     db = Counting(engine)
     store = VectorStore(db, settings=settings)

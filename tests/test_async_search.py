@@ -1,4 +1,4 @@
-"""AsyncSearcher: the event-loop search path answers as VectorStore.search does, and a pooled
+"""AsyncSearcher: the event-loop search path answers as VectorStore.search does, and a search
 connection never runs a search under the settings an earlier search left on it."""
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ from memstore.store import VectorStore
 
 
 async def _settings_of(searcher: AsyncSearcher) -> tuple[str, str]:
-    pool = await searcher._connections()
-    async with pool.connection() as conn:
+    async with searcher.connections.connection() as conn:
         cur = await conn.execute("SELECT current_setting('hnsw.ef_search'), current_setting('enable_indexscan')")
         row = await cur.fetchone()
     assert row is not None

@@ -150,8 +150,7 @@ def test_the_rest_path_s_async_searches_run_the_same_cached_plans(
                     q = check_query(mode=None, vector=filled[i], text=None, k=6, filter=where)
                     hits = await searcher.search(collection=collection_name, query=q)
                     assert hits is not None and hits[0].external_id == str(i)
-            pool = await searcher._connections()
-            async with pool.connection() as conn:
+            async with searcher.connections.connection() as conn:
                 cur = await conn.execute(
                     "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements WHERE statement LIKE %s",
                     (f"%{table}%",),

@@ -3,6 +3,7 @@ reused last returned first, bounded, never handed out broken, closed with their 
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator
 
@@ -11,9 +12,9 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 from psycopg.pq import TransactionStatus
-from psycopg_pool import PoolTimeout
+from psycopg_pool import PoolClosed, PoolTimeout
 
-from memstore.db import create_engine, dedicated_connection, search_connections
+from memstore.db import async_search_connections, create_engine, dedicated_connection, search_connections
 from memstore.models import ItemIn
 from memstore.search_pool import SearchConnections
 from memstore.settings import Settings
@@ -96,7 +97,7 @@ def test_a_connection_the_server_closed_while_idle_costs_no_failed_search(
     searches = search_connections(three)
     victim = searches.run(_pid)
     with three.connect() as admin:  # the server ends that backend (a restart, an idle timeout)
-        admin.exec_driver_sql(f"SELECT pg_terminate_backend({victim})")
+        admin.exec_driver_sql(f"SELECT pg_terminate_backend({victim}, 10000)")  # returns once it is gone
     for i in range(3):
         assert store.search(collection=collection_name, vector=base[i], k=1)[0].external_id == str(i)
     assert searches.run(_pid) != victim
@@ -129,3 +130,34 @@ def test_disposing_of_the_engine_closes_its_search_connections(database_url: str
     assert out.closed  # ... and closed on its return
     assert searches.run(lambda conn: conn.execute("SELECT 1").fetchone()) == (1,)  # new ones after
     engine.dispose()
+
+
+def test_the_event_loop_s_connections_are_reused_last_returned_first_bounded_and_closed(database_url: str) -> None:
+    engine = create_engine(database_url, pool_size=2, max_overflow=0)
+
+    async def pid(conn: psycopg.AsyncConnection) -> int:
+        return conn.info.backend_pid
+
+    async def scenario() -> None:
+        searches = async_search_connections(engine, max_size=2)
+        searches.timeout_s = 0.2
+        async with searches.connection() as a, searches.connection() as b:
+            first, second = a.info.backend_pid, b.info.backend_pid  # b is returned first, a last
+            assert a.autocommit and first != second
+            with pytest.raises(PoolTimeout, match="all 2 search connections were busy"):
+                await searches.run(pid)
+        assert [await searches.run(pid) for _ in range(4)] == [first] * 4 and searches.opened == 2
+        async with searches.connection() as conn:  # the server ends the other backend while it is idle
+            await conn.execute("SELECT pg_terminate_backend(%s, 10000)", (second,))  # returns once it is gone
+        async with searches.connection() as c, searches.connection() as d:
+            pids = {c.info.backend_pid, d.info.backend_pid}
+        assert first in pids and second not in pids and searches.opened == 3
+        await searches.close()
+        assert searches.idle_count() == 0 and c.closed
+        with pytest.raises(PoolClosed):
+            await searches.run(pid)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        engine.dispose()
