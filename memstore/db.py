@@ -333,6 +333,7 @@ class Database:
         self.wait_s = wait_s
         self._primary_lsn = 0  # the highest WAL position the primary reported to this process
         self.primary_reads = 0  # reads the primary served although replicas are configured
+        self._searches: SearchConnections | None = None  # the primary's (search_connections), once asked
         self._turn = itertools.count()
         self._stop = threading.Event()
         self._prober: threading.Thread | None = None
@@ -363,7 +364,9 @@ class Database:
         ``run_read``: the replica's pools and its routing."""
         if self.replicas:
             return self.run_read(fn)
-        searches = search_connections(self.engine)
+        searches = self._searches
+        if searches is None:  # kept here: the module's lock is not taken for every search
+            searches = self._searches = search_connections(self.engine)
         try:
             return searches.run(fn)
         except psycopg.OperationalError as exc:
