@@ -2,9 +2,9 @@
 search and the recall probes.
 
 A search is a settings statement and then the statement itself. A plain index search needs only the
-HNSW knobs and ``jit``, which no other statement minds: a pooled connection keeps them for its
-session and remembers what it holds (``run_search``), so most searches send the statement alone, as a
-hand-written one would. A search that changes the planner (``exact``, ``index_only``,
+HNSW knobs and ``jit``, which no other statement minds: a connection (a search connection of
+``memstore.search_pool``, or a pooled one) keeps them for its session and remembers what it holds
+(``run_search``), so most searches send the statement alone, as a hand-written one would. A search that changes the planner (``exact``, ``index_only``,
 ``nested_loops``) sets all eight knobs for its transaction alone, so nothing it sets outlives it.
 No caller builds SQL by concatenation.
 
@@ -49,7 +49,7 @@ _KNOBS = (
 _TEMPLATE = "SELECT " + ", ".join(f"set_config('{knob}', %s, {{local}})" for knob in _KNOBS)
 SETTINGS_SQL = _TEMPLATE.format(local="true")
 # The same settings for the whole session: only for connections that run nothing but searches, and
-# that know which settings they hold (memstore.async_search's pool).
+# that know which settings they hold (memstore.async_search's connections).
 SESSION_SETTINGS_SQL = _TEMPLATE.format(local="false")
 # What a plain index search needs, for the session of a pooled connection that runs other statements
 # too: none of these changes how anything but an HNSW scan runs (jit off only spares short queries
