@@ -17,11 +17,11 @@ from functools import partial
 from typing import Any
 
 import psycopg
-from psycopg_pool import PoolClosed, PoolTimeout
 
 from memstore import search_query
 from memstore.collections import Collection
 from memstore.compact import spec as compact_spec
+from memstore.db import connection_lost
 from memstore.errors import CollectionNotFoundError
 from memstore.models import SearchResult
 from memstore.search_query import SearchQuery
@@ -71,9 +71,10 @@ class AsyncSearcher:
                 if attempt:
                     raise CollectionNotFoundError(collection) from None
             except psycopg.OperationalError as exc:
-                # A connection that died while idle (a database restart): it is closed, not handed
-                # out again; a read is safe to send once more on a fresh one.
-                if attempt or isinstance(exc, PoolTimeout | PoolClosed):
+                # A connection that broke under the search (a database restart): it is closed, not
+                # handed out again; a read is safe to send once more on a fresh one. A statement the
+                # server cancelled or timed out is not run again.
+                if attempt or not connection_lost(exc):
                     raise
                 log.info("search connection lost; retrying once on a fresh one")
         raise AssertionError("unreachable")

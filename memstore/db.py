@@ -34,7 +34,7 @@ import sqlalchemy as sa
 from pgvector.psycopg import register_vector, register_vector_async
 from psycopg.pq import TransactionStatus
 from psycopg.types.json import set_json_loads
-from psycopg_pool import PoolTimeout
+from psycopg_pool import PoolClosed, PoolTimeout
 from sqlalchemy import event
 from sqlalchemy.pool import PoolResetState
 
@@ -133,6 +133,22 @@ def server_went_away(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any
         return True
 
 
+# SQLSTATEs of a server that ended the session: admin_shutdown, crash_shutdown, cannot_connect_now.
+_SESSION_ENDED = frozenset({"57P01", "57P02", "57P03"})
+
+
+def connection_lost(exc: psycopg.OperationalError) -> bool:
+    """The connection broke under a statement (a restart, a crash, a dropped socket): what a read can
+    be run again for on another connection. Not a statement the server cancelled or timed out, a
+    server out of connections or memory, nor a pool that had no connection to give."""
+    if isinstance(exc, PoolTimeout | PoolClosed):
+        return False
+    state = exc.sqlstate
+    # libpq's own errors (the socket closed, no answer) carry no SQLSTATE; class 08 is the server's
+    # "connection exception".
+    return state is None or state.startswith("08") or state in _SESSION_ENDED
+
+
 _IDLE = int(TransactionStatus.IDLE)
 
 
@@ -202,13 +218,17 @@ def dedicated_connection(
 
 def _open(dsn: str, *, application_name: str, autocommit: bool, vector_types: bool) -> psycopg.Connection[Any]:
     conn = psycopg.connect(dsn, autocommit=autocommit, application_name=application_name)
-    register_json(conn)
-    if vector_types:
-        try:
-            register_vector(conn)
-        except psycopg.ProgrammingError:  # no extension yet (before the first migration)
-            if not autocommit:
-                conn.rollback()
+    try:
+        register_json(conn)
+        if vector_types:
+            try:
+                register_vector(conn)
+            except psycopg.ProgrammingError:  # no extension yet (before the first migration)
+                if not autocommit:
+                    conn.rollback()
+    except BaseException:
+        conn.close()
+        raise
     return conn
 
 
@@ -222,12 +242,15 @@ def search_connections(engine: sa.Engine) -> SearchConnections:
     with _lock:
         found = _search_sets.get(engine)
         if found is None:
-            size = engine.pool.size() if isinstance(engine.pool, sa.QueuePool) else 8
+            # QueuePool's size; 8 (the default pool size) for a pool without one (NullPool, or a
+            # QueuePool of pool_size 0: no limit).
+            size = engine.pool.size() if isinstance(engine.pool, sa.QueuePool) else 0
+            size = size if size > 0 else 8
             dsn = _dsn(engine)  # not the engine itself: the set must not keep its engine alive
             found = SearchConnections(
                 lambda: _open(dsn, application_name="memstore-search", autocommit=True, vector_types=True),
                 lambda conn: not server_went_away(conn),
-                max_size=max(1, size),
+                max_size=size,
             )
             _search_sets[engine] = found
             event.listen(engine, "engine_disposed", lambda _engine: found.close())
@@ -242,9 +265,13 @@ def async_search_connections(engine: sa.Engine, *, max_size: int) -> AsyncSearch
 
     async def connect() -> psycopg.AsyncConnection[Any]:
         conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True, application_name="memstore-search")
-        register_json(conn)
-        with suppress(psycopg.ProgrammingError):  # no extension yet (before the first migration)
-            await register_vector_async(conn)
+        try:
+            register_json(conn)
+            with suppress(psycopg.ProgrammingError):  # no extension yet (before the first migration)
+                await register_vector_async(conn)
+        except BaseException:
+            await conn.close()
+            raise
         return conn
 
     return AsyncSearchConnections(connect, lambda conn: not server_went_away(conn), max_size=max_size)
@@ -370,8 +397,8 @@ class Database:
         try:
             return searches.run(fn)
         except psycopg.OperationalError as exc:
-            if isinstance(exc, PoolTimeout):
-                raise
+            if not connection_lost(exc):
+                raise  # a cancelled or timed-out statement, a full server: running it again would not help
             log.info("search connection lost (%s); running the search once more on a fresh one", exc)
         return searches.run(fn)
 

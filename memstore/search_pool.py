@@ -18,6 +18,7 @@ its connections out first in, first out, with no option for the other order.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -54,6 +55,9 @@ class SearchConnections:
         self._out = 0
         self._waiting = 0
         self._generation = 0  # close() ends a generation: connections out at the time close on return
+        # The process the connections belong to: a forked child must not use its parent's, nor
+        # close them (closing one ends the parent's session on the server).
+        self._pid = os.getpid()
         self.opened = 0  # connections opened so far
 
     def run(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
@@ -86,6 +90,8 @@ class SearchConnections:
         try:
             while True:
                 with self._lock:
+                    if self._pid != os.getpid():
+                        self._forget_inherited()
                     conn = self._idle.pop() if self._idle else None
                 if conn is None:
                     conn = self._connect()
@@ -140,12 +146,21 @@ class SearchConnections:
 
     def close(self) -> None:
         """Close the idle connections now and those out on their return; later searches open new
-        ones (as an engine's pool after ``dispose()``)."""
+        ones (as an engine's pool after ``dispose()``). In a forked child, the parent's connections
+        are forgotten, not closed."""
         with self._lock:
+            if self._pid != os.getpid():
+                self._forget_inherited()
+                return
             self._generation += 1
             idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
+
+    def _forget_inherited(self) -> None:  # called with the lock held, in a forked child
+        self._idle = []
+        self._generation += 1  # any connection out at the fork is never given back to this list
+        self._pid = os.getpid()
 
 
 class AsyncSearchConnections:
@@ -196,6 +211,8 @@ class AsyncSearchConnections:
         else:
             await self._slots.acquire()  # free: returns without yielding to the loop
         try:
+            if self._closed:  # closed while this search waited for a connection
+                raise PoolClosed("the search connections are closed (the service is shutting down)")
             while self._idle:
                 conn = self._idle.pop()
                 if self._usable(conn):

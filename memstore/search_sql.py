@@ -4,8 +4,9 @@ search and the recall probes.
 A search is a settings statement and then the statement itself. A plain index search needs only the
 HNSW knobs and ``jit``, which no other statement minds: a connection (a search connection of
 ``memstore.search_pool``, or a pooled one) keeps them for its session and remembers what it holds
-(``run_search``), so most searches send the statement alone, as a hand-written one would. A search that changes the planner (``exact``, ``index_only``,
-``nested_loops``) sets all eight knobs for its transaction alone, so nothing it sets outlives it.
+(``run_search``), so most searches send the statement alone, as a hand-written one would. A search
+that changes the planner (``exact``, ``index_only``, ``nested_loops``) sets all eight knobs for its
+transaction alone, so nothing it sets outlives it.
 No caller builds SQL by concatenation.
 
 Planning. An unfiltered search has nothing for the planner to weigh but the table: its statement

@@ -4,7 +4,9 @@ reused last returned first, bounded, never handed out broken, closed with their 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -14,7 +16,14 @@ import sqlalchemy as sa
 from psycopg.pq import TransactionStatus
 from psycopg_pool import PoolClosed, PoolTimeout
 
-from memstore.db import async_search_connections, create_engine, dedicated_connection, search_connections
+from memstore.db import (
+    Database,
+    async_search_connections,
+    connection_lost,
+    create_engine,
+    dedicated_connection,
+    search_connections,
+)
 from memstore.models import ItemIn
 from memstore.search_pool import SearchConnections
 from memstore.settings import Settings
@@ -77,31 +86,80 @@ def test_a_search_waits_while_every_connection_is_out_and_then_gives_up(database
             with pytest.raises(PoolTimeout, match="all 1 search connections were busy"):
                 searches.run(_pid)
             got: list[int] = []
+            searches.timeout_s = 60.0
             waiter = threading.Thread(target=lambda: got.append(searches.run(_pid)))
-            searches.timeout_s = 30.0
-            waiter.start()  # waits for the one connection ...
+            waiter.start()
+            deadline = time.monotonic() + 30
+            while searches._waiting == 0 and time.monotonic() < deadline:  # the waiter waits for the one ...
+                time.sleep(0.01)
+            assert searches._waiting == 1
             held_pid = _pid(held)
-        waiter.join(10)  # ... and gets it once it is returned
+        waiter.join(30)  # ... and gets it once it is returned
         assert got == [held_pid] and searches.opened == 1
     finally:
         searches.close()
         engine.dispose()
 
 
-def test_a_connection_the_server_closed_while_idle_costs_no_failed_search(
+def test_a_connection_the_server_closed_while_idle_is_dropped_before_a_search_uses_it(
     three: sa.Engine, settings: Settings, collection_name: str
 ) -> None:
-    store = VectorStore(three, settings=settings)
-    base = _filled(store, collection_name)
-    store.search(collection=collection_name, vector=base[0], k=1)
     searches = search_connections(three)
     victim = searches.run(_pid)
+    opened = searches.opened
     with three.connect() as admin:  # the server ends that backend (a restart, an idle timeout)
         admin.exec_driver_sql(f"SELECT pg_terminate_backend({victim}, 10000)")  # returns once it is gone
-    for i in range(3):
-        assert store.search(collection=collection_name, vector=base[i], k=1)[0].external_id == str(i)
-    assert searches.run(_pid) != victim
+    # No retry here (run has none): the closed connection is found out before the statement is sent.
+    assert searches.run(lambda conn: conn.execute("SELECT 1").fetchone()) == (1,)
+    assert searches.opened == opened + 1 and searches.run(_pid) != victim
+    store = VectorStore(three, settings=settings)  # and through the store
+    base = _filled(store, collection_name)
+    assert store.search(collection=collection_name, vector=base[3], k=1)[0].external_id == "3"
     store.drop_collection(name=collection_name)
+
+
+def test_a_search_whose_connection_breaks_runs_once_more_and_a_cancelled_one_does_not(three: sa.Engine) -> None:
+    db = Database(three)
+    calls: list[int] = []
+
+    def killed_on_first_call(conn: psycopg.Connection) -> int:
+        calls.append(_pid(conn))
+        if len(calls) == 1:  # the server ends the session under the statement (a restart)
+            conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+        return _pid(conn)
+
+    assert db.run_search(killed_on_first_call) == calls[1] and len(calls) == 2 and calls[0] != calls[1]
+
+    def timed_out(conn: psycopg.Connection) -> None:
+        calls.append(_pid(conn))
+        conn.execute("SET statement_timeout = 50")
+        try:
+            conn.execute("SELECT pg_sleep(5)")
+        finally:
+            conn.execute("RESET statement_timeout")
+
+    calls.clear()
+    with pytest.raises(psycopg.errors.QueryCanceled):
+        db.run_search(timed_out)
+    assert len(calls) == 1  # the server cancelled it: not run again
+    assert connection_lost(psycopg.OperationalError("server closed the connection unexpectedly"))
+    assert not connection_lost(PoolTimeout("busy")) and not connection_lost(PoolClosed("closed"))
+
+
+def test_a_forked_child_neither_uses_nor_closes_its_parent_s_connections(three: sa.Engine) -> None:
+    searches = search_connections(three)
+    parent = searches.run(_pid)
+    child = os.fork()
+    if child == 0:  # the child: its own connection, and the parent's left open for the parent
+        code = 1
+        try:
+            searches.close()
+            code = 0 if searches.run(_pid) != parent else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert searches.run(lambda conn: (_pid(conn), conn.execute("SELECT 1").fetchone())) == (parent, (1,))
 
 
 def test_a_connection_left_in_a_transaction_or_broken_is_never_handed_out_again(three: sa.Engine) -> None:

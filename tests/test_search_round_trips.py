@@ -153,3 +153,25 @@ def test_a_search_that_fails_on_the_server_leaves_the_connection_usable_and_clea
         store.drop_collection(name=gone)  # its registry row too: other tests walk every collection
     assert _setting(one_connection, "enable_indexscan") == "on"
     assert store.search(collection=collection_name, vector=base[2], k=1)[0].external_id == "2"
+
+
+def test_a_search_inside_a_caller_s_transaction_keeps_its_settings_to_that_transaction(
+    one_connection: sa.Engine, settings: Settings, collection_name: str
+) -> None:
+    """``search_sql.run_search`` on a pooled connection inside a transaction (the duplicates scan, reads
+    on a replica): its settings are the transaction's, gone once it ends."""
+    store = VectorStore(one_connection, settings=settings)
+    base = _filled(store, collection_name)
+    c = store.get_collection(name=collection_name)
+    statement = search_sql.search_statement(c.table_name, c.spec.operator, exact=True, limit=3)
+    exact = search_sql.SearchSettings(ef_search=13, exact=True, max_scan_tuples=100)
+    with store.db.read() as conn:
+        conn.execute("SELECT 1")  # the transaction is open before the search
+        rows = search_sql.run_search(conn, exact, statement, {"q": base[5]})
+        held = conn.execute("SELECT current_setting('hnsw.ef_search'), current_setting('enable_indexscan')").fetchone()
+        pid = conn.info.backend_pid
+    assert rows[0][1] == "5" and held == ("13", "off")
+    with store.db.read() as conn:
+        assert conn.info.backend_pid == pid  # the pool's one connection, after the transaction
+        after = conn.execute("SELECT current_setting('hnsw.ef_search'), current_setting('enable_indexscan')").fetchone()
+    assert after is not None and after[0] != "13" and after[1] == "on"

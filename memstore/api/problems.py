@@ -145,10 +145,11 @@ def from_exception(exc: BaseException) -> Problem:
             "a concurrent change to the same items collided with this one, which was not applied; retry it",
             headers={"Retry-After": "1"},
         )
-    if isinstance(exc, psycopg.OperationalError | sqlalchemy.exc.OperationalError | sqlalchemy.exc.TimeoutError):
-        return Problem("service-unavailable", "the database is unreachable or overloaded; retry shortly")
+    # Before OperationalError: both are subclasses of it.
     if isinstance(exc, psycopg.errors.QueryCanceled | psycopg.errors.LockNotAvailable):
         return Problem("timeout", "the database did not answer in time; retry shortly")
+    if isinstance(exc, psycopg.OperationalError | sqlalchemy.exc.OperationalError | sqlalchemy.exc.TimeoutError):
+        return Problem("service-unavailable", "the database is unreachable or overloaded; retry shortly")
     if isinstance(exc, psycopg.DataError):  # a value PostgreSQL cannot take (out of range, bad encoding)
         return Problem("invalid-input", f"the database refused a value: {str(exc).splitlines()[0]}")
     if isinstance(exc, psycopg.IntegrityError):

@@ -258,3 +258,15 @@ def test_a_bad_search_is_refused_before_the_query_is_embedded(
     ):
         problem(fake_client.post(url, json=body), 422, "invalid-input")
     assert len(fake_backend.calls) == before
+
+
+def test_a_statement_the_database_cancelled_is_a_timeout_and_a_lost_database_is_unavailable() -> None:
+    """QueryCanceled (a statement timeout) is an OperationalError too: it must not read as an outage."""
+    import psycopg
+
+    from memstore.api.problems import from_exception
+
+    cancelled = from_exception(psycopg.errors.QueryCanceled("canceling statement due to statement timeout"))
+    assert (cancelled.status, cancelled.slug) == (504, "timeout")
+    lost = from_exception(psycopg.OperationalError("server closed the connection unexpectedly"))
+    assert (lost.status, lost.slug) == (503, "service-unavailable")
