@@ -35,16 +35,32 @@ AsyncUsable = Callable[[psycopg.AsyncConnection[Any]], bool]
 T = TypeVar("T")
 
 
-class SearchConnections:
+class _Bounded:
+    """What both sets share: how many connections they open at most, how long a search waits for
+    one when all are out, and how many they opened so far."""
+
+    def __init__(self, *, max_size: int, timeout_s: float) -> None:
+        if max_size < 1:
+            raise ValueError(f"max_size must be at least 1, not {max_size}")
+        self.max_size = max_size
+        self.timeout_s = timeout_s
+        self.opened = 0
+
+    def _busy(self) -> PoolTimeout:
+        """What a search that waited ``timeout_s`` in vain raises (an OperationalError: a 503)."""
+        return PoolTimeout(
+            f"all {self.max_size} search connections were busy for {self.timeout_s:g} s "
+            "(MEMSTORE_POOL_SIZE sets how many a process keeps)"
+        )
+
+
+class SearchConnections(_Bounded):
     """At most ``max_size`` autocommit connections, opened when a search needs one (``connect``)
     and kept for the next. ``usable(conn)`` says, without a round trip, whether an idle one may be
     handed out again (one the server closed while it was idle is dropped and another taken)."""
 
     def __init__(self, connect: Connect, usable: Usable, *, max_size: int, timeout_s: float = 30.0) -> None:
-        if max_size < 1:
-            raise ValueError(f"max_size must be at least 1, not {max_size}")
-        self.max_size = max_size
-        self.timeout_s = timeout_s
+        super().__init__(max_size=max_size, timeout_s=timeout_s)
         self._connect = connect
         self._usable = usable
         self._idle: list[psycopg.Connection[Any]] = []
@@ -58,7 +74,6 @@ class SearchConnections:
         # The process the connections belong to: a forked child must not use its parent's, nor
         # close them (closing one ends the parent's session on the server).
         self._pid = os.getpid()
-        self.opened = 0  # connections opened so far
 
     def run(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
         """``fn(conn)`` on a connection of the set (a method, not a context manager: the cheapest
@@ -112,10 +127,7 @@ class SearchConnections:
             while self._out >= self.max_size:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise PoolTimeout(
-                        f"all {self.max_size} search connections were busy for {self.timeout_s:g} s "
-                        "(MEMSTORE_POOL_SIZE sets how many a process keeps)"
-                    )
+                    raise self._busy()
                 self._freed.wait(left)
         finally:
             self._waiting -= 1
@@ -163,22 +175,18 @@ class SearchConnections:
         self._pid = os.getpid()
 
 
-class AsyncSearchConnections:
+class AsyncSearchConnections(_Bounded):
     """``SearchConnections`` for the searches of one event loop (``memstore.async_search``, the REST
     API's fast path). Everything runs on that loop, so the idle list needs no lock; a search waits
     only when all ``max_size`` connections are out."""
 
     def __init__(self, connect: AsyncConnect, usable: AsyncUsable, *, max_size: int, timeout_s: float = 30.0) -> None:
-        if max_size < 1:
-            raise ValueError(f"max_size must be at least 1, not {max_size}")
-        self.max_size = max_size
-        self.timeout_s = timeout_s
+        super().__init__(max_size=max_size, timeout_s=timeout_s)
         self._connect = connect
         self._usable = usable
         self._idle: list[psycopg.AsyncConnection[Any]] = []
         self._slots = asyncio.Semaphore(max_size)
         self._closed = False
-        self.opened = 0
 
     async def run(self, fn: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]) -> T:
         """``await fn(conn)`` on a connection of the set."""
@@ -204,10 +212,7 @@ class AsyncSearchConnections:
             try:
                 await asyncio.wait_for(self._slots.acquire(), self.timeout_s)
             except TimeoutError:
-                raise PoolTimeout(
-                    f"all {self.max_size} search connections were busy for {self.timeout_s:g} s "
-                    "(MEMSTORE_POOL_SIZE sets how many a process keeps)"
-                ) from None
+                raise self._busy() from None
         else:
             await self._slots.acquire()  # free: returns without yielding to the loop
         try:
