@@ -74,6 +74,7 @@ class SearchConnections(_Bounded):
         # The process the connections belong to: a forked child must not use its parent's, nor
         # close them (closing one ends the parent's session on the server).
         self._pid = os.getpid()
+        self._inherited_below = 0
 
     def run(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
         """``fn(conn)`` on a connection of the set (a method, not a context manager: the cheapest
@@ -98,6 +99,8 @@ class SearchConnections(_Bounded):
         all ``max_size`` are out, then raises PoolTimeout (an OperationalError: the service answers
         503)."""
         with self._lock:
+            if self._pid != os.getpid():
+                self._forget_inherited()
             if self._out >= self.max_size:
                 self._wait_for_one()
             self._out += 1
@@ -105,8 +108,6 @@ class SearchConnections(_Bounded):
         try:
             while True:
                 with self._lock:
-                    if self._pid != os.getpid():
-                        self._forget_inherited()
                     conn = self._idle.pop() if self._idle else None
                 if conn is None:
                     conn = self._connect()
@@ -137,6 +138,10 @@ class SearchConnections(_Bounded):
         (then it is closed, never handed out again)."""
         keep = not conn.closed and not conn.broken and conn.pgconn.transaction_status == _IDLE
         with self._lock:
+            if self._pid != os.getpid():
+                self._forget_inherited()
+            if generation < self._inherited_below:
+                return  # the parent's, out when this process was forked: neither kept, closed nor counted
             keep = keep and generation == self._generation
             if keep:
                 self._idle.append(conn)
@@ -171,7 +176,11 @@ class SearchConnections(_Bounded):
 
     def _forget_inherited(self) -> None:  # called with the lock held, in a forked child
         self._idle = []
-        self._generation += 1  # any connection out at the fork is never given back to this list
+        self._out = 0
+        # Connections of earlier generations are the parent's: one the forking thread held comes
+        # back to _give_back, which leaves it alone.
+        self._generation += 1
+        self._inherited_below = self._generation
         self._pid = os.getpid()
 
 

@@ -148,17 +148,44 @@ def test_a_search_whose_connection_breaks_runs_once_more_and_a_cancelled_one_doe
 
 def test_a_forked_child_neither_uses_nor_closes_its_parent_s_connections(three: sa.Engine) -> None:
     searches = search_connections(three)
-    parent = searches.run(_pid)
-    child = os.fork()
-    if child == 0:  # the child: its own connection, and the parent's left open for the parent
+    with searches.connection() as held, searches.connection() as idle_at_fork:
+        parent = [_pid(held), _pid(idle_at_fork)]
+    with searches.connection() as held:  # forked while this one is out, the other idle
+        child = os.fork()
+        if child == 0:  # the child: connections of its own; the parent's left open for the parent
+            code = 1
+            try:
+                searches.close()
+                mine = {searches.run(_pid) for _ in range(3)}
+                code = 0 if not mine & set(parent) and searches.opened >= 1 and searches.idle_count() == 1 else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(child, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert held.execute("SELECT 1").fetchone() == (1,)  # still the parent's own session
+    with searches.connection() as a, searches.connection() as b:
+        assert sorted([_pid(a), _pid(b)]) == sorted(parent)  # both still open and the parent's
+        assert a.execute("SELECT 1").fetchone() == b.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_a_connection_out_when_the_process_forked_is_left_alone_by_the_child(three: sa.Engine) -> None:
+    searches = search_connections(three)
+    with searches.connection() as held:
+        parent = _pid(held)
+        child = os.fork()
+        if child == 0:
+            searches.close()  # in the child, with the parent's connection still out in this block
+    # Both processes leave the block: each gives the connection back to its own copy of the set.
+    if child == 0:
         code = 1
         try:
-            searches.close()
-            code = 0 if searches.run(_pid) != parent else 2
+            code = 0 if searches.run(_pid) != parent and searches._out == 0 else 2
         finally:
             os._exit(code)
     _, status = os.waitpid(child, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+    # The child neither closed the parent's connection (which would end its session on the server)
+    # nor kept it: the parent's next search runs on it.
     assert searches.run(lambda conn: (_pid(conn), conn.execute("SELECT 1").fetchone())) == (parent, (1,))
 
 
