@@ -41,7 +41,6 @@ class AsyncSearcher:
     ) -> None:
         """`run_blocking(fn)` awaits fn() off the event loop (registry reads on a cache miss)."""
         self.store = store
-        self.max_connections = max_connections
         self._run_blocking = run_blocking
         # Autocommit, and the settings at session level: these connections run searches only, each
         # under the settings it needs (see _run). None is opened before the first search.

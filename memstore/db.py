@@ -232,6 +232,7 @@ def _open(dsn: str, *, application_name: str, autocommit: bool, vector_types: bo
     return conn
 
 
+_SEARCH_APPLICATION = "memstore-search"  # how the server lists the search connections (pg_stat_activity)
 _search_sets: weakref.WeakKeyDictionary[sa.Engine, SearchConnections] = weakref.WeakKeyDictionary()
 
 
@@ -248,8 +249,8 @@ def search_connections(engine: sa.Engine) -> SearchConnections:
             size = size if size > 0 else 8
             dsn = _dsn(engine)  # not the engine itself: the set must not keep its engine alive
             found = SearchConnections(
-                lambda: _open(dsn, application_name="memstore-search", autocommit=True, vector_types=True),
-                lambda conn: not server_went_away(conn),
+                lambda: _open(dsn, application_name=_SEARCH_APPLICATION, autocommit=True, vector_types=True),
+                _still_open,
                 max_size=size,
             )
             _search_sets[engine] = found
@@ -264,7 +265,7 @@ def async_search_connections(engine: sa.Engine, *, max_size: int) -> AsyncSearch
     dsn = _dsn(engine)
 
     async def connect() -> psycopg.AsyncConnection[Any]:
-        conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True, application_name="memstore-search")
+        conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True, application_name=_SEARCH_APPLICATION)
         try:
             register_json(conn)
             with suppress(psycopg.ProgrammingError):  # no extension yet (before the first migration)
@@ -274,7 +275,12 @@ def async_search_connections(engine: sa.Engine, *, max_size: int) -> AsyncSearch
             raise
         return conn
 
-    return AsyncSearchConnections(connect, lambda conn: not server_went_away(conn), max_size=max_size)
+    return AsyncSearchConnections(connect, _still_open, max_size=max_size)
+
+
+def _still_open(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """An idle search connection may be handed out again (``server_went_away``'s check, no round trip)."""
+    return not server_went_away(conn)
 
 
 @contextmanager

@@ -136,7 +136,7 @@ class SearchConnections(_Bounded):
     def _give_back(self, conn: psycopg.Connection[Any], generation: int) -> None:
         """Back to the idle list, unless the search left it broken, closed or inside a transaction
         (then it is closed, never handed out again)."""
-        keep = not conn.closed and not conn.broken and conn.pgconn.transaction_status == _IDLE
+        keep = _reusable(conn)
         with self._lock:
             if self._pid != os.getpid():
                 self._forget_inherited()
@@ -241,7 +241,7 @@ class AsyncSearchConnections(_Bounded):
 
     async def _give_back(self, conn: psycopg.AsyncConnection[Any]) -> None:
         try:
-            if not self._closed and not conn.closed and not conn.broken and conn.pgconn.transaction_status == _IDLE:
+            if not self._closed and _reusable(conn):
                 self._idle.append(conn)
             else:
                 await conn.close()
@@ -260,3 +260,9 @@ class AsyncSearchConnections(_Bounded):
 
 
 _IDLE = int(psycopg.pq.TransactionStatus.IDLE)
+
+
+def _reusable(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """A returned connection may serve the next search: open, not broken, and in no transaction (a
+    search that failed half-way, or a caller that began one, leaves it otherwise)."""
+    return not conn.closed and not conn.broken and conn.pgconn.transaction_status == _IDLE
