@@ -87,6 +87,16 @@ def engine(database_url: str) -> Iterator[sa.Engine]:
     engine.dispose()
 
 
+@pytest.fixture
+def one_connection(database_url: str) -> Iterator[sa.Engine]:
+    """An engine whose pool keeps exactly one connection, and so one search connection
+    (``memstore.db.search_connections``): every request, and every search, runs in the one session
+    a test then inspects."""
+    engine = create_engine(database_url, pool_size=1, max_overflow=0)
+    yield engine
+    engine.dispose()
+
+
 @pytest.fixture(scope="session")
 def settings(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Settings:
     return Settings(database_url=database_url, data_dir=tmp_path_factory.mktemp("data"))

@@ -3,20 +3,11 @@ pool's reset event does it only when something is open; an idle connection costs
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import sqlalchemy as sa
 from psycopg.pq import TransactionStatus
 
 from memstore.db import create_engine, raw_connection
-
-
-@pytest.fixture
-def one_connection(database_url: str) -> Iterator[sa.Engine]:
-    engine = create_engine(database_url, pool_size=1, max_overflow=0)
-    yield engine
-    engine.dispose()
 
 
 def test_a_connection_returned_inside_a_transaction_is_rolled_back(one_connection: sa.Engine) -> None:

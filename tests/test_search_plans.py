@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from psycopg import sql
 
 from memstore.async_search import AsyncSearcher
-from memstore.db import create_engine, raw_connection, search_connections
+from memstore.db import raw_connection, search_connections
 from memstore.models import ItemIn
 from memstore.search_query import check_query
 from memstore.settings import Settings
@@ -26,15 +26,6 @@ from memstore.store import VectorStore
 
 ROWS = 12_000  # enough rows that the planner prefers the index to a scan and sort (see test_search)
 DIMS = 8
-
-
-@pytest.fixture
-def one_connection(database_url: str) -> Iterator[sa.Engine]:
-    """A pool of exactly one connection, and so one search connection (``search_connections``): every
-    search runs in the session the test then inspects."""
-    engine = create_engine(database_url, pool_size=1, max_overflow=0)
-    yield engine
-    engine.dispose()
 
 
 @pytest.fixture

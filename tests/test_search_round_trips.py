@@ -19,20 +19,11 @@ import sqlalchemy as sa
 from psycopg import pq, sql
 
 from memstore import search_sql
-from memstore.db import create_engine, search_connections
+from memstore.db import search_connections
 from memstore.errors import CollectionNotFoundError
 from memstore.models import ItemIn
 from memstore.settings import Settings
 from memstore.store import VectorStore
-
-
-@pytest.fixture
-def one_connection(database_url: str) -> Iterator[sa.Engine]:
-    """A pool of exactly one connection, and so one search connection: every search runs on the one
-    the previous search used."""
-    engine = create_engine(database_url, pool_size=1, max_overflow=0)
-    yield engine
-    engine.dispose()
 
 
 @contextmanager
