@@ -25,7 +25,7 @@ from memstore.db import connection_lost
 from memstore.errors import CollectionNotFoundError
 from memstore.models import SearchResult
 from memstore.search_query import SearchQuery
-from memstore.search_sql import SESSION_SETTINGS_SQL, search_session
+from memstore.search_sql import SESSION_SETTINGS_SQL, SearchSettings, search_session
 from memstore.store import SearchPlan, VectorStore
 
 log = logging.getLogger(__name__)
@@ -93,18 +93,27 @@ class AsyncSearcher:
 
 
 async def _run(conn: psycopg.AsyncConnection[Any], *, plan: SearchPlan) -> list[Any]:
-    """One round trip: the search alone when the connection already holds its settings, else the
+    """The search, and once more under the plan's fallback settings when it came back short."""
+    rows = await _run_under(conn, plan, plan.settings)
+    if plan.short(rows):
+        assert plan.fallback is not None
+        rows = await _run_under(conn, plan, plan.fallback)
+    return rows
+
+
+async def _run_under(conn: psycopg.AsyncConnection[Any], plan: SearchPlan, settings: SearchSettings) -> list[Any]:
+    """One round trip: the search alone when the connection already holds ``settings``, else the
     settings and the search pipelined (autocommit: no transaction to commit afterwards)."""
     session = search_session(conn)
     try:
-        if session.held == plan.settings:
+        if session.held == settings:
             cur = await session.cursor.execute(plan.statement, plan.params, prepare=plan.prepare)
         else:
             session.held = None
             async with conn.pipeline():
-                await conn.execute(SESSION_SETTINGS_SQL, plan.settings.values())
+                await conn.execute(SESSION_SETTINGS_SQL, settings.values())
                 cur = await conn.execute(plan.statement, plan.params, prepare=plan.prepare)
-            session.held = plan.settings
+            session.held = settings
         return await cur.fetchall()
     except BaseException:
         session.held = None  # whatever failed, the next search on it sets everything again

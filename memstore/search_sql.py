@@ -109,6 +109,10 @@ class SearchSettings:
     where the planner would price a scan of a small table lower (the recall probes measure the graph;
     a compact search must not evaluate its cast on every row). ``nested_loops``: no merge or hash
     joins (the low-rank search's join must be driven by the side table's index scan).
+    ``iterative``: pgvector's iterative scan (relaxed order), which keeps walking the graph while a
+    filter or dead tuples discard candidates. Off, the scan stops after ``ef_search`` candidates, and
+    a search takes about 8% less time (100,000 rows, ef_search 40): the store's unfiltered searches
+    run so, and again with it on when they come back short (``memstore.store.SearchPlan``).
     """
 
     ef_search: int
@@ -116,6 +120,7 @@ class SearchSettings:
     max_scan_tuples: int
     index_only: bool = False
     nested_loops: bool = False
+    iterative: bool = True
 
     @property
     def plain(self) -> bool:
@@ -124,13 +129,16 @@ class SearchSettings:
 
     def index_values(self) -> tuple[str, ...]:
         """The values of INDEX_SESSION_SQL's parameters (a plain search's settings)."""
-        return (str(self.ef_search), "relaxed_order", str(self.max_scan_tuples), "off")
+        return (str(self.ef_search), self._iterative_scan(), str(self.max_scan_tuples), "off")
+
+    def _iterative_scan(self) -> str:
+        return "relaxed_order" if self.iterative and not self.exact else "off"
 
     def values(self) -> tuple[str, ...]:
         """The values of SETTINGS_SQL's parameters, in order (also the key of what a connection holds)."""
         return (
             str(self.ef_search),
-            "off" if self.exact else "relaxed_order",
+            self._iterative_scan(),
             str(self.max_scan_tuples),
             "off" if self.exact else "on",
             "off" if self.index_only and not self.exact else "on",
@@ -141,10 +149,10 @@ class SearchSettings:
 
 
 @lru_cache(maxsize=1024)
-def search_settings(*, ef_search: int, exact: bool, max_scan_tuples: int) -> SearchSettings:
+def search_settings(*, ef_search: int, exact: bool, max_scan_tuples: int, iterative: bool = True) -> SearchSettings:
     """``SearchSettings`` for a plain or exact search, one frozen instance per combination: a search
     asks for the same few every time, and building a frozen dataclass costs more than looking it up."""
-    return SearchSettings(ef_search=ef_search, exact=exact, max_scan_tuples=max_scan_tuples)
+    return SearchSettings(ef_search=ef_search, exact=exact, max_scan_tuples=max_scan_tuples, iterative=iterative)
 
 
 def search_statement(

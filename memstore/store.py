@@ -901,7 +901,11 @@ class VectorStore:
         self, c: Collection, q: SearchQuery, ef_search: int | None, exact: bool, conn: psycopg.Connection[Any]
     ) -> list[tuple[Any, ...]]:
         plan = self.plan(c, q, ef_search=ef_search, exact=exact, conn=conn)
-        return search_sql.run_search(conn, plan.settings, plan.statement, plan.params, prepare=plan.prepare)
+        rows = search_sql.run_search(conn, plan.settings, plan.statement, plan.params, prepare=plan.prepare)
+        if plan.short(rows):
+            assert plan.fallback is not None
+            rows = search_sql.run_search(conn, plan.fallback, plan.statement, plan.params, prepare=plan.prepare)
+        return rows
 
     def plan(
         self,
@@ -981,7 +985,9 @@ class VectorStore:
                 ef_search=min(1000, max(efs, params["pool"])), max_scan_tuples=self.settings.max_scan_tuples
             )
             return SearchPlan(statement, settings, params)
-        return self.plain_search(c, vector=q.vector, k=depth, filter=q.filter, ef_search=efs, exact=exact)
+        return self.plain_search(
+            c, vector=q.vector, k=depth, filter=q.filter, ef_search=efs, exact=exact, alone=q.mode == "vector"
+        )
 
     def plain_search(
         self,
@@ -992,12 +998,24 @@ class VectorStore:
         filter: CompiledFilter | None,
         ef_search: int | None,
         exact: bool,
+        alone: bool = False,
     ) -> SearchPlan:
         """The statement, settings and parameters of a search on the full-precision index (or exact).
 
         Without a filter, ``k`` is written into the statement and it runs prepared, on the generic
         plan PostgreSQL keeps for it; a filtered one is planned with its values every time
-        (``memstore.search_sql``)."""
+        (``memstore.search_sql``).
+
+        ``alone``: the statement's rows are the whole answer (not one list of a hybrid search). Then an
+        unfiltered index search whose ``k`` rows fit in the ``ef_search`` candidates of one graph walk
+        runs without pgvector's iterative scan: only rows the search cannot see (deleted or replaced and
+        not vacuumed yet, or not committed) can leave it short, and the plan's ``fallback`` runs it
+        again with the scan when they do (``SearchPlan.short``)."""
+        efs, scan_limit = _ef_search(c, ef_search), self.settings.max_scan_tuples
+        walk_once = alone and filter is None and not exact and k <= efs
+        settings = search_sql.search_settings(
+            ef_search=efs, exact=exact, max_scan_tuples=scan_limit, iterative=not walk_once
+        )
         return SearchPlan(
             search_sql.search_statement(
                 c.table_name,
@@ -1006,11 +1024,13 @@ class VectorStore:
                 where=filter.where if filter else None,
                 limit=None if filter else k,
             ),
-            search_sql.search_settings(
-                ef_search=_ef_search(c, ef_search), exact=exact, max_scan_tuples=self.settings.max_scan_tuples
-            ),
+            settings,
             _search_params(c, vector, k, filter),
             prepare=filter is None,
+            fallback=search_sql.search_settings(ef_search=efs, exact=False, max_scan_tuples=scan_limit)
+            if walk_once
+            else None,
+            wanted=k,
         )
 
     def cached_collection(self, name: str) -> Collection | None:
@@ -1056,6 +1076,15 @@ class SearchPlan(NamedTuple):
     # How psycopg runs the statement (``search_sql.run_search``): True prepared (a generic plan kept),
     # False planned with its values each time, None psycopg's default.
     prepare: bool | None = None
+    # The settings to run the statement again with when it answers fewer than ``wanted`` rows (a
+    # search without pgvector's iterative scan, whose candidates dead tuples may thin out); None: one run.
+    fallback: SearchSettings | None = None
+    wanted: int = 0
+
+    def short(self, rows: list[Any]) -> bool:
+        """Whether ``rows`` call for the fallback: fewer than asked, from a scan that stopped early. A
+        collection with fewer rows than asked is searched twice (both walks are short)."""
+        return self.fallback is not None and len(rows) < self.wanted
 
 
 def _count_items(conn: psycopg.Connection[Any], c: Collection, exact_limit: int) -> tuple[int, bool]:

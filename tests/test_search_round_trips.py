@@ -1,4 +1,5 @@
-"""A search through the Python API is one round trip, and what one search sets never reaches the next.
+"""A search through the Python API is one round trip (two when deleted rows leave an unfiltered walk
+of the graph short), and what one search sets never reaches the next.
 
 The round trips are counted from libpq's own protocol trace of the search connection
 (``memstore.db.search_connections``): every round trip ends with a Sync (extended protocol) or is a
@@ -7,6 +8,7 @@ simple Query, so a search that sends one Sync and no Query waited on the server 
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,9 +21,11 @@ import sqlalchemy as sa
 from psycopg import pq, sql
 
 from memstore import search_sql
+from memstore.async_search import AsyncSearcher
 from memstore.db import search_connections
 from memstore.errors import CollectionNotFoundError
-from memstore.models import ItemIn
+from memstore.models import ItemIn, SearchResult
+from memstore.search_query import check_query
 from memstore.settings import Settings
 from memstore.store import VectorStore
 
@@ -166,3 +170,86 @@ def test_a_search_inside_a_caller_s_transaction_keeps_its_settings_to_that_trans
         assert conn.info.backend_pid == pid  # the pool's one connection, after the transaction
         after = conn.execute("SELECT current_setting('hnsw.ef_search'), current_setting('enable_indexscan')").fetchone()
     assert after is not None and after[0] != "13" and after[1] == "on"
+
+
+def test_an_unfiltered_search_walks_the_graph_once_and_a_filtered_or_deep_one_iterates(
+    one_connection: sa.Engine, settings: Settings, collection_name: str
+) -> None:
+    """pgvector's iterative scan costs an unfiltered search time it does not need when its k rows fit
+    in one walk's ef_search candidates; a filter, or more rows than ef_search, needs it."""
+    store = VectorStore(one_connection, settings=settings)
+    base = _filled(store, collection_name)
+    store.search(collection=collection_name, vector=base[2], k=5, ef_search=20)
+    assert _setting(one_connection, "hnsw.iterative_scan") == "off"
+    store.search(collection=collection_name, vector=base[2], k=5, ef_search=20, filter={"missing": "no"})
+    assert _setting(one_connection, "hnsw.iterative_scan") == "relaxed_order"
+    store.search(collection=collection_name, vector=base[2], k=30, ef_search=20)
+    assert _setting(one_connection, "hnsw.iterative_scan") == "relaxed_order"
+    store.search(collection=collection_name, vector=base[2], k=5, ef_search=20, text="anything")  # hybrid
+    assert _setting(one_connection, "hnsw.iterative_scan") == "relaxed_order"
+
+
+def _mostly_deleted(store: VectorStore, engine: sa.Engine, name: str) -> tuple[np.ndarray, set[str]]:
+    """1,000 rows of which every 20th is kept and the rest deleted, with no vacuum to take them out of
+    the graph: a walk of 10 candidates from row 0's vector finds fewer than 10 live rows."""
+    rng = np.random.default_rng(11)
+    base = rng.normal(size=(1000, 16)).astype(np.float32)
+    store.create_collection(name=name, dimensions=16, hnsw_m=4, hnsw_ef_construction=16)
+    store.upsert_items(collection=name, items=[ItemIn(vector=v, external_id=str(i)) for i, v in enumerate(base)])
+    table = store.get_collection(name=name).table.as_string()
+    with engine.connect() as conn:
+        conn.exec_driver_sql(f"ALTER TABLE {table} SET (autovacuum_enabled = off)")
+        conn.exec_driver_sql(f"ANALYZE {table}")
+        conn.commit()
+    kept = {str(i) for i in range(0, 1000, 20)}
+    store.delete_items(collection=name, external_ids=[str(i) for i in range(1000) if str(i) not in kept])
+    with engine.connect() as conn:  # what one walk without the iterative scan finds
+        conn.exec_driver_sql("SET hnsw.ef_search = 10")
+        conn.exec_driver_sql("SET hnsw.iterative_scan = off")
+        conn.exec_driver_sql("SET enable_seqscan = off")
+        one_walk = conn.exec_driver_sql(
+            f"SELECT id FROM {table} ORDER BY embedding <=> %(q)s LIMIT 10", {"q": str(base[0].tolist())}
+        ).fetchall()
+        conn.rollback()
+    assert len(one_walk) < 10  # the case under test: the walk alone comes back short
+    return base, kept
+
+
+def _complete(hits: list[SearchResult], kept: set[str]) -> None:
+    assert len(hits) == 10 and {h.external_id for h in hits} <= kept
+    assert hits[0].external_id == "0"
+    assert [h.distance for h in hits] == sorted(h.distance for h in hits)  # type: ignore[type-var]
+
+
+def test_a_search_that_deleted_rows_leave_short_runs_once_more_with_the_iterative_scan(
+    one_connection: sa.Engine, settings: Settings, collection_name: str
+) -> None:
+    """Deleted rows stay in the graph until a vacuum; a walk of ef_search candidates that finds fewer
+    than k live ones is run again with the iterative scan, which keeps walking until it has k."""
+    store = VectorStore(one_connection, settings=settings)
+    base, kept = _mostly_deleted(store, one_connection, collection_name)
+    store.search(collection=collection_name, vector=base[0], k=10, ef_search=10)  # the registry row cached
+    with traced(one_connection) as sent:
+        hits = store.search(collection=collection_name, vector=base[0], k=10, ef_search=10)
+    _complete(hits, kept)
+    assert _round_trips(sent) == 2, sent
+    assert _setting(one_connection, "hnsw.iterative_scan") == "relaxed_order"
+
+
+def test_the_event_loop_s_search_runs_a_short_walk_once_more_too(
+    one_connection: sa.Engine, settings: Settings, collection_name: str
+) -> None:
+    store = VectorStore(one_connection, settings=settings)
+    base, kept = _mostly_deleted(store, one_connection, collection_name)
+    query = check_query(mode=None, vector=base[0], text=None, k=10)
+
+    async def search() -> list[SearchResult] | None:
+        searcher = AsyncSearcher(store, max_connections=1)
+        try:
+            return await searcher.search(collection=collection_name, query=query, ef_search=10)
+        finally:
+            await searcher.close()
+
+    hits = asyncio.run(search())
+    assert hits is not None
+    _complete(hits, kept)
