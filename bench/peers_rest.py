@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import orjson
 from tqdm import tqdm
 
 from bench.peers_measure import K
@@ -108,8 +109,10 @@ class SearchConnection:
         self.headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
 
     def post(self, path: str, body: dict[str, Any]) -> Any:
-        # bytes, not str: http.client then sends the headers and the body in one write
-        payload = json.dumps(body).encode()
+        # bytes, not str: http.client then sends the headers and the body in one write. orjson writes
+        # a float32 array's values in their shortest exact form (the same vector, half the digits of
+        # json.dumps over tolist()) in a tenth of the time: a client's JSON work is not the server's.
+        payload = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
         try:
             response = self._exchange(path, payload)
         except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
@@ -120,7 +123,7 @@ class SearchConnection:
         data = response.read()
         if response.status >= 300:
             raise RuntimeError(f"POST {path}: {response.status} {data[:300]!r}")
-        return json.loads(data)
+        return orjson.loads(data)
 
     def _exchange(self, path: str, payload: bytes) -> http.client.HTTPResponse:
         self.conn.request("POST", path, payload, self.headers)
@@ -200,7 +203,7 @@ class MemstoreRest:
         return {"vector": query.tolist(), "k": K, "ef_search": self.ef}
 
     def search(self, query: np.ndarray) -> list[int]:
-        out = self.searches.post(self.search_path, self.body(query))
+        out = self.searches.post(self.search_path, {"vector": query, "k": K, "ef_search": self.ef})
         return [int(hit["external_id"]) for hit in out["results"]]
 
     def update(self, ids: np.ndarray, vectors: np.ndarray) -> None:
