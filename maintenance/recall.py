@@ -39,7 +39,8 @@ def exact_settings(*, ef_search: int, max_scan_tuples: int) -> SearchSettings:
 
 
 def index_search(target: Target) -> Statement:
-    """The index's answer as the store searches (iterative scan, re-sorted), ids and distances only."""
+    """The index's answer as the store's filtered searches, and its unfiltered ones that one walk of the
+    graph leaves short, run it (iterative scan, re-sorted), ids and distances only."""
     return search_statement(target.table, target.vectors.spec.operator, exact=False, ids_only=True)
 
 

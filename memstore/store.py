@@ -1007,12 +1007,15 @@ class VectorStore:
         (``memstore.search_sql``).
 
         ``alone``: the statement's rows are the whole answer (not one list of a hybrid search). Then an
-        unfiltered index search whose ``k`` rows fit in the ``ef_search`` candidates of one graph walk
-        runs without pgvector's iterative scan: only rows the search cannot see (deleted or replaced and
-        not vacuumed yet, or not committed) can leave it short, and the plan's ``fallback`` runs it
-        again with the scan when they do (``SearchPlan.short``)."""
+        unfiltered index search of an unpartitioned collection whose ``k`` rows (offset included) fit
+        in the ``ef_search`` candidates of one graph walk runs without pgvector's iterative scan. Only
+        rows the search cannot see (deleted or replaced and not vacuumed yet, not committed) can leave
+        it short, or a collection with fewer than ``k`` rows with vectors; the plan's ``fallback``
+        runs it again with the scan then (``SearchPlan.short``). A partitioned collection keeps the
+        scan: the merge of its partitions' walks would fill a short walk's place with another
+        partition's farther rows, and the answer would come back complete but worse."""
         efs, scan_limit = _ef_search(c, ef_search), self.settings.max_scan_tuples
-        walk_once = alone and filter is None and not exact and k <= efs
+        walk_once = alone and filter is None and not exact and k <= efs and c.partitions == 1
         settings = search_sql.search_settings(
             ef_search=efs, exact=exact, max_scan_tuples=scan_limit, iterative=not walk_once
         )

@@ -243,13 +243,34 @@ def test_the_event_loop_s_search_runs_a_short_walk_once_more_too(
     base, kept = _mostly_deleted(store, one_connection, collection_name)
     query = check_query(mode=None, vector=base[0], text=None, k=10)
 
-    async def search() -> list[SearchResult] | None:
+    async def search() -> tuple[list[SearchResult] | None, Any]:
         searcher = AsyncSearcher(store, max_connections=1)
         try:
-            return await searcher.search(collection=collection_name, query=query, ef_search=10)
+            hits = await searcher.search(collection=collection_name, query=query, ef_search=10)
+            async with searcher.connections.connection() as conn:  # the one the search ran on
+                cur = await conn.execute("SELECT current_setting('hnsw.iterative_scan')")
+                return hits, await cur.fetchone()
         finally:
             await searcher.close()
 
-    hits = asyncio.run(search())
+    hits, held = asyncio.run(search())
     assert hits is not None
     _complete(hits, kept)
+    assert held == ("relaxed_order",)  # the second run's settings: the first came back short
+
+
+def test_a_partitioned_collection_keeps_the_iterative_scan(
+    one_connection: sa.Engine, settings: Settings, collection_name: str
+) -> None:
+    """The merge of the partitions' walks would hide one partition's short walk behind another's
+    farther rows: its unfiltered searches keep walking while rows are discarded."""
+    store = VectorStore(one_connection, settings=settings)
+    rng = np.random.default_rng(5)
+    base = rng.normal(size=(60, 16)).astype(np.float32)
+    store.create_collection(name=collection_name, dimensions=16, partitions=2)
+    store.upsert_items(
+        collection=collection_name, items=[ItemIn(vector=v, external_id=str(i)) for i, v in enumerate(base)]
+    )
+    hits = store.search(collection=collection_name, vector=base[4], k=5, ef_search=20)
+    assert hits[0].external_id == "4"
+    assert _setting(one_connection, "hnsw.iterative_scan") == "relaxed_order"
