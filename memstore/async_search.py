@@ -62,7 +62,7 @@ class AsyncSearcher:
                 return None
             plan = self.store.plan(c, query, ef_search=ef_search, exact=exact)
             try:
-                rows = await self.connections.run(partial(_run, plan=plan))
+                rows = await self.connections.run(partial(_run, plan=plan, on_second_walk=self.store.count_second_walk))
                 return search_query.results(c, query, rows)
             except psycopg.errors.UndefinedTable:
                 # The cached registry row names a table that is gone: read the registry afresh.
@@ -92,11 +92,14 @@ class AsyncSearcher:
         return result
 
 
-async def _run(conn: psycopg.AsyncConnection[Any], *, plan: SearchPlan) -> list[Any]:
+async def _run(
+    conn: psycopg.AsyncConnection[Any], *, plan: SearchPlan, on_second_walk: Callable[[], None]
+) -> list[Any]:
     """The search, and once more under the plan's fallback settings when it came back short."""
     rows = await _run_under(conn, plan, plan.settings)
     if plan.short(rows):
         assert plan.fallback is not None
+        on_second_walk()
         rows = await _run_under(conn, plan, plan.fallback)
     return rows
 

@@ -102,6 +102,8 @@ class VectorStore:
         self.engine = self.db.engine
         self.settings = settings or get_settings()
         self.registry = Registry(self.engine)
+        self._second_walks = 0
+        self._second_walks_lock = threading.Lock()
 
     # ------------------------------------------------------------------ collections
 
@@ -904,8 +906,21 @@ class VectorStore:
         rows = search_sql.run_search(conn, plan.settings, plan.statement, plan.params, prepare=plan.prepare)
         if plan.short(rows):
             assert plan.fallback is not None
+            self.count_second_walk()
             rows = search_sql.run_search(conn, plan.fallback, plan.statement, plan.params, prepare=plan.prepare)
         return rows
+
+    @property
+    def second_walks(self) -> int:
+        """How many searches through this store ran a second time with pgvector's iterative scan
+        because one walk of the graph came back short (``SearchPlan.short``). A rising rate means rows
+        deleted or replaced since the last vacuum crowd the graph where searches look, or searches ask
+        small collections for more rows than they hold; each such search costs two round trips."""
+        return self._second_walks
+
+    def count_second_walk(self) -> None:
+        with self._second_walks_lock:  # searches run on many threads; += alone could lose counts
+            self._second_walks += 1
 
     def plan(
         self,

@@ -187,6 +187,7 @@ def test_an_unfiltered_search_walks_the_graph_once_and_a_filtered_or_deep_one_it
     assert _setting(one_connection, "hnsw.iterative_scan") == "relaxed_order"
     store.search(collection=collection_name, vector=base[2], k=5, ef_search=20, text="anything")  # hybrid
     assert _setting(one_connection, "hnsw.iterative_scan") == "relaxed_order"
+    assert store.second_walks == 0  # every walk held its k rows
 
 
 def _mostly_deleted(store: VectorStore, engine: sa.Engine, name: str) -> tuple[np.ndarray, set[str]]:
@@ -229,10 +230,12 @@ def test_a_search_that_deleted_rows_leave_short_runs_once_more_with_the_iterativ
     store = VectorStore(one_connection, settings=settings)
     base, kept = _mostly_deleted(store, one_connection, collection_name)
     store.search(collection=collection_name, vector=base[0], k=10, ef_search=10)  # the registry row cached
+    walks = store.second_walks
     with traced(one_connection) as sent:
         hits = store.search(collection=collection_name, vector=base[0], k=10, ef_search=10)
     _complete(hits, kept)
     assert _round_trips(sent) == 2, sent
+    assert store.second_walks == walks + 1
     assert _setting(one_connection, "hnsw.iterative_scan") == "relaxed_order"
 
 
@@ -253,10 +256,12 @@ def test_the_event_loop_s_search_runs_a_short_walk_once_more_too(
         finally:
             await searcher.close()
 
+    walks = store.second_walks
     hits, held = asyncio.run(search())
     assert hits is not None
     _complete(hits, kept)
     assert held == ("relaxed_order",)  # the second run's settings: the first came back short
+    assert store.second_walks == walks + 1
 
 
 def test_a_partitioned_collection_keeps_the_iterative_scan(

@@ -95,6 +95,7 @@ def create_app(
     registry = CollectorRegistry()
     registry.register(_QueueCollector(app))
     registry.register(_ReplicaCollector(app))
+    registry.register(_SearchCollector(app))
 
     async def authenticate(secret: str | None) -> ApiKey:
         return await authenticate_runtime(app.state.runtime, secret)
@@ -204,6 +205,25 @@ class _QueueCollector(Collector):
         for status, n in depth.items():
             family.add_metric([status], n)
         yield family
+
+
+class _SearchCollector(Collector):
+    """How many searches needed a second walk of the graph (``VectorStore.second_walks``), read at
+    scrape time: no label, so /metrics, which needs no key, names no collection."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self.app = app
+
+    def collect(self) -> Any:
+        rt: Runtime | None = getattr(self.app.state, "runtime", None)
+        if rt is None:
+            return
+        yield CounterMetricFamily(
+            "memstore_search_second_walks",
+            "Searches run a second time with pgvector's iterative scan because one walk of the graph came back "
+            "short (rows deleted or replaced since the last vacuum, or fewer rows than asked)",
+            value=rt.store.second_walks,
+        )
 
 
 class _ReplicaCollector(Collector):

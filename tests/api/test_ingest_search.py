@@ -197,6 +197,7 @@ def test_query_samples_and_metrics(client: httpx.Client, collection: str, server
     text = client.get("/metrics").text
     assert 'memstore_http_requests_total{method="POST",route="/v1/collections/{name}/search",status="200"}' in text
     assert "memstore_ingest_queue_items" in text and "encoder_units_total" in text
+    assert "memstore_search_second_walks_total " in text
 
 
 def test_multipart_metadata_as_one_json_array_with_an_object_per_file(client: httpx.Client, collection: str) -> None:
