@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -13,7 +13,7 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -187,16 +187,24 @@ class MemstoreAPI(FastAPI):
         await super().__call__(scope, receive, send)
 
 
-class _QueueCollector(Collector):
-    """The ingest queue's depth, read at scrape time."""
+class _RuntimeCollector(Collector):
+    """A collector of the app's runtime state, read at scrape time; nothing before the runtime exists."""
 
     def __init__(self, app: FastAPI) -> None:
         self.app = app
 
     def collect(self) -> Any:
         rt: Runtime | None = getattr(self.app.state, "runtime", None)
-        if rt is None:
-            return
+        return iter(()) if rt is None else self.families(rt)
+
+    def families(self, rt: Runtime) -> Iterator[Metric]:
+        raise NotImplementedError
+
+
+class _QueueCollector(_RuntimeCollector):
+    """The ingest queue's depth."""
+
+    def families(self, rt: Runtime) -> Iterator[Metric]:
         try:
             depth = queue.queue_depth(rt.engine)
         except Exception:
@@ -207,17 +215,11 @@ class _QueueCollector(Collector):
         yield family
 
 
-class _SearchCollector(Collector):
-    """How many searches needed a second walk of the graph (``VectorStore.second_walks``), read at
-    scrape time: no label, so /metrics, which needs no key, names no collection."""
+class _SearchCollector(_RuntimeCollector):
+    """How many searches needed a second walk of the graph (``VectorStore.second_walks``): no label,
+    so /metrics, which needs no key, names no collection."""
 
-    def __init__(self, app: FastAPI) -> None:
-        self.app = app
-
-    def collect(self) -> Any:
-        rt: Runtime | None = getattr(self.app.state, "runtime", None)
-        if rt is None:
-            return
+    def families(self, rt: Runtime) -> Iterator[Metric]:
         yield CounterMetricFamily(
             "memstore_search_second_walks",
             "Searches run a second time with pgvector's iterative scan because one walk of the graph came back "
@@ -226,17 +228,13 @@ class _SearchCollector(Collector):
         )
 
 
-class _ReplicaCollector(Collector):
+class _ReplicaCollector(_RuntimeCollector):
     """Each read replica's state as its last probe found it (no query at scrape time). A replica is
     labelled by its place in MEMSTORE_READ_DATABASE_URLS (0, 1, ...): /metrics needs no key, so
     it names no host."""
 
-    def __init__(self, app: FastAPI) -> None:
-        self.app = app
-
-    def collect(self) -> Any:
-        rt: Runtime | None = getattr(self.app.state, "runtime", None)
-        if rt is None or not rt.store.db.replicas:
+    def families(self, rt: Runtime) -> Iterator[Metric]:
+        if not rt.store.db.replicas:
             return
         db = rt.store.db
         healthy = GaugeMetricFamily(
