@@ -199,11 +199,12 @@ class MemstoreRest:
     def set_ef(self, ef: int) -> None:
         self.ef = ef
 
-    def body(self, query: np.ndarray) -> dict[str, Any]:
-        return {"vector": query.tolist(), "k": K, "ef_search": self.ef}
+    def body(self, vector: Any) -> dict[str, Any]:
+        """A search's JSON body; ``vector`` as the client's encoder takes it (orjson: the array)."""
+        return {"vector": vector, "k": K, "ef_search": self.ef}
 
     def search(self, query: np.ndarray) -> list[int]:
-        out = self.searches.post(self.search_path, {"vector": query, "k": K, "ef_search": self.ef})
+        out = self.searches.post(self.search_path, self.body(query))
         return [int(hit["external_id"]) for hit in out["results"]]
 
     def update(self, ids: np.ndarray, vectors: np.ndarray) -> None:
@@ -236,5 +237,5 @@ class HttpxSearches:
         self.rest = rest
 
     def search(self, query: np.ndarray) -> list[int]:
-        out = self.rest.serve.call("POST", self.rest.search_path, self.rest.body(query))
+        out = self.rest.serve.call("POST", self.rest.search_path, self.rest.body(query.tolist()))
         return [int(hit["external_id"]) for hit in out["results"]]

@@ -97,10 +97,10 @@ async def _run(
 ) -> list[Any]:
     """The search, and once more under the plan's fallback settings when it came back short."""
     rows = await _run_under(conn, plan, plan.settings)
-    if plan.short(rows):
-        assert plan.fallback is not None
+    again = plan.second_walk(rows)
+    if again is not None:
         on_second_walk()
-        rows = await _run_under(conn, plan, plan.fallback)
+        rows = await _run_under(conn, plan, again)
     return rows
 
 

@@ -904,16 +904,16 @@ class VectorStore:
     ) -> list[tuple[Any, ...]]:
         plan = self.plan(c, q, ef_search=ef_search, exact=exact, conn=conn)
         rows = search_sql.run_search(conn, plan.settings, plan.statement, plan.params, prepare=plan.prepare)
-        if plan.short(rows):
-            assert plan.fallback is not None
+        again = plan.second_walk(rows)
+        if again is not None:
             self.count_second_walk()
-            rows = search_sql.run_search(conn, plan.fallback, plan.statement, plan.params, prepare=plan.prepare)
+            rows = search_sql.run_search(conn, again, plan.statement, plan.params, prepare=plan.prepare)
         return rows
 
     @property
     def second_walks(self) -> int:
         """How many searches through this store ran a second time with pgvector's iterative scan
-        because one walk of the graph came back short (``SearchPlan.short``). A rising rate means rows
+        because one walk of the graph came back short (``SearchPlan.second_walk``). A rising rate means rows
         deleted or replaced since the last vacuum crowd the graph where searches look, or searches ask
         small collections for more rows than they hold; each such search costs two round trips."""
         return self._second_walks
@@ -1026,7 +1026,7 @@ class VectorStore:
         in the ``ef_search`` candidates of one graph walk runs without pgvector's iterative scan. Only
         rows the search cannot see (deleted or replaced and not vacuumed yet, not committed) can leave
         it short, or a collection with fewer than ``k`` rows with vectors; the plan's ``fallback``
-        runs it again with the scan then (``SearchPlan.short``). A partitioned collection keeps the
+        runs it again with the scan then (``SearchPlan.second_walk``). A partitioned collection keeps the
         scan: the merge of its partitions' walks would fill a short walk's place with another
         partition's farther rows, and the answer would come back complete but worse."""
         efs, scan_limit = _ef_search(c, ef_search), self.settings.max_scan_tuples
@@ -1099,10 +1099,10 @@ class SearchPlan(NamedTuple):
     fallback: SearchSettings | None = None
     wanted: int = 0
 
-    def short(self, rows: list[Any]) -> bool:
-        """Whether ``rows`` call for the fallback: fewer than asked, from a scan that stopped early. A
-        collection with fewer rows than asked is searched twice (both walks are short)."""
-        return self.fallback is not None and len(rows) < self.wanted
+    def second_walk(self, rows: list[Any]) -> SearchSettings | None:
+        """The fallback when ``rows`` call for it (fewer than asked, from a scan that stopped early),
+        else None. A collection with fewer rows than asked is searched twice (both walks are short)."""
+        return self.fallback if len(rows) < self.wanted else None
 
 
 def _count_items(conn: psycopg.Connection[Any], c: Collection, exact_limit: int) -> tuple[int, bool]:
