@@ -57,3 +57,21 @@ class ApiSettings(BaseSettings):
         "status and reasons). public: to everyone.",
     )
     key_cache_s: float = Field(default=5.0, ge=0.0, description="How long a verified key is trusted.")
+    max_head_bytes: int = Field(
+        default=64 * 1024,
+        ge=4096,
+        description="Largest request head (request line and headers together): a longer one is answered 431 and "
+        "its connection closed while it arrives (memstore serve).",
+    )
+    max_header_lines: int = Field(
+        default=100, ge=8, description="Most header lines in one request: more are answered 431 (memstore serve)."
+    )
+    head_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Seconds a client has to send a whole request head, from its first byte (from the connection's "
+        "opening for a new one): a slower one is answered 408 and its connection closed (memstore serve).",
+    )
+    keep_alive_s: int = Field(
+        default=5, ge=1, description="Seconds an idle keep-alive connection is kept open (memstore serve)."
+    )

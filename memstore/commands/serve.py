@@ -76,6 +76,7 @@ def command(
 
     from memstore import migrate
     from memstore.api.app import create_app
+    from memstore.api.http_limits import server_config
     from memstore.api.runtime import RuntimeOptions
     from memstore.api.settings import ApiSettings
     from memstore.db import resolve_database_url
@@ -112,11 +113,15 @@ def command(
     if maintenance:
         parts.append("maintenance")
     click.echo(f"memstore: serving on http://{host}:{port} ({', '.join(parts)}; docs at /docs)")
-    uvicorn.run(
+    # uvicorn with a bounded request head, a deadline for it and a keep-alive timeout
+    # (memstore.api.http_limits; MEMSTORE_API_MAX_HEAD_BYTES and the rest).
+    config = server_config(
         create_app(api_settings=api, options=options),
+        api,
         host=host,
         port=port,
         log_level="info",
         access_log=api.access_log,
     )
+    uvicorn.Server(config).run()
     return 0
