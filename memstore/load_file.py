@@ -25,6 +25,15 @@ FIELDS = frozenset({"external_id", "vector", "metadata", "text"})
 def _item(c: Collection, number: int, line: bytes) -> ItemIn:
     where = f"line {number}"
     try:
+        return _checked_item(c, where, line)
+    except RecursionError:
+        # Nesting deep enough to exhaust the interpreter's stack (in the JSON parser or in a check of
+        # the parsed value): the line's fault, not a server error.
+        raise InvalidInputError(f"{where}: nested too deeply (metadata takes at most 32 levels)") from None
+
+
+def _checked_item(c: Collection, where: str, line: bytes) -> ItemIn:
+    try:
         obj: Any = json.loads(line)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InvalidInputError(f"{where}: not a JSON object ({exc})") from None

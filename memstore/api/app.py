@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
+import re
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -22,7 +25,14 @@ from memstore.api import problems
 from memstore.api.auth import authenticate_runtime, key_from_header
 from memstore.api.consistency import ReadYourWrites
 from memstore.api.fastpath import SearchFastPath
-from memstore.api.middleware import AuthGate, BodyLimit, BodyTooLargeError, Metrics, too_large_detail
+from memstore.api.middleware import (
+    AuthGate,
+    BodyLimit,
+    BodyTooLargeError,
+    DocsHeaders,
+    Metrics,
+    too_large_detail,
+)
 from memstore.api.routes import collections, items, load, search, spaces
 from memstore.api.runtime import Runtime, RuntimeOptions
 from memstore.api.settings import ApiSettings
@@ -105,7 +115,8 @@ def create_app(
     # Write answers carry their WAL position; reads given one see those writes (memstore.api.consistency).
     consistent = ReadYourWrites(limited, lambda: app.state.runtime.store.db)
     # The web pages (/ui) check their session cookie in their own gate, also before any body.
-    app.front = Metrics(AuthGate(ui.install(app, consistent), authenticate), registry=registry)
+    gated = AuthGate(ui.install(app, consistent), authenticate)
+    app.front = Metrics(DocsHeaders(gated, lambda: str(app.state.docs_policy)), registry=registry)
     # Routes are matched in order: the hot path (search) first.
     app.include_router(search.router)
     app.include_router(collections.router)
@@ -158,16 +169,34 @@ def serve_docs_locally(app: FastAPI) -> None:
     from swagger_ui_bundle import swagger_ui_path
 
     app.mount(DOCS_ASSETS, StaticFiles(directory=str(swagger_ui_path)), name="docs-assets")
+    page = get_swagger_ui_html(
+        openapi_url=app.openapi_url or "/openapi.json",
+        title=f"{app.title} API",
+        swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
+        swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
+        swagger_favicon_url=f"{DOCS_ASSETS}/favicon-32x32.png",
+        # No badge image from validator.swagger.io: the page loads nothing from another site.
+        swagger_ui_parameters={"validatorUrl": None},
+    )
+    html = bytes(page.body)
+    app.state.docs_policy = docs_policy(html)
 
     @app.get("/docs", include_in_schema=False)
     async def docs() -> HTMLResponse:
-        return get_swagger_ui_html(
-            openapi_url=app.openapi_url or "/openapi.json",
-            title=f"{app.title} API",
-            swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
-            swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
-            swagger_favicon_url=f"{DOCS_ASSETS}/favicon-32x32.png",
-        )
+        return HTMLResponse(html)
+
+
+def docs_policy(html: bytes) -> str:
+    """The Content-Security-Policy of /docs: its scripts, styles and images from this server only, and
+    its one inline script (Swagger UI's start) by its hash, so no other inline script can run."""
+    hashes = " ".join(
+        "'sha256-" + base64.b64encode(hashlib.sha256(script).digest()).decode() + "'"
+        for script in re.findall(rb"<script>(.*?)</script>", html, flags=re.DOTALL)
+    )
+    return (
+        f"default-src 'none'; script-src 'self' {hashes}; style-src 'self'; img-src 'self' data:; "
+        "font-src 'self'; connect-src 'self'; form-action 'none'; frame-ancestors 'none'; base-uri 'none'"
+    )
 
 
 class MemstoreAPI(FastAPI):

@@ -5,7 +5,8 @@ the write is done (``Database.current_lsn``), and, when its body is a JSON objec
 field ``lsn``. A read that passes it back (header
 ``X-Memstore-Min-LSN`` or query parameter ``min_lsn``) is served by a replica that has replayed it,
 or by the primary (``Database.reading_after``). Without replicas every read is on the primary and
-sees every write: the position is still checked and still answered, so clients need not know.
+sees every write: the position is still checked (malformed, repeated or ahead of the primary's WAL:
+a 422) and still answered, so clients need not know.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from encoder.addresses import route_path
 from memstore.api.middleware import send_problem
 from memstore.api.problems import Problem
-from memstore.db import Database, parse_lsn
+from memstore.db import Database, format_lsn, parse_lsn
 from memstore.errors import InvalidInputError
 
 log = logging.getLogger(__name__)
@@ -41,16 +42,25 @@ def is_write(scope: Scope) -> bool:
 
 
 def requested_floor(scope: Scope) -> str | None:
-    """The ``min_lsn`` a request passes (header first, then the query string), unchecked."""
-    for name, value in scope.get("headers", ()):
-        if name == MIN_LSN_HEADER.encode():
-            return value.decode("latin-1")
+    """The ``min_lsn`` a request passes (header first, then the query string), its format unchecked.
+    A repeated header or parameter is refused (``InvalidInputError``): proxies and frameworks
+    disagree on which of several counts, so none is guessed."""
+    values = [value for name, value in scope.get("headers", ()) if name == _MIN_LSN_HEADER_BYTES]
+    if len(values) > 1:
+        raise InvalidInputError(f"{len(values)} X-Memstore-Min-LSN headers; send one")
+    if values:
+        return values[0].decode("latin-1")
     query = scope.get("query_string", b"")
     if MIN_LSN_PARAMETER.encode() in query:
-        values = parse_qs(query.decode("latin-1")).get(MIN_LSN_PARAMETER)
-        if values:
-            return values[0]
+        found = parse_qs(query.decode("latin-1"), keep_blank_values=True).get(MIN_LSN_PARAMETER)
+        if found and len(found) > 1:
+            raise InvalidInputError(f"{len(found)} min_lsn parameters; send one")
+        if found:
+            return found[0]
     return None
+
+
+_MIN_LSN_HEADER_BYTES = MIN_LSN_HEADER.encode()
 
 
 class ReadYourWrites:
@@ -59,6 +69,9 @@ class ReadYourWrites:
     def __init__(self, app: ASGIApp, database: Callable[[], Database]) -> None:
         self.app = app
         self.database = database
+        # The highest WAL position the primary is known to have reached: a floor at or below it is
+        # valid without asking the database again.
+        self.reached = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not route_path(scope).startswith("/v1/"):
@@ -68,13 +81,26 @@ class ReadYourWrites:
         try:
             floor = requested_floor(scope)
             lsn = None if floor is None else parse_lsn(floor)
+            if lsn is not None and lsn > self.reached and not db.replicas:
+                # With replicas, Database.reading_after refuses a future position itself (when a read
+                # would wait on it); without, nothing would: the primary is asked here.
+                await self._refuse_future(db, lsn)
         except InvalidInputError as exc:
             await send_problem(send, scope, Problem("invalid-input", str(exc)))
             return
         writing = is_write(scope)
 
         with db.reading_after(lsn):
-            await self.app(scope, receive, _Stamper(send, db) if writing else send)
+            await self.app(scope, receive, _Stamper(send, db, self) if writing else send)
+
+    async def _refuse_future(self, db: Database, lsn: int) -> None:
+        now = parse_lsn(await run_in_threadpool(db.current_lsn))
+        self.reached = max(self.reached, now)
+        if lsn > now:
+            raise InvalidInputError(
+                f"min_lsn {format_lsn(lsn)} is ahead of the database's WAL (now at {format_lsn(now)}): "
+                "pass the X-Memstore-LSN a write answered with"
+            )
 
 
 class _Stamper:
@@ -82,9 +108,10 @@ class _Stamper:
     body is a JSON object, as its ``lsn`` field (the body is held until complete: write answers are
     small)."""
 
-    def __init__(self, send: Send, db: Database) -> None:
+    def __init__(self, send: Send, db: Database, front: ReadYourWrites) -> None:
         self.send = send
         self.db = db
+        self.front = front
         self.start: Message | None = None
         self.position: str | None = None
         self.chunks: list[bytes] = []
@@ -96,6 +123,7 @@ class _Stamper:
                 return
             try:
                 self.position = await run_in_threadpool(self.db.current_lsn)
+                self.front.reached = max(self.front.reached, parse_lsn(self.position))
             except Exception as exc:  # the write is done; only its position is unknown
                 log.warning("the write's WAL position could not be read: %s", exc)
                 await self.send(message)
