@@ -20,7 +20,16 @@ class ImageRejectedError(EncoderError, ValueError):
 
 
 class DecompressionBombError(ImageRejectedError):
-    """The image header declares more pixels than allowed; refused before any pixel is decoded."""
+    """The image declares more work than allowed (pixels, JPEG scans, frames), read from its header and
+    structure before any pixel is decoded. ``limit`` is the limit it broke, where one applies."""
+
+    def __init__(self, message: str, limit: float | None = None) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
+class DecodeTimeoutError(DecompressionBombError):
+    """Decoding the image ran past the decode time limit (``limit``, in seconds) and was stopped."""
 
 
 class RequestTooLargeError(EncoderError, ValueError):

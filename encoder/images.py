@@ -1,25 +1,43 @@
 """Image decoding and view extraction with Pillow (no torch).
 
-Order of checks: byte size, format allow-list and pixel count from the header (nothing decoded
-yet), then the decode itself. Views are returned as uint8 HWC arrays: a quarter of the memory of
-float tensors while they wait in the queue; normalisation happens per micro-batch on the device.
+Order of checks: byte size, the JPEG marker walk (scans, segments), format allow-list, pixel count,
+mode and frames from the header (nothing decoded yet), then the decode itself, under the decode
+budget (``encoder.decode_budget``: in this process when the checks prove it cheap, else in a worker
+process killed past the time limit). ``decode_image`` is the one way memstore decodes an image: the
+encoder's views, thumbnails and OCR all go through it. Views are returned as uint8 HWC arrays: a
+quarter of the memory of float tensors while they wait in the queue; normalisation happens per
+micro-batch on the device.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, UnidentifiedImageError
 
+from .decode_budget import (
+    ALLOWED_FORMATS,
+    ALLOWED_MODES,
+    HIGH_BIT_MODES,
+    DecodeJob,
+    JpegLayout,
+    as_rejection,
+    decode_here,
+    gif_frames,
+    jpeg_layout,
+    pool,
+    tiff_pages,
+)
 from .errors import DecompressionBombError, ImageRejectedError
 from .tiling import TilePlan, plan_tiles
 
-Image.init()  # load every plugin once, so the allow-list below can name formats Pillow registers late
-# MPO: the multi-picture JPEG many cameras write. WEBP is left out if Pillow was built without it.
-ALLOWED_FORMATS = tuple(f for f in ("JPEG", "MPO", "PNG", "WEBP", "GIF", "BMP", "TIFF") if f in Image.OPEN)
+__all__ = ["ALLOWED_FORMATS", "ImageOptions", "ImageProbe", "ImageSpec", "decode_image", "load_views", "probe_image"]
+
 _TRANSPOSED = {5, 6, 7, 8}  # EXIF orientations that swap width and height
 _INTERPOLATION = {
     "bicubic": Image.Resampling.BICUBIC,
@@ -27,6 +45,9 @@ _INTERPOLATION = {
     "nearest": Image.Resampling.NEAREST,
     "lanczos": Image.Resampling.LANCZOS,
 }
+# Formats whose decode is linear in pixels and bytes, decoded in the calling process when small.
+_SIMPLE_FORMATS = frozenset({"PNG", "GIF", "BMP", "WEBP"})
+INLINE_MAX_BYTES = 4 * 1024 * 1024  # ... and at most this many bytes (PNG and GIF walk chunks in Python)
 
 
 @dataclass(frozen=True)
@@ -36,6 +57,17 @@ class ImageOptions:
     global_weight: float = 0.5  # share of the global view in the combined vector
     max_pixels: int = 64_000_000
     max_bytes: int = 32 * 1024 * 1024
+    # The decode budget. A progressive JPEG is decoded once per scan: a normal one has about 10.
+    max_jpeg_scans: int = 64
+    # Frames of an animated GIF/WebP/PNG, TIFF pages, MPO pictures: only the first is decoded.
+    max_frames: int = 1000
+    # A decode running longer is stopped (its worker process killed): the image is refused.
+    decode_timeout_s: float = 5.0
+    # Worker processes for the decodes not proven cheap (0: decode everything in-process, no time limit).
+    decode_workers: int = 2
+    # PNG/GIF/BMP/WebP of at most this many pixels (and INLINE_MAX_BYTES) and baseline JPEGs of any
+    # size decode in the calling process; everything else in a worker.
+    inline_max_pixels: int = 4_000_000
 
 
 @dataclass(frozen=True)
@@ -56,6 +88,10 @@ class ImageProbe:
     width: int  # after EXIF rotation
     height: int
     orientation: int
+    mode: str = "RGB"
+    frames: int = 1
+    jpeg: JpegLayout | None = None  # JPEG and MPO: what the markers declare
+    options: ImageOptions = field(default_factory=ImageOptions, compare=False, repr=False)  # checked against
 
 
 def _open(data: bytes) -> Image.Image:
@@ -71,8 +107,21 @@ def _open(data: bytes) -> Image.Image:
         raise ImageRejectedError(f"corrupt image header: {exc}") from None
 
 
+def _frames(data: bytes, img: Image.Image, limit: int) -> int:
+    """How many frames the file holds (GIF and TIFF counted up to limit + 1 by a bounded walk, never
+    with Pillow's n_frames, which walks them all in Python); others declare it in their header."""
+    if img.format == "GIF":
+        return gif_frames(data, limit)
+    if img.format == "TIFF":
+        return tiff_pages(data, limit)
+    if img.format in ("WEBP", "MPO", "PNG"):
+        return int(getattr(img, "n_frames", 1) or 1)
+    return 1
+
+
 def probe_image(data: bytes, options: ImageOptions) -> ImageProbe:
-    """Check an encoded image from its header alone; raises ImageRejectedError or a subclass."""
+    """Check an encoded image from its header and structure alone; raises ImageRejectedError or a
+    subclass (DecompressionBombError for every limit on the work it declares)."""
     if not data:
         raise ImageRejectedError("empty image data")
     if len(data) > options.max_bytes:
@@ -80,21 +129,83 @@ def probe_image(data: bytes, options: ImageOptions) -> ImageProbe:
             f"image is {len(data)} bytes; the limit is {options.max_bytes} "
             "(MEMSTORE_ENCODER_MAX_IMAGE_BYTES): re-encode or downscale it"
         )
+    # Before Pillow reads it: Pillow's own walk to the frame header is as long as the file.
+    jpeg = jpeg_layout(data, max_scans=options.max_jpeg_scans) if data[:3] == b"\xff\xd8\xff" else None
     with _open(data) as img:
         width, height = img.size
         fmt = img.format or "unknown"
         if width * height > options.max_pixels:
             raise DecompressionBombError(
                 f"image is {width}x{height} = {width * height} pixels; the limit is {options.max_pixels} "
-                "(MEMSTORE_ENCODER_MAX_IMAGE_PIXELS): downscale it before sending"
+                "(MEMSTORE_ENCODER_MAX_IMAGE_PIXELS): downscale it before sending",
+                limit=options.max_pixels,
+            )
+        if img.mode not in ALLOWED_MODES:
+            raise ImageRejectedError(
+                f"image mode {img.mode} is not supported; send greyscale (8 or 16 bits, or float), RGB(A), "
+                "palette or CMYK"
+            )
+        frames = _frames(data, img, options.max_frames)
+        if frames > options.max_frames:
+            raise DecompressionBombError(
+                f"image has more than {options.max_frames} frames; the limit is {options.max_frames} "
+                "(MEMSTORE_ENCODER_MAX_IMAGE_FRAMES): only the first is used, send it alone",
+                limit=options.max_frames,
             )
         try:
             orientation = int(img.getexif().get(0x0112, 1))
         except Exception:  # a broken EXIF block is not worth rejecting the picture for
             orientation = 1
+        mode = img.mode
     if orientation in _TRANSPOSED:
         width, height = height, width
-    return ImageProbe(fmt, width, height, orientation)
+    return ImageProbe(fmt, width, height, orientation, mode, frames, jpeg, options)
+
+
+def _inline(data: bytes, probe: ImageProbe, options: ImageOptions) -> bool:
+    """Whether the probe proves the decode cheap: linear in pixels, with few of them."""
+    if options.decode_workers <= 0:
+        return True
+    if probe.mode in HIGH_BIT_MODES:
+        return False
+    if probe.jpeg is not None:  # sequential JPEG: one scan per component at most
+        return not probe.jpeg.progressive and probe.jpeg.scans <= max(1, probe.jpeg.components)
+    return (
+        probe.format in _SIMPLE_FORMATS
+        and probe.width * probe.height <= options.inline_max_pixels
+        and len(data) <= INLINE_MAX_BYTES
+    )
+
+
+def decode_image(
+    data: bytes,
+    options: ImageOptions | None = None,
+    *,
+    probe: ImageProbe | None = None,
+    min_size: tuple[int, int] | Callable[[int, int], tuple[int, int]] | None = None,
+    grey: bool = False,
+) -> Image.Image:
+    """Decode the first frame of an image under the decode budget: upright (EXIF orientation
+    applied), 8-bit, mode L, RGB or RGBA (RGBA where it has transparency; L always when ``grey``).
+
+    ``min_size`` (upright width, height, or a function of the upright size giving them) is the
+    smallest picture the caller needs: JPEGs decode at a reduced scale and 16-bit or float rasters
+    are box-reduced down to it; other images keep their size. ``probe`` is the header check already
+    made (``probe_image``); without it the check runs here, against ``options``.
+    Raises ImageRejectedError, DecompressionBombError, or DecodeTimeoutError past the time limit.
+    """
+    if probe is None:
+        probe = probe_image(data, options or ImageOptions())
+    opts = options or probe.options
+    want = min_size(probe.width, probe.height) if callable(min_size) else min_size
+    min_raw = None if want is None else ((want[1], want[0]) if probe.orientation in _TRANSPOSED else want)
+    job = DecodeJob(min_raw, probe.orientation, grey)
+    if _inline(data, probe, opts):
+        try:
+            return decode_here(data, job)
+        except Exception as exc:
+            raise as_rejection(exc) from None
+    return pool(opts.decode_workers).decode(data, job, opts.decode_timeout_s)
 
 
 def plan_for(probe: ImageProbe, spec: ImageSpec, options: ImageOptions) -> TilePlan:
@@ -104,21 +215,13 @@ def plan_for(probe: ImageProbe, spec: ImageSpec, options: ImageOptions) -> TileP
 
 
 def _to_rgb(img: Image.Image) -> Image.Image:
+    """RGB from decode_image's L, RGB or RGBA; transparent areas read as white paper."""
     if img.mode == "RGB":
         return img
-    if img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or (img.mode == "P" and "transparency" in img.info):
-        rgba = img.convert("RGBA")
-        flat = Image.new("RGB", rgba.size, (255, 255, 255))  # transparent areas read as white paper
-        flat.paste(rgba, mask=rgba.getchannel("A"))
+    if img.mode == "RGBA":
+        flat = Image.new("RGB", img.size, (255, 255, 255))
+        flat.paste(img, mask=img.getchannel("A"))
         return flat
-    if img.mode.startswith("I") or img.mode == "F":
-        # 16-bit / 32-bit greyscale: Pillow's convert would clip everything above 255 to white.
-        arr = np.asarray(img, dtype=np.float64)
-        top = float(arr.max()) if arr.size else 0.0
-        if top > 255.0:
-            arr = arr * (255.0 / top)
-        grey = np.clip(np.rint(arr), 0, 255).astype(np.uint8)
-        return Image.fromarray(grey).convert("RGB")
     return img.convert("RGB")
 
 
@@ -141,33 +244,22 @@ def _global_view(img: Image.Image, spec: ImageSpec) -> Image.Image:
     return resized.crop((left, top, left + s, top + s))
 
 
-def _draft_size(probe: ImageProbe, plan: TilePlan, spec: ImageSpec) -> tuple[int, int]:
-    """Smallest raw JPEG size that still feeds every view without upscaling."""
+def _needed_size(probe: ImageProbe, plan: TilePlan, spec: ImageSpec) -> tuple[int, int]:
+    """Smallest upright size that still feeds every view without upscaling."""
     w, h = probe.width, probe.height
     scale = spec.size / min(w, h)
     if plan.tiles:
         scale = max(scale, plan.content[2] / w, plan.content[3] / h)
-    need = (math.ceil(w * min(1.0, scale)), math.ceil(h * min(1.0, scale)))
-    return (need[1], need[0]) if probe.orientation in _TRANSPOSED else need
+    return math.ceil(w * min(1.0, scale)), math.ceil(h * min(1.0, scale))
 
 
 def load_views(data: bytes, probe: ImageProbe, plan: TilePlan, spec: ImageSpec) -> np.ndarray:
     """Decode an image into its views: uint8 array (1 + len(plan.tiles), size, size, 3).
 
-    View 0 is the global view; view i + 1 is plan.tiles[i].
+    View 0 is the global view; view i + 1 is plan.tiles[i]. The decode runs under the budget of the
+    options the probe was checked against.
     """
-    with _open(data) as img:
-        if img.format in ("JPEG", "MPO"):
-            img.draft(img.mode, _draft_size(probe, plan, spec))  # DCT-domain downscale: faster decode
-        try:
-            img.load()
-            # The probe already read the orientation: skip parsing EXIF again for upright images.
-            upright = (ImageOps.exif_transpose(img) or img) if probe.orientation != 1 else img
-            rgb = _to_rgb(upright)
-        except Image.DecompressionBombError as exc:
-            raise DecompressionBombError(f"image refused as a decompression bomb: {exc}") from None
-        except (OSError, SyntaxError, ValueError) as exc:
-            raise ImageRejectedError(f"corrupt or truncated image data: {exc}") from None
+    rgb = _to_rgb(decode_image(data, probe=probe, min_size=_needed_size(probe, plan, spec)))
     views = [np.asarray(_global_view(rgb, spec))]
     if plan.tiles:
         s = spec.size
@@ -179,3 +271,15 @@ def load_views(data: bytes, probe: ImageProbe, plan: TilePlan, spec: ImageSpec) 
             x, y = tile.col * s, tile.row * s
             views.append(np.asarray(canvas.crop((x, y, x + s, y + s))))
     return np.stack(views)
+
+
+@functools.cache
+def environment_options() -> ImageOptions:
+    """The image limits the environment sets (MEMSTORE_ENCODER_*), read once; the defaults where
+    they cannot be read. For decodes outside the encoder (thumbnails, OCR)."""
+    try:
+        from .settings import EncoderSettings
+
+        return EncoderSettings().image_options()
+    except Exception:
+        return ImageOptions()

@@ -9,7 +9,9 @@ for parallel runs is ``OMP_THREAD_LIMIT=1``, and setting that for the whole proc
 limit torch's threads); ``subprocess.run``'s timeout kills a run that takes too long; and no
 temporary files are written. A crash of the program is a failed item, never a failed worker.
 
-The image is decoded with Pillow, turned upright (EXIF orientation), made grey and rescaled so its
+The image is decoded with Pillow under the encoder's decode budget (``encoder.images.decode_image``:
+scans, frames and mode checked first, a costly decode run in a worker process that is stopped past
+its time limit), turned upright (EXIF orientation), made grey and rescaled so its
 longest side lies between ``OcrSettings.min_side`` and ``max_side``: a huge scan costs a bounded
 amount of work, and small text (a thumbnail-sized screenshot) is enlarged to the size Tesseract reads
 best. Which items are read, and when, is ``memstore.ocr_pass``'s business.
@@ -18,13 +20,18 @@ best. Which items are read, and when, is ``memstore.ocr_pass``'s business.
 from __future__ import annotations
 
 import io
+import math
 import os
 import re
 import shutil
 import subprocess
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, replace
 
-from PIL import Image, ImageOps
+from PIL import Image
+
+from encoder.errors import DecompressionBombError, ImageRejectedError
+from encoder.images import ImageOptions, decode_image, environment_options
 
 # Longest side after rescaling: a 2,000 px page holds body text at the 20-30 px letter height
 # Tesseract reads best, and bounds its time on a 50-megapixel photo.
@@ -93,15 +100,20 @@ def require_tesseract(language: str = "eng") -> None:
 
 
 def prepare(content: bytes, settings: OcrSettings = OcrSettings()) -> Image.Image:
-    """The image Tesseract reads: upright, grey, its longest side within [min_side, max_side]."""
+    """The image Tesseract reads: upright, grey, its longest side within [min_side, max_side].
+    Decoded by ``encoder.images.decode_image``, under the encoder's decode budget."""
+
+    def needed(width: int, height: int) -> tuple[int, int]:
+        # A JPEG decodes at a reduced size directly (much faster for a large photo), 16-bit and
+        # float rasters are reduced before they are made 8-bit.
+        scale = min(1.0, settings.max_side / max(width, height, 1))
+        return max(1, math.ceil(width * scale)), max(1, math.ceil(height * scale))
+
     try:
-        opened = Image.open(io.BytesIO(content))
-        if opened.width * opened.height > MAX_PIXELS:
-            raise OcrFailedError(f"the image has {opened.width}x{opened.height} pixels; the limit is {MAX_PIXELS:,}")
-        # A JPEG decodes at a reduced size directly (much faster for a large photo).
-        opened.draft("L", (settings.max_side, settings.max_side))
-        image: Image.Image = ImageOps.exif_transpose(opened).convert("L")
-    except (OSError, ValueError, Image.DecompressionBombError, SyntaxError) as exc:
+        image = decode_image(content, _image_options(), min_size=needed, grey=True)
+    except DecompressionBombError as exc:  # too many pixels, scans or frames, or past the time limit
+        raise OcrFailedError(str(exc)) from exc
+    except ImageRejectedError as exc:
         raise OcrFailedError(f"the image cannot be decoded: {exc}") from exc
     longest = max(image.size)
     if longest == 0:
@@ -115,6 +127,12 @@ def prepare(content: bytes, settings: OcrSettings = OcrSettings()) -> Image.Imag
         size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
         image = image.resize(size, Image.Resampling.LANCZOS)
     return image
+
+
+def _image_options() -> ImageOptions:
+    """The encoder's decode budget (MEMSTORE_ENCODER_*), with this module's pixel bound and no byte
+    bound (the content is stored already)."""
+    return replace(environment_options(), max_pixels=MAX_PIXELS, max_bytes=sys.maxsize)
 
 
 _SPACES = re.compile(r"[ \t\f\v]+")

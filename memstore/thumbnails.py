@@ -13,13 +13,15 @@ import hashlib
 import io
 import logging
 import math
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, replace
 from typing import Any
 
 import sqlalchemy as sa
-from PIL import Image, ImageOps
+from PIL import Image
 from psycopg import sql
 
+from encoder.images import ImageOptions, decode_image, environment_options
 from memstore.collections import Collection
 from memstore.db import raw_connection
 
@@ -34,29 +36,31 @@ MAX_PIXELS = 64_000_000
 SNIPPET_CHARS = 280
 
 
-def make(content: bytes) -> bytes | None:
+def make(content: bytes, options: ImageOptions | None = None) -> bytes | None:
     """A WebP thumbnail of ``content`` (at most ``SIZE`` pixels on its longer side, EXIF rotation
-    applied), or None when the bytes are not an image Pillow can decode."""
+    applied), or None when the bytes are not an image that decodes within the image limits
+    (``encoder.images.decode_image``: the encoder's decode budget, ``MAX_PIXELS`` pixels)."""
     try:
-        with Image.open(io.BytesIO(content)) as img:
-            if img.width * img.height > MAX_PIXELS:
-                return None
-            # JPEG decodes at 1/2, 1/4 or 1/8 scale when asked first, the largest reduction that still
-            # covers the thumbnail: a 1024 x 768 photo decodes at 256 x 192, a fraction of the work.
-            img.draft("RGB", _box(img.width, img.height))
-            small = ImageOps.exif_transpose(img)
-            # Halved by box averaging first, then resampled: as sharp at this size, a third quicker.
-            small.thumbnail((SIZE, SIZE), Image.Resampling.BICUBIC, reducing_gap=2.0)
-            keeps_alpha = small.mode in ("RGBA", "LA", "PA") or (small.mode == "P" and "transparency" in small.info)
-            small = small.convert("RGBA" if keeps_alpha else "RGB")
-            out = io.BytesIO()
-            # method 0 of 0-6: WebP's least effort; more shrinks a 15 kB picture by a few percent at
-            # up to twice the time, and the worker makes one thumbnail per image it embeds.
-            small.save(out, format="WEBP", quality=QUALITY, method=0)
-            return out.getvalue()
-    except Exception as exc:  # a corrupt or exotic file: the item simply has no thumbnail
+        # JPEG decodes at 1/2, 1/4 or 1/8 scale, the largest reduction that still covers the
+        # thumbnail: a 1024 x 768 photo decodes at 256 x 192, a fraction of the work.
+        small = decode_image(content, options or _options(), min_size=_box)
+        # Halved by box averaging first, then resampled: as sharp at this size, a third quicker.
+        small.thumbnail((SIZE, SIZE), Image.Resampling.BICUBIC, reducing_gap=2.0)
+        small = small.convert("RGBA" if small.mode == "RGBA" else "RGB")
+        out = io.BytesIO()
+        # method 0 of 0-6: WebP's least effort; more shrinks a 15 kB picture by a few percent at
+        # up to twice the time, and the worker makes one thumbnail per image it embeds.
+        small.save(out, format="WEBP", quality=QUALITY, method=0)
+        return out.getvalue()
+    except Exception as exc:  # a corrupt, exotic or too costly file: the item simply has no thumbnail
         log.info("no thumbnail: %s: %s", type(exc).__name__, exc)
         return None
+
+
+def _options() -> ImageOptions:
+    """The encoder's decode budget (MEMSTORE_ENCODER_*), with this module's pixel bound and no byte
+    bound (the content is stored already)."""
+    return replace(environment_options(), max_pixels=MAX_PIXELS, max_bytes=sys.maxsize)
 
 
 def _box(width: int, height: int) -> tuple[int, int]:
