@@ -6,16 +6,17 @@ large against its collection runs as:
 
 1. take the collection's locks (no representation switch, no maintenance rebuild, no keyword change
    meanwhile), record the load in the registry (``options.bulk_load``) and drop the collection's HNSW
-   index and its two GIN indexes, metadata and keywords (concurrently for a plain table; a
-   partitioned index under the short lock timeout);
+   index and its metadata GIN index (concurrently for a plain table; a partitioned index under the
+   short lock timeout);
 2. write the rows in batches (COPY into a staging table, then one upsert per batch), touching no graph
    and no GIN tree;
 3. build the indexes again (``CREATE INDEX CONCURRENTLY``, parallel workers as the server allows; per
    partition, then attached), and clear the record.
 
-The GIN indexes go with the graph because, measured on 100,000 rows of 128-d vectors, inserting
-their entries row by row took 2.5 s of a 4 s load (the keyword index computes each row's keywords
-in the insert), against 1.1 s to build both afterwards.
+The metadata GIN index goes with the graph because inserting its entries row by row costs a load
+more than building it afterwards. The keywords of the rows are written by the collection's triggers
+into its keyword side table, one statement per batch (``memstore.keywords``); rows without text,
+file name or listed fields write nothing there.
 
 Searches answer throughout: without the indexes they are exact scans of the table, so every
 committed row is found (and slower, which is the price of the load: the load is only chosen when it
@@ -42,7 +43,7 @@ from typing import Any, NamedTuple
 import psycopg
 from psycopg import sql
 
-from memstore import keywords, locks, online_ddl, registry, sqlfiles
+from memstore import locks, online_ddl, registry, sqlfiles
 from memstore.collections import METADATA_INDEX, Collection, metadata_index_name
 from memstore.compact import spec as compact_spec
 from memstore.db import Database
@@ -183,9 +184,7 @@ class _Index(NamedTuple):
 
 def _deferred_indexes(c: Collection) -> list[_Index]:
     """The indexes a load drops and builds after, as ``create_table_statements`` makes them: the
-    metadata and keyword GIN indexes (built first: a second or two), then the HNSW graph. The keyword
-    index stays while a change of its words is half done (``keywords.PENDING``): that change's own
-    recovery owns it."""
+    metadata GIN index (built first: a second or two), then the HNSW graph."""
     parts = c.partition_tables()
     hnsw = sql.SQL("USING hnsw ({k} {o}) WITH (m = {m}, ef_construction = {ef})").format(
         k=sql.SQL(compact_spec.key_expression("full", c.dimensions)),
@@ -194,9 +193,6 @@ def _deferred_indexes(c: Collection) -> list[_Index]:
         ef=sql.Literal(c.hnsw_ef_construction),
     )
     out = [_Index(metadata_index_name(c), METADATA_INDEX, lambda i: f"{parts[i]}_metadata")]
-    if keywords.PENDING not in c.options:
-        words = keywords.definition(c.language, c.text_fields, ocr=c.ocr)
-        out.append(_Index(keywords.index_name(c), words, lambda i: keywords.partition_index_name(c, i)))
     out.append(_Index(c.index_name, hnsw, lambda i: f"{parts[i]}_hnsw"))
     return out
 

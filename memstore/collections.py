@@ -340,11 +340,11 @@ def create_table_statements(c: Collection) -> list[sql.Composed]:
     if index.compact or index.pending:
         out.append(compact_spec.inline_vectors_statement(table))
     out += [
-        # fastupdate off: see memstore.keywords.definition (a pending list slows every filtered search).
+        # fastupdate off: see memstore.keywords._index_definition (a pending list slows every filtered search).
         sql.SQL("CREATE INDEX {i} ON {t} {d}").format(
             i=sql.Identifier(metadata_index_name(c)), t=table, d=METADATA_INDEX
         ),
-        keywords.create_statement(c),
+        *keywords.create_statements(c),
         ocr_items.pending_index_statement(c),
         sql.SQL("ALTER SEQUENCE {s} OWNED BY {t}.id").format(s=seq, t=table),
     ]

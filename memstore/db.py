@@ -216,8 +216,12 @@ def dedicated_connection(
     return _open(_dsn(engine), application_name=application_name, autocommit=autocommit, vector_types=vector_types)
 
 
-def _open(dsn: str, *, application_name: str, autocommit: bool, vector_types: bool) -> psycopg.Connection[Any]:
-    conn = psycopg.connect(dsn, autocommit=autocommit, application_name=application_name)
+def _open(
+    dsn: str, *, application_name: str, autocommit: bool, vector_types: bool, statement_timeout_ms: int | None = None
+) -> psycopg.Connection[Any]:
+    conn = psycopg.connect(
+        dsn, autocommit=autocommit, application_name=application_name, options=_timeout_option(statement_timeout_ms)
+    )
     try:
         register_json(conn)
         if vector_types:
@@ -233,13 +237,29 @@ def _open(dsn: str, *, application_name: str, autocommit: bool, vector_types: bo
 
 
 _SEARCH_APPLICATION = "memstore-search"  # how the server lists the search connections (pg_stat_activity)
+# Settings.search_timeout_ms's default, for sets made without a Database (tests, benchmarks).
+DEFAULT_SEARCH_TIMEOUT_MS = 5_000
+
+
+def _timeout_option(statement_timeout_ms: int | None) -> str | None:
+    """libpq's ``options`` that give every statement of a connection ``statement_timeout``: set when
+    the session starts, so a search costs no ``SET`` and the bound holds for every statement, on the
+    blocking and the event loop's connections alike (a cancelled one raises QueryCanceled: a 504)."""
+    if not statement_timeout_ms:
+        return None  # psycopg leaves a None parameter out of the connection string
+    return f"-c statement_timeout={int(statement_timeout_ms)}"
+
+
 _search_sets: weakref.WeakKeyDictionary[sa.Engine, SearchConnections] = weakref.WeakKeyDictionary()
 
 
-def search_connections(engine: sa.Engine) -> SearchConnections:
+def search_connections(
+    engine: sa.Engine, *, statement_timeout_ms: int = DEFAULT_SEARCH_TIMEOUT_MS
+) -> SearchConnections:
     """The engine's connections for searches alone, made on first use: as many as its pool keeps
-    (``pool_size``), autocommit, pgvector's types registered. ``engine.dispose()`` closes them with
-    the pool's, as does the engine's end."""
+    (``pool_size``), autocommit, pgvector's types registered, each statement bounded by
+    ``statement_timeout_ms`` (0: unbounded; the first caller's value holds for the engine's set).
+    ``engine.dispose()`` closes them with the pool's, as does the engine's end."""
     with _lock:
         found = _search_sets.get(engine)
         if found is None:
@@ -249,7 +269,13 @@ def search_connections(engine: sa.Engine) -> SearchConnections:
             size = size if size > 0 else 8
             dsn = _dsn(engine)  # not the engine itself: the set must not keep its engine alive
             found = SearchConnections(
-                lambda: _open(dsn, application_name=_SEARCH_APPLICATION, autocommit=True, vector_types=True),
+                lambda: _open(
+                    dsn,
+                    application_name=_SEARCH_APPLICATION,
+                    autocommit=True,
+                    vector_types=True,
+                    statement_timeout_ms=statement_timeout_ms,
+                ),
                 _still_open,
                 max_size=size,
             )
@@ -259,13 +285,19 @@ def search_connections(engine: sa.Engine) -> SearchConnections:
         return found
 
 
-def async_search_connections(engine: sa.Engine, *, max_size: int) -> AsyncSearchConnections:
+def async_search_connections(
+    engine: sa.Engine, *, max_size: int, statement_timeout_ms: int = DEFAULT_SEARCH_TIMEOUT_MS
+) -> AsyncSearchConnections:
     """Search connections for one event loop (``memstore.async_search``), to the engine's database:
-    autocommit, pgvector's types registered, none opened until a search needs one."""
+    autocommit, pgvector's types registered, each statement bounded by ``statement_timeout_ms``,
+    none opened until a search needs one."""
     dsn = _dsn(engine)
+    option = _timeout_option(statement_timeout_ms)
 
     async def connect() -> psycopg.AsyncConnection[Any]:
-        conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True, application_name=_SEARCH_APPLICATION)
+        conn = await psycopg.AsyncConnection.connect(
+            dsn, autocommit=True, application_name=_SEARCH_APPLICATION, options=option
+        )
         try:
             register_json(conn)
             with suppress(psycopg.ProgrammingError):  # no extension yet (before the first migration)
@@ -359,8 +391,10 @@ class Database:
         max_lag_s: float = 5.0,
         probe_s: float = 1.0,
         wait_s: float = 0.5,
+        search_timeout_ms: int = DEFAULT_SEARCH_TIMEOUT_MS,
     ) -> None:
         self.engine = engine
+        self.search_timeout_ms = search_timeout_ms
         self.replicas = [Replica(r.url.render_as_string(hide_password=True), r) for r in replicas]
         self.max_lag_s = max_lag_s
         self.wait_s = wait_s
@@ -396,10 +430,10 @@ class Database:
         connection when the first one fails under it (a search is safe to repeat). With replicas,
         ``run_read``: the replica's pools and its routing."""
         if self.replicas:
-            return self.run_read(fn)
+            return self.run_read(self._bounded(fn))
         searches = self._searches
         if searches is None:  # kept here: the module's lock is not taken for every search
-            searches = self._searches = search_connections(self.engine)
+            searches = self._searches = search_connections(self.engine, statement_timeout_ms=self.search_timeout_ms)
         try:
             return searches.run(fn)
         except psycopg.OperationalError as exc:
@@ -407,6 +441,19 @@ class Database:
                 raise  # a cancelled or timed-out statement, a full server: running it again would not help
             log.info("search connection lost (%s); running the search once more on a fresh one", exc)
         return searches.run(fn)
+
+    def _bounded(self, fn: Callable[[psycopg.Connection[Any]], T]) -> Callable[[psycopg.Connection[Any]], T]:
+        """``fn`` with its statements bounded by the search timeout, on a pooled read connection (the
+        pools also serve reads that are not searches, so the bound is the transaction's own)."""
+        if not self.search_timeout_ms:
+            return fn
+        setting = f"SET LOCAL statement_timeout = {int(self.search_timeout_ms)}"
+
+        def bounded(conn: psycopg.Connection[Any]) -> T:
+            conn.execute(setting)
+            return fn(conn)
+
+        return bounded
 
     def run_read(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
         """``fn`` on a read connection; when a replica's connection fails under it, that replica is
@@ -639,7 +686,7 @@ class Database:
         )
 
     def async_search_connections(self, *, max_size: int) -> AsyncSearchConnections:
-        return async_search_connections(self.engine, max_size=max_size)
+        return async_search_connections(self.engine, max_size=max_size, statement_timeout_ms=self.search_timeout_ms)
 
 
 # Zero lag when the standby has replayed everything it received (an idle primary sends nothing, so
@@ -664,7 +711,11 @@ def get_database(settings: Settings | None = None) -> Database:
                 for url in settings.read_database_urls
             ]
             found = _databases[key] = Database(
-                engine, replicas, max_lag_s=settings.max_replica_lag_s, wait_s=settings.replica_wait_s
+                engine,
+                replicas,
+                max_lag_s=settings.max_replica_lag_s,
+                wait_s=settings.replica_wait_s,
+                search_timeout_ms=settings.search_timeout_ms,
             )
         return found
 

@@ -250,11 +250,22 @@ def keyword_statement(c: Collection, text: str, *, where: sql.Composable | None)
 
 
 def _keyword_matches(c: Collection, text: str, where: sql.Composable | None, columns: sql.Composable) -> sql.Composed:
-    words = keywords.expression(c)
+    """The rows whose stored keywords (``memstore.keywords``: the side table, joined by id) match
+    ``%(text)s``, each with its ``ts_rank_cd`` score: at most ``keywords.RANK_LIMIT`` of them, taken as
+    the index finds them after the filter, so a word in every item ranks a bounded number."""
     query = keywords.query(c, text)
     return sql.SQL(
-        "SELECT {columns}, ts_rank_cd({words}, {query})::float8 AS score FROM {t} WHERE {words} @@ {query} AND {rows}"
-    ).format(columns=columns, words=words, query=query, t=c.table, rows=_rows(where))
+        "SELECT {columns}, ts_rank_cd(words, {query})::float8 AS score FROM ("
+        "SELECT {columns}, words FROM {t} JOIN {side} AS k USING (id) WHERE words @@ {query} AND {rows} "
+        "LIMIT {cap}) AS ranked"
+    ).format(
+        columns=columns,
+        query=query,
+        t=c.table,
+        side=keywords.table(c),
+        rows=_rows(where),
+        cap=sql.Literal(keywords.RANK_LIMIT),
+    )
 
 
 def hybrid_statement(

@@ -61,6 +61,13 @@ class Settings(BaseSettings):
     default_ef_search: int = Field(default=80, ge=1, le=1000)
     # The most a filtered search or a search through dead tuples may visit before giving up.
     max_scan_tuples: int = Field(default=20_000, ge=1)
+    search_timeout_ms: int = Field(
+        default=5_000,
+        ge=0,
+        le=3_600_000,
+        description="The longest one search statement may run on the server (PostgreSQL's statement_timeout on "
+        "the search connections); past it the search is cancelled and answers 504. 0: no limit.",
+    )
 
     # Bulk loads (memstore.bulk_load): a load this large against its collection goes in without the
     # HNSW index and builds it afterwards; smaller ones go into the live index.

@@ -284,9 +284,10 @@ class VectorStore:
             if reads and not c.ocr:
                 ocr_items.install_trigger(conn, c)  # before the backfill starts: no new image is missed
 
-            def record() -> Collection:
+            def record(version: int) -> Collection:
                 with conn.transaction():
                     changed = set_keywords(conn, c, language=chosen, text_fields=fields)
+                    changed = set_option(conn, changed, keywords.VERSION, version)
                     if reads != c.ocr:
                         changed = ocr_items.record(conn, changed, reads)
                 self.forget_collection(collection)
@@ -298,20 +299,11 @@ class VectorStore:
 
     @staticmethod
     def _recover_keywords(conn: psycopg.Connection[Any], c: Collection) -> None:
-        """A keyword change that stopped half way: finished when the registry already records its
-        setting (only the renames were missing), else undone."""
-        pending = c.options.get(keywords.PENDING)
+        """A keyword change that stopped half way: the version the registry does not name dropped
+        (the old one when the change was recorded, the new one when it was not)."""
         if keywords.leftovers(conn, c):
-            recorded = isinstance(pending, dict) and (
-                pending.get("language"),
-                tuple(pending.get("text_fields") or ()),
-                bool(pending.get("ocr", c.ocr)),
-            ) == (c.language, c.text_fields, c.ocr)
-            if recorded:
-                keywords.promote(conn, c)
-            else:
-                keywords.clear(conn, c)
-        if pending:
+            keywords.drop_other_versions(conn, c)
+        if c.options.get(keywords.PENDING):
             set_option(conn, c, keywords.PENDING, None)
 
     # ------------------------------------------------------------------ typed metadata indexes
@@ -359,6 +351,8 @@ class VectorStore:
             ).fetchall():
                 conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(side)))
             for statement in spaces.drop_statements(collection):  # their registry rows cascade too
+                conn.execute(statement)
+            for statement in keywords.drop_statements(collection):  # their triggers went with the table
                 conn.execute(statement)
         self.forget_collection(name)
 

@@ -86,9 +86,9 @@ def test_a_large_load_builds_the_index_once_and_every_row_is_found(
     indexes = _hnsw_indexes(engine, c.table_name)
     assert indexes and all(valid for _, valid in indexes)
     assert len(indexes) == (1 if partitions == 1 else partitions + 1)
-    # The metadata and keyword GIN indexes were dropped with the graph and built again after the rows.
+    # The metadata GIN index was dropped with the graph and built again after the rows.
     gin = _indexes(engine, c.table_name, "gin")
-    assert len(gin) == len(gin_before) == 2 * len(indexes) and all(valid for _, valid in gin)
+    assert len(gin) == len(gin_before) == len(indexes) and all(valid for _, valid in gin)
     assert not {oid for oid, _ in gin} & {oid for oid, _ in gin_before}
     words = bulk_store.search(collection=collection_name, text="zebra1234", mode="keyword", k=3)
     assert [h.external_id for h in words] == ["r1234"]
@@ -233,7 +233,7 @@ def test_a_load_killed_mid_way_leaves_nothing_unindexed_for_long(
         worker.close()
     assert [(o.decision, o.outcome) for o in worker.last_outcomes][:1] == [("build", "ok")]
     assert [valid for _, valid in _hnsw_indexes(engine, c.table_name)] == [True]
-    assert [valid for _, valid in _indexes(engine, c.table_name, "gin")] == [True, True]
+    assert [valid for _, valid in _indexes(engine, c.table_name, "gin")] == [True]
     assert not bulk_load.in_progress(bulk_store.get_collection(name=collection_name, fresh=True))
     assert bulk_store.collection_stats(name=collection_name).items == committed
     assert not bulk_load.finish_interrupted(bulk_store.db, interrupted, bulk_store.settings)  # nothing left

@@ -6,14 +6,13 @@ import itertools
 from typing import Any
 
 import numpy as np
-import psycopg
 import pytest
 import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 
-from memstore import search_sql
+from memstore import keywords, search_sql
 from memstore.db import raw_connection
 from memstore.errors import InvalidInputError
 from memstore.models import ItemIn
@@ -246,7 +245,7 @@ def test_the_keyword_index_serves_keyword_searches(store: VectorStore, engine: s
             with conn.cursor() as cur:
                 search_sql.apply(cur, plan.settings)
                 rows = cur.execute(sql.SQL("EXPLAIN ") + plan.statement, plan.params).fetchall()
-            assert f"{c.table_name}_keywords" in "\n".join(r[0] for r in rows), mode
+            assert keywords.index_name(c) in "\n".join(r[0] for r in rows), mode
 
 
 def test_changing_the_keyword_fields_rebuilds_the_index_online(
@@ -262,42 +261,99 @@ def test_changing_the_keyword_fields_rebuilds_the_index_online(
     changed = store.set_keywords(collection=collection_name, text_fields=["sku"], grace_s=0)
     assert changed.text_fields == ("sku",)
     assert [r.external_id for r in store.search(collection=collection_name, text="A-7", mode="keyword", k=3)] == ["7"]
-    with raw_connection(engine) as conn:
-        indexes = conn.execute(
-            "SELECT c.relname, x.indisvalid FROM pg_index x JOIN pg_class c ON c.oid = x.indexrelid "
-            "WHERE c.relname LIKE %s ORDER BY 1",
-            (f"%{changed.table_name}%keywords",),
-        ).fetchall()
-        left = conn.execute(
-            "SELECT count(*) FROM pg_class WHERE relname LIKE %s", (f"memstore_next_kw_c{changed.id}%",)
-        )
-        assert left.fetchone() == (0,)
-    assert [name for name, _ in indexes] == sorted(
-        [f"{changed.table_name}_keywords", f"{changed.table_name}_p0_keywords", f"{changed.table_name}_p1_keywords"]
-    )
-    assert all(valid for _, valid in indexes)
+    assert keywords.version(changed) == 2
+    assert _side_tables(engine, changed) == [(keywords.table_name(changed), True)]
     with pytest.raises(InvalidInputError):
         store.set_keywords(collection=collection_name, language="klingon")
     with pytest.raises(InvalidInputError):
         store.set_keywords(collection=collection_name, text_fields=["a", "a"])
 
 
-def test_a_keyword_index_is_built_for_collections_made_before_it(
-    store: VectorStore, database_url: str, engine: sa.Engine, collection_name: str
-) -> None:
-    """The migration builds each existing collection's keyword index (concurrently): simulated by
-    dropping it and running the migration's step again."""
-    from memstore import keywords, online_ddl
+def _side_tables(engine: sa.Engine, c: Any) -> list[tuple[str, bool]]:
+    """The collection's keyword side tables, each with whether its GIN index is valid."""
+    with raw_connection(engine) as conn:
+        return [
+            (r[0], bool(r[1]))
+            for r in conn.execute(
+                "SELECT t.relname, x.indisvalid FROM pg_class t LEFT JOIN pg_index x ON x.indrelid = t.oid "
+                "AND x.indexrelid = to_regclass(t.relname || '_words') WHERE t.relkind = 'r' AND t.relname ~ %s "
+                "ORDER BY 1",
+                (f"^memstore_kw_c{c.id}_v[0-9]+$",),
+            ).fetchall()
+        ]
 
-    _fill(store, collection_name, partitions=2)
+
+def _stored(engine: sa.Engine, c: Any) -> dict[str, str]:
+    """external_id -> the stored keywords of each item that has a side row."""
+    with raw_connection(engine) as conn:
+        rows = conn.execute(
+            sql.SQL("SELECT t.external_id, k.words::text FROM {} t JOIN {} k USING (id)").format(
+                c.table, keywords.table(c)
+            )
+        ).fetchall()
+    return dict(rows)
+
+
+@pytest.mark.parametrize("partitions", [1, 2])
+def test_stored_keywords_follow_every_write(
+    store: VectorStore, engine: sa.Engine, collection_name: str, partitions: int
+) -> None:
+    """Inserts, upserts, metadata and text changes, vector-only writes and deletes each leave the side
+    table exactly as the keywords of the rows now are; a row with nothing to parse has no side row."""
+    c = store.create_collection(name=collection_name, dimensions=2, partitions=partitions, text_fields=("sku",))
+    store.upsert_items(
+        collection=collection_name,
+        items=[
+            ItemIn(vector=[1.0, 0.0], external_id="a", text="red bicycle"),
+            ItemIn(vector=[0.0, 1.0], external_id="b", metadata={"sku": "X-1"}),
+            ItemIn(vector=[1.0, 1.0], external_id="bare"),
+        ],
+    )
+    assert sorted(_stored(engine, c)) == ["a", "b"]
+    assert "bicycl" in _stored(engine, c)["a"] or "bicycle" in _stored(engine, c)["a"]
+    store.upsert_items(
+        collection=collection_name,
+        items=[
+            ItemIn(vector=[1.0, 0.0], external_id="a", text="blue kayak"),  # the text changed
+            ItemIn(vector=[0.0, 1.0], external_id="b"),  # its listed field gone: nothing to parse
+            ItemIn(vector=[1.0, 1.0], external_id="bare", metadata={"sku": "Z-9"}),
+        ],
+    )
+    stored = _stored(engine, c)
+    assert sorted(stored) == ["a", "bare"]
+    assert "kayak" in stored["a"] and "bicycle" not in stored["a"]
+    assert [h.external_id for h in store.search(collection=collection_name, text="kayak", mode="keyword")] == ["a"]
+    assert store.search(collection=collection_name, text="bicycle", mode="keyword") == []
+    assert [h.external_id for h in store.search(collection=collection_name, text="Z-9", mode="keyword")] == ["bare"]
+    store.delete_items(collection=collection_name, external_ids=["a"])
+    assert sorted(_stored(engine, c)) == ["bare"]
+    assert store.search(collection=collection_name, text="kayak", mode="keyword") == []
+
+
+def test_a_word_in_every_text_ranks_from_the_stored_keywords(
+    store: VectorStore, engine: sa.Engine, collection_name: str
+) -> None:
+    """Neither the match nor the ranking parses a text: the plan reads the side table's words and
+    calls no memstore_keywords; ranking takes at most RANK_LIMIT matches."""
+    rng = np.random.default_rng(5)
+    store.create_collection(name=collection_name, dimensions=4)
+    store.upsert_items(
+        collection=collection_name,
+        items=[
+            ItemIn(vector=rng.normal(size=4), external_id=str(i), text=f"common {'filler ' * (i % 7)} unique{i}")
+            for i in range(300)
+        ],
+    )
     c = store.get_collection(name=collection_name)
-    with psycopg.connect(database_url.replace("postgresql+psycopg", "postgresql"), autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(keywords.index_name(c))))
-        online_ddl.set_lock_timeout(conn)
-        keywords.build_index(conn, c)
-        keywords.build_index(conn, c)  # idempotent
-    hits = store.search(collection=collection_name, text="SKU-88121-B", mode="keyword", k=3)
-    assert [r.external_id for r in hits] == ["t2"]
+    with raw_connection(engine) as conn:
+        q = check_query(mode="keyword", vector=None, text="common", k=10)
+        plan = store.plan(c, q, ef_search=None, exact=False, conn=conn)
+        rows = conn.execute(sql.SQL("EXPLAIN (VERBOSE) ") + plan.statement, plan.params).fetchall()
+    explained = "\n".join(r[0] for r in rows)
+    assert "memstore_keywords" not in explained
+    assert "Limit" in explained and str(keywords.RANK_LIMIT) in plan.statement.as_string(None)
+    hits = store.search(collection=collection_name, text="common unique7", mode="keyword", k=3)
+    assert hits[0].external_id == "7"
 
 
 def test_field_names_with_percent_are_refused() -> None:
@@ -343,7 +399,7 @@ def test_deleting_by_a_filter_that_matches_everything_is_refused(store: VectorSt
 def test_a_keyword_change_that_stopped_half_way_is_finished_or_undone(
     store: VectorStore, engine: sa.Engine, collection_name: str, monkeypatch, partitions: int, stop: str
 ) -> None:
-    from memstore import keywords, online_ddl
+    from memstore import keywords
 
     rng = np.random.default_rng(22)
     store.create_collection(name=collection_name, dimensions=4, partitions=partitions)
@@ -358,22 +414,23 @@ def test_a_keyword_change_that_stopped_half_way_is_finished_or_undone(
     class Crash(Exception):
         pass
 
-    real_build, real_promote = online_ddl.build_index, keywords.promote
+    real_fill, real_promote = keywords._fill, keywords.promote
 
-    def build_then_crash(*args, **kwargs):
-        real_build(*args, **kwargs)
+    def fill_then_crash(*args, **kwargs):
+        real_fill(*args, **kwargs)
         raise Crash
 
     def crash(*args, **kwargs):
         raise Crash
 
     if stop == "before_record":
-        monkeypatch.setattr(online_ddl, "build_index", build_then_crash)
+        monkeypatch.setattr(keywords, "_fill", fill_then_crash)
     else:
         monkeypatch.setattr(keywords, "promote", crash)
     with pytest.raises(Crash):
         store.set_keywords(collection=collection_name, text_fields=["title"], grace_s=0)
-    monkeypatch.setattr(online_ddl, "build_index", real_build)
+    assert len(_side_tables(engine, store.get_collection(name=collection_name, fresh=True))) == 2
+    monkeypatch.setattr(keywords, "_fill", real_fill)
     monkeypatch.setattr(keywords, "promote", real_promote)
 
     # The next change first finishes or undoes the one that stopped, then makes its own.
@@ -382,14 +439,11 @@ def test_a_keyword_change_that_stopped_half_way_is_finished_or_undone(
     assert keywords.PENDING not in changed.options or changed.options[keywords.PENDING] is None
     assert [h.external_id for h in store.search(collection=collection_name, text="B-7", mode="keyword")] == ["7"]
     assert store.search(collection=collection_name, text="T-7", mode="keyword") == []
+    assert _side_tables(engine, changed) == [(keywords.table_name(changed), True)]
     with raw_connection(engine) as conn:
-        rows = conn.execute(
-            "SELECT c.relname, pg_get_indexdef(c.oid), x.indisvalid FROM pg_class c JOIN pg_index x "
-            "ON x.indexrelid = c.oid WHERE c.relname LIKE %s OR c.relname LIKE %s",
-            (f"{changed.table_name}%keywords", f"memstore_next_kw_c{changed.id}%"),
+        triggers = conn.execute(
+            "SELECT tgname FROM pg_trigger WHERE tgrelid = %s::regclass AND tgname LIKE 'memstore_kw_%%' ORDER BY 1",
+            (changed.table.as_string(conn),),
         ).fetchall()
-    assert sorted(r[0] for r in rows) == sorted(
-        [keywords.index_name(changed)]
-        + [keywords.partition_index_name(changed, i) for i in range(partitions if partitions > 1 else 0)]
-    )
-    assert all("brand" in definition and valid for _, definition, valid in rows), rows
+    at = keywords.version(changed)
+    assert [t[0] for t in triggers] == sorted(f"memstore_kw_v{at}_{e}" for e in ("delete", "insert", "update"))

@@ -18,7 +18,7 @@ import psycopg
 from alembic import op
 from psycopg import sql
 
-from memstore import keywords, online_ddl
+from memstore import online_ddl
 from memstore.collections import Collection
 
 revision = "0006"
@@ -56,7 +56,7 @@ def upgrade() -> None:
     with op.get_context().autocommit_block():
         online_ddl.set_lock_timeout(conn)
         for c in collections:
-            keywords.build_index(conn, c)
+            _build_index(conn, c)
             _no_pending_list(conn, c)
 
 
@@ -66,17 +66,33 @@ def downgrade() -> None:
     with op.get_context().autocommit_block():
         online_ddl.set_lock_timeout(conn)
         for c in collections:
-            for i in range(c.partitions if c.partitions > 1 else 0):
-                online_ddl.drop_index(conn, keywords.partition_index_name(c, i), partitioned=False)
-            online_ddl.drop_index(conn, keywords.index_name(c), partitioned=c.partitions > 1)
+            for part in c.partition_tables() if c.partitions > 1 else []:
+                online_ddl.drop_index(conn, f"{part}_keywords", partitioned=False)
+            online_ddl.drop_index(conn, f"{c.table_name}_keywords", partitioned=c.partitions > 1)
     op.execute("DROP FUNCTION IF EXISTS memstore_keywords(text, jsonb, text[], regconfig) CASCADE")
     op.execute("ALTER TABLE memstore_collections DROP COLUMN IF EXISTS text_fields")
     op.execute("ALTER TABLE memstore_collections DROP COLUMN IF EXISTS language")
 
 
+def _build_index(conn: psycopg.Connection[Any], c: Collection) -> None:
+    """The keyword index as this revision defined it: GIN on the keywords expression (revision 0012
+    replaced it with stored keywords)."""
+    words = sql.SQL("memstore_keywords(text, metadata, {fields}::text[], {cfg}::regconfig)").format(
+        fields=sql.Literal(list(c.text_fields)), cfg=sql.Literal(c.language)
+    )
+    parts = c.partition_tables()
+    online_ddl.build_index(
+        conn,
+        c,
+        f"{c.table_name}_keywords",
+        sql.SQL("USING gin (({})) WITH (fastupdate = off)").format(words),
+        partition_name=lambda i: f"{parts[i]}_keywords",
+    )
+
+
 def _no_pending_list(conn: psycopg.Connection[Any], c: Collection) -> None:
     """The metadata index without GIN's pending list, as new collections have it (see
-    ``memstore.keywords.definition``): a quick catalog change, then the list merged into the tree."""
+    ``memstore.keywords``): a quick catalog change, then the list merged into the tree."""
     for (index,) in conn.execute(
         "SELECT i.indexrelid::regclass::text FROM pg_index i JOIN pg_class x ON x.oid = i.indexrelid "
         "JOIN pg_am am ON am.oid = x.relam WHERE am.amname = 'gin' AND x.relkind = 'i' "
