@@ -35,6 +35,7 @@ from memstore.api.middleware import (
 )
 from memstore.api.routes import collections, items, load, search, spaces
 from memstore.api.runtime import Runtime, RuntimeOptions
+from memstore.api.search_guard import SearchGuard
 from memstore.api.settings import ApiSettings
 from memstore.async_search import AsyncSearcher
 from memstore.db import get_database
@@ -111,7 +112,9 @@ def create_app(
         return await authenticate_runtime(app.state.runtime, secret)
 
     # The key first (a stranger learns nothing, not even the limits), then the route's body limit.
-    limited = BodyLimit(SearchFastPath(app.dispatch, fastapi_app=app), api)
+    # Searches: at most so many per key at once, and cancelled when their client goes away.
+    per_key = api.searches_per_key if api.searches_per_key is not None else max(1, settings.pool_size // 2)
+    limited = BodyLimit(SearchGuard(SearchFastPath(app.dispatch, fastapi_app=app), per_key), api)
     # Write answers carry their WAL position; reads given one see those writes (memstore.api.consistency).
     consistent = ReadYourWrites(limited, lambda: app.state.runtime.store.db)
     # The web pages (/ui) check their session cookie in their own gate, also before any body.

@@ -206,6 +206,8 @@ class Metrics:
         try:
             await self.app(scope, receive, recording)
         finally:
+            if status == 500 and scope.get("state", {}).get("client_gone"):
+                status = 499  # no answer: the client went away and its search was cancelled (nginx's code)
             route: Any = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"
             key = (scope.get("method", ""), template, status)

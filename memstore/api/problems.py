@@ -45,7 +45,12 @@ CATALOG: dict[str, tuple[int, str, str]] = {
     "invalid-input": (422, "Invalid input", "A field is missing, of the wrong type or out of range."),
     "image-rejected": (422, "Image rejected", "The image is corrupt, of an unsupported format or too large."),
     "ingest-failed": (422, "Ingest failed", "The items were stored but could not be embedded; see each item's error."),
-    "too-many-requests": (429, "Too many requests", "The encoder's queue is full: retry after Retry-After seconds."),
+    "too-many-requests": (
+        429,
+        "Too many requests",
+        "The encoder's queue is full, or the key runs as many searches at once as it may: retry after "
+        "Retry-After seconds.",
+    ),
     "internal-error": (500, "Internal error", "A bug: the server logged it. Please report it."),
     "service-unavailable": (
         503,

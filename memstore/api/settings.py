@@ -75,3 +75,10 @@ class ApiSettings(BaseSettings):
     keep_alive_s: int = Field(
         default=5, ge=1, description="Seconds an idle keep-alive connection is kept open (memstore serve)."
     )
+    searches_per_key: int | None = Field(
+        default=None,
+        ge=0,
+        description="Most searches one key runs at once (search, batch, recommend, duplicates); more are answered "
+        "429 with Retry-After. Unset: half the search connections (MEMSTORE_POOL_SIZE / 2, at least 1); "
+        "0: no limit. With auth off there is one identity and no limit.",
+    )
