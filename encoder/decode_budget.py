@@ -60,6 +60,8 @@ _ALPHA_MODES = frozenset({"RGBA", "LA", "PA", "RGBa", "La"})
 # A JPEG's marker segments (APPn, DQT, DHT, COM, ...): a real file has tens, an ICC profile split
 # into APP2 chunks at most 255 more. Walking is bounded by this, so is Pillow's own walk after it.
 MAX_JPEG_SEGMENTS = 4096
+# PNG chunks: a 32 MiB PNG written in libpng's 8 KiB IDAT chunks has 4,096.
+MAX_PNG_CHUNKS = 65_536
 # GIF blocks walked while counting frames; past this the count stops (frame 0 alone is decoded).
 _MAX_GIF_BLOCKS = 500_000
 
@@ -132,6 +134,27 @@ def jpeg_layout(data: bytes, *, max_scans: int) -> JpegLayout:
                 break
             pos = end.start()
     return JpegLayout(progressive, scans, components, segments, frames)
+
+
+def png_exif(data: bytes) -> bytes | None:
+    """The body of a PNG's eXIf chunk, found by walking chunk headers (IDAT skipped by its length).
+    Pillow's own getexif decodes the whole picture to look past IDAT. Raises DecompressionBombError
+    past MAX_PNG_CHUNKS chunks (Pillow reads every chunk with a Python call)."""
+    pos, chunks, n = 8, 0, len(data)
+    while pos + 8 <= n:
+        length = int.from_bytes(data[pos : pos + 4], "big")
+        kind = data[pos + 4 : pos + 8]
+        chunks += 1
+        if chunks > MAX_PNG_CHUNKS:
+            raise DecompressionBombError(
+                f"PNG has more than {MAX_PNG_CHUNKS} chunks; the limit is {MAX_PNG_CHUNKS}", limit=MAX_PNG_CHUNKS
+            )
+        if kind == b"eXIf":
+            return data[pos + 8 : pos + 8 + length]
+        if kind == b"IEND":
+            break
+        pos += 12 + length
+    return None
 
 
 def gif_frames(data: bytes, stop: int) -> int:
@@ -453,6 +476,8 @@ class DecodePool:
                     worker.kill()
                 worker = _Worker()
             return worker.run(data, job, timeout_s)
+        except ImageRejectedError:
+            raise  # the worker answered with the reason: it is fit for the next image
         except TimeoutError:
             self._discard(worker)
             worker = None
@@ -465,8 +490,6 @@ class DecodePool:
             self._discard(worker)
             worker = None
             raise ImageRejectedError(f"the image decoder stopped on this image ({type(exc).__name__})") from None
-        except ImageRejectedError:
-            raise  # the worker answered with the reason: it is fit for the next image
         except BaseException:
             self._discard(worker)
             worker = None

@@ -30,6 +30,7 @@ from .decode_budget import (
     decode_here,
     gif_frames,
     jpeg_layout,
+    png_exif,
     pool,
     tiff_pages,
 )
@@ -119,6 +120,24 @@ def _frames(data: bytes, img: Image.Image, limit: int) -> int:
     return 1
 
 
+def _orientation(data: bytes, img: Image.Image) -> int:
+    """The EXIF orientation (1: upright). A PNG's EXIF is found by walking its chunks: Pillow's
+    getexif decodes the whole PNG to look for it after the pixel data."""
+    try:
+        if img.format == "PNG" and "exif" not in img.info:
+            body = png_exif(data)
+            if body is None:
+                return 1
+            exif = Image.Exif()
+            exif.load(body)
+            return int(exif.get(0x0112, 1))
+        return int(img.getexif().get(0x0112, 1))
+    except DecompressionBombError:
+        raise
+    except Exception:  # a broken EXIF block is not worth rejecting the picture for
+        return 1
+
+
 def probe_image(data: bytes, options: ImageOptions) -> ImageProbe:
     """Check an encoded image from its header and structure alone; raises ImageRejectedError or a
     subclass (DecompressionBombError for every limit on the work it declares)."""
@@ -152,10 +171,7 @@ def probe_image(data: bytes, options: ImageOptions) -> ImageProbe:
                 "(MEMSTORE_ENCODER_MAX_IMAGE_FRAMES): only the first is used, send it alone",
                 limit=options.max_frames,
             )
-        try:
-            orientation = int(img.getexif().get(0x0112, 1))
-        except Exception:  # a broken EXIF block is not worth rejecting the picture for
-            orientation = 1
+        orientation = _orientation(data, img)
         mode = img.mode
     if orientation in _TRANSPOSED:
         width, height = height, width
