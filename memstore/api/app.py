@@ -6,6 +6,7 @@ import asyncio
 import base64
 import hashlib
 import re
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -104,7 +105,8 @@ def create_app(
 
     app.add_exception_handler(BodyTooLargeError, on_too_large)
     registry = CollectorRegistry()
-    registry.register(_QueueCollector(app))
+    queue_figures = QueueFigures(api.metrics_cache_s)
+    registry.register(_QueueCollector(app, queue_figures))
     registry.register(_ReplicaCollector(app))
     registry.register(_SearchCollector(app))
 
@@ -153,7 +155,11 @@ def create_app(
 
     @app.get("/metrics", tags=["operations"], summary="Prometheus metrics", response_class=Response)
     async def metrics() -> Response:
+        """Needs no key. The queue's figures are read from the database at most once every
+        MEMSTORE_API_METRICS_CACHE_S (5 s), off the event loop, one reading at a time; everything
+        else is this process's own counters."""
         rt: Runtime = app.state.runtime
+        await queue_figures.refresh(rt)
         text = generate_latest(registry)
         engine_metrics = getattr(rt.encoder.backend, "metrics", None)
         if engine_metrics is not None and hasattr(engine_metrics, "registry"):
@@ -233,13 +239,45 @@ class _RuntimeCollector(Collector):
         raise NotImplementedError
 
 
+class QueueFigures:
+    """The ingest queue's depth as /metrics shows it: read at most once every ``ttl_s`` (a GROUP BY
+    over the queue; /metrics needs no key, so its callers must not be able to make the database or
+    the event loop do it at will), in the executor, one reading at a time (concurrent scrapes wait for
+    the reading in progress and share it)."""
+
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+        self.depth: dict[str, int] | None = None  # None: not read yet, or the last reading failed
+        self.read_at = -float("inf")
+        self.readings = 0
+        self._lock: asyncio.Lock | None = None
+
+    async def refresh(self, rt: Runtime) -> None:
+        if time.monotonic() - self.read_at < self.ttl_s:
+            return
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if time.monotonic() - self.read_at < self.ttl_s:
+                return  # read meanwhile, by the scrape this one waited for
+            try:
+                self.depth = await rt.off_loop(queue.queue_depth, rt.engine)
+            except Exception:
+                self.depth = None
+            self.readings += 1
+            self.read_at = time.monotonic()
+
+
 class _QueueCollector(_RuntimeCollector):
-    """The ingest queue's depth."""
+    """The ingest queue's depth, as last read (``QueueFigures``): nothing is read at scrape time."""
+
+    def __init__(self, app: FastAPI, figures: QueueFigures) -> None:
+        super().__init__(app)
+        self.figures = figures
 
     def families(self, rt: Runtime) -> Iterator[Metric]:
-        try:
-            depth = queue.queue_depth(rt.engine)
-        except Exception:
+        depth = self.figures.depth
+        if depth is None:
             return
         family = GaugeMetricFamily("memstore_ingest_queue_items", "Queued items by status", labels=["status"])
         for status, n in depth.items():

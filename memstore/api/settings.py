@@ -82,3 +82,9 @@ class ApiSettings(BaseSettings):
         "429 with Retry-After. Unset: half the search connections (MEMSTORE_POOL_SIZE / 2, at least 1); "
         "0: no limit. With auth off there is one identity and no limit.",
     )
+    metrics_cache_s: float = Field(
+        default=5.0,
+        ge=0.0,
+        description="How long /metrics (no key needed) reuses its reading of the ingest queue's depth before it "
+        "reads the database again.",
+    )

@@ -3,6 +3,7 @@
 - A 3,000-deep JSON line in a bulk load is a 422 naming the line, not a 500.
 - ``X-Memstore-Min-LSN`` is checked without replicas too: malformed, ahead of the WAL, or sent twice
   (header or parameter) is a 422.
+- /metrics (no key) reads the queue once per MEMSTORE_API_METRICS_CACHE_S, off the event loop.
 - /docs, its assets and /openapi.json carry no-framing, nosniff and a CSP that lets the Swagger page
   run its one inline script only (by hash).
 """
@@ -12,10 +13,16 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import httpx
 
-from tests.api.api_helpers import LiveServer
+from memstore import queue
+from memstore.settings import Settings
+from tests.api.api_helpers import LiveServer, start_server
 from tests.api.test_errors import problem
 
 NDJSON = {"content-type": "application/x-ndjson"}
@@ -79,3 +86,36 @@ def test_the_api_documents_carry_security_headers(server: LiveServer) -> None:
             assert "frame-ancestors 'none'" in r.headers["content-security-policy"], path
         assert c.get("/openapi.json").json()["info"]["title"] == "memstore"
         assert "content-security-policy" not in c.get("/health").headers
+
+
+def test_metrics_read_the_queue_once_per_interval_off_the_event_loop(settings: Settings, monkeypatch: Any) -> None:
+    """32 clients scraping /metrics at once cause one reading of the queue, in the executor: a slow
+    reading (1 s here) holds neither the event loop (/health answers meanwhile) nor the scrapes that
+    came while it ran beyond it."""
+    readings: list[str] = []
+    original = queue.queue_depth
+
+    def slow_depth(engine: Any) -> dict[str, int]:
+        readings.append(threading.current_thread().name)
+        time.sleep(1.0)
+        return original(engine)
+
+    monkeypatch.setattr(queue, "queue_depth", slow_depth)
+    with start_server(settings, backend=None, workers=0, metrics_cache_s=3.0) as live:
+        with httpx.Client(base_url=live.url, timeout=30) as c:
+            c.get("/health")
+        with ThreadPoolExecutor(32) as pool:
+            scrapes = [pool.submit(httpx.get, f"{live.url}/metrics", timeout=30) for _ in range(32)]
+            time.sleep(0.3)
+            started = time.monotonic()
+            health = httpx.get(f"{live.url}/health", timeout=30)
+            health_took = time.monotonic() - started
+            texts = [f.result().text for f in scrapes]
+        assert health.status_code == 200 and health_took < 0.5, health_took
+        assert len(readings) == 1 and not readings[0].startswith("MainThread"), readings
+        assert all('memstore_ingest_queue_items{status="pending"}' in t for t in texts)
+        httpx.get(f"{live.url}/metrics", timeout=30)
+        assert len(readings) == 1  # still fresh
+        time.sleep(3.1)
+        httpx.get(f"{live.url}/metrics", timeout=30)
+        assert len(readings) == 2
