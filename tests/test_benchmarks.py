@@ -349,3 +349,15 @@ def test_build_settings_benchmark_builds_every_variant(database_url: str) -> Non
         assert len(v["build_s"]) == len(v["recall"]) == len(v["qps"]) == result["repeat"] == 2, name
         assert all(s > 0 for s in v["build_s"]) and all(q > 0 for q in v["qps"]), name
         assert min(v["recall"]) >= 0.9, name
+
+
+def test_cost_benchmark_serves_another_tenant_while_searches_are_abandoned(database_url: str) -> None:
+    result = _run(
+        "bench.cost",
+        database_url,
+        *("--database-url", database_url, "--texts", "60", "--chars", "3000", "--runs", "3", "--abandoned", "3"),
+    )
+    assert result["texts"] == 60 and result["abandoned"] == 3
+    assert result["keyword_p50_s"] > 0 and result["keyword_p50_parsed_s"] > 0
+    assert result["abandoned_still_running"] == 0
+    assert set(result["statuses"]) == {"200"} and result["statuses"]["200"] > 0
