@@ -86,7 +86,7 @@ def _parsed(url: str, table: str, runs: int) -> list[float]:
     with psycopg.connect(libpq_url(url)) as conn:
         for _ in range(runs):
             t0 = time.perf_counter()
-            rows = conn.execute(statement).fetchall()  # type: ignore[arg-type]
+            rows = conn.execute(statement).fetchall()
             times.append(time.perf_counter() - t0)
             assert len(rows) == 10
     return times
