@@ -13,44 +13,66 @@ The language::
                                            object, each a clause of its own ({"exif": {"iso": ...}})
               | anything else              plain JSON, matched by containment, as before this language
     operators = {"$eq": v, "$ne": v, "$gt": v, "$gte": v, "$lt": v, "$lte": v, "$in": [v, ...],
-                 "$nin": [v, ...], "$exists": true|false, "$contains": v, "$not": operators}
+                 "$nin": [v, ...], "$exists": true|false, "$contains": v, "$all": [v, ...],
+                 "$size": n, "$not": operators}
 
 An object that mixes "$" keys and field names as a field's value is refused (is it a comparison or
 a nested object?). In a filter object, "$" keys are the logical operators next to the fields, so a
 metadata key that starts with "$" can be matched only inside a plain value.
 
-What each part means:
+What each part means (lists follow MongoDB's and Qdrant's rules):
 
-- Plain values keep their old meaning, JSON containment: a scalar equals, an array field holds all
-  the listed values, an object field holds all the listed pairs. All the plain values of one filter
-  object (nested fields included) fold into one ``metadata @> %(f_n)s``, which the collection's GIN
-  index serves.
+- A scalar condition on a field that holds a list is met when an element meets it: a plain scalar
+  value, ``$eq`` and ``$in`` (an element equal to the value, or to one of the values), and the
+  ranges. ``{"tags": "pets"}`` matches ``"tags": "pets"`` and ``"tags": ["pets", "holiday"]``.
+- Each operator of a field's object is met on its own: ``{"n": {"$gt": 1, "$lt": 5}}`` matches
+  ``"n": 3`` and also ``"n": [0, 10]`` (10 is above 1, 0 is below 5), as in MongoDB. There is no
+  ``$elemMatch``: the language cannot ask for one element that meets every bound.
+- Plain values are JSON containment: a scalar is equal to the field or to an element of it (as
+  written: numbers by value, strings exactly, so "2024-05-01" is not "2024-05-01T00:00Z"); an array
+  value is held by an array field (every listed value); an object value ``{}`` matches an object
+  field. Each plain scalar is one ``metadata @> ANY('{"f": v}', '{"f": [v]}')``, and the plain arrays
+  and objects of one filter object (nested fields included) fold into one ``metadata @> %(f_n)s``;
+  the collection's GIN index serves both.
 - Comparisons are typed by their operand: a JSON number compares numbers (exactly, as numeric); a
   string in ISO 8601 form (``YYYY-MM-DD``, optionally ``THH:MM``, ``:SS``, ``.ffffff`` and ``Z`` or
   ``+HH:MM``; without an offset it is UTC) compares instants; any other string compares strings by
-  code point (COLLATE "C": independent of the database's locale). A field value of another type
-  never satisfies a comparison: a number is never equal to, above or below a string, "10" is not a
-  number, a string not in ISO form is not a date, and strings longer than MAX_KEYWORD_LENGTH
-  characters are not compared (see migration 0005). The range operators of one object must share
-  one type (a number above 5 and before May never matches anything).
-- ``$eq`` is typed equality for numbers, dates and strings ("2024-05-01" equals
-  "2024-05-01T00:00:00Z"); for true, false, null, arrays and objects it is JSON equality (arrays in
-  order, objects with exactly the same pairs).
-- ``$in`` holds values of one type (a mixed list is refused); an empty list matches nothing.
-- ``$ne``, ``$nin`` and ``$not`` are the negations of ``$eq``, ``$in`` and their filter: they match
-  rows where the field is missing or has another type.
+  code point (COLLATE "C": independent of the database's locale). A field value (or element) of
+  another type never satisfies a comparison: a number is never equal to, above or below a string,
+  "10" is not a number, a string not in ISO form is not a date, and strings longer than
+  MAX_KEYWORD_LENGTH characters are not ranged over (see migration 0005). The range operators of one
+  object must share one type (a number above 5 and before May never matches anything). A range
+  operand that reads as a date in another form (``2024/05/01``, ``05/01/2024``, ``01.05.2024``,
+  ``2024-5-1``, ``May 1, 2024``: ``looks_like_date``) is refused rather than compared as a string.
+- ``$eq`` with a date compares instants ("2024-05-01" equals "2024-05-01T00:00:00Z"); with a
+  number, a string, true, false or null it is JSON equality, which is typed equality for numbers and
+  strings (numbers by value, strings exactly, at any length). With an array or an object it is JSON
+  equality (arrays in order, objects with exactly the same pairs) of the whole field, or of one of
+  its elements: ``{"$eq": ["a"]}`` matches ``["a"]`` and ``[["a"], "b"]``. null is equal to null
+  only: a missing field is not null (``$exists`` asks for that).
+- ``$in`` holds values of one type (a mixed list is refused; true, false, null, arrays and objects
+  count as one type); an empty list matches nothing.
+- ``$ne``, ``$nin`` and ``$not`` are the negations of ``$eq``, ``$in`` and their filter: ``$ne``
+  matches a list with no element equal to the value, and a missing field or one of another type.
 - ``$exists: true`` matches rows that have the key (even when its value is null); ``false`` those
   that have not.
 - ``$contains`` matches rows whose field is an array holding the operand, or every value of a list
   operand (as containment: an equal scalar, or an object or array element that contains it).
-- A nested field whose parent is missing, or is not an object, is missing.
+  ``$all`` is ``$contains`` with a non-empty list.
+- ``$size: n`` matches rows whose field is an array of n elements.
+- A nested field whose parent is missing, or is not an object (a list of objects included), is
+  missing.
 
 The SQL: values always go in as parameters (``%(f_0)s``, ``%(f_1)s``, ...). Field names go in as SQL
 literals (``sql.Literal``, quoted by psycopg), because an expression index is only matched by the
 same expression: ``metadata -> 'taken'`` matches an index on it, ``metadata -> $1`` does not in a
 generic plan. A name holding "%" goes in as a parameter instead (psycopg would read the "%" in the
 query text as a placeholder), so an index on such a field serves custom plans only. The typed
-comparisons use the expressions of ``memstore.metadata_indexes`` (``typed_expression``).
+comparisons use the expressions of ``memstore.metadata_indexes`` (``typed_expression``): a range, or
+``$eq``/``$in`` with dates, is ``(typed(f) <op> v OR (typed(f) IS NULL AND EXISTS (an element
+<op> v)))``, so a typed index serves both branches (its own range, and its entries for rows where the
+field is not of its type, lists among them) as a BitmapOr; when most rows lack the field, the planner
+scans instead.
 
 Bounds: MAX_FILTER_BYTES of JSON, MAX_FILTER_DEPTH levels (the filter is one; each filter under a
 logical operator, each object or array in a field's value is one more), MAX_FILTER_CLAUSES conditions
@@ -63,7 +85,7 @@ import calendar
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -93,6 +115,8 @@ _FIELD_OPERATORS = (
     "$nin",
     "$exists",
     "$contains",
+    "$all",
+    "$size",
     "$not",
 )
 _LOGICAL_OPERATORS = ("$and", "$or", "$not")
@@ -108,6 +132,22 @@ _ISO_8601 = re.compile(
     r"([0-9]{4})-([0-9]{2})-([0-9]{2})"
     r"(?:[Tt ]([0-9]{2}):([0-9]{2})(?::([0-9]{2})(?:\.([0-9]{1,6}))?)?(?:[Zz]|([+-])([0-9]{2})(?::?([0-9]{2}))?)?)?"
 )
+
+# Strings that read as a date in some other form: a range with one as its operand is refused rather
+# than compared by code point. Numeric dates (digit groups separated by "-", "/" or "."), whatever
+# follows them, and a month's name with a year.
+_MONTH = (
+    r"(?:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|sep(?:t(?:ember)?)?"
+    r"|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)"
+)
+_DATE_LIKE = (
+    re.compile(r"[0-9]{4}[-/.][0-9]{1,2}[-/.][0-9]{1,2}(?![0-9]).*", re.S),  # 2024/05/01, 2024-5-1, 2024-05-01T10
+    re.compile(r"[0-9]{4}[-/][0-9]{1,2}"),  # 2024-05, 2024/5
+    re.compile(r"[0-9]{1,2}[-/.][0-9]{1,2}[-/.][0-9]{4}(?![0-9]).*", re.S),  # 05/01/2024, 01.05.2024, 1-5-2024
+    re.compile(r"[0-9]{2}[-/.][0-9]{2}[-/.][0-9]{2}(?![0-9]).*", re.S),  # 05/01/24
+    re.compile(rf"(?=.*\b{_MONTH}\b)(?=.*\b[0-9]{{4}}\b).*", re.I | re.S),  # May 1, 2024; 1 May 2024
+)
+_ISO_FORM = "YYYY-MM-DD, optionally followed by THH:MM[:SS[.ffffff]] and Z or +HH:MM"
 
 
 @dataclass(frozen=True)
@@ -128,7 +168,17 @@ def compile_filter(value: Mapping[str, Any]) -> CompiledFilter:
 def typed_expression(kind: TypedKind, fields: tuple[sql.Composable, ...]) -> sql.Composed:
     """``metadata -> f1 -> f2 ...`` as the SQL type ``kind``: what typed comparisons are written on and
     typed metadata indexes are built on (the planner only matches the same expression)."""
-    value = _json_value(fields)
+    return _typed_value(kind, _json_value(fields))
+
+
+def looks_like_date(text: str) -> bool:
+    """True for a string that reads as a date in a form other than ISO 8601 (``2024/05/01``,
+    ``05/01/2024``, ``01.05.2024``, ``2024-5-1``, ``May 1, 2024``); a range refuses such an operand."""
+    text = text.strip()
+    return any(pattern.fullmatch(text) for pattern in _DATE_LIKE)
+
+
+def _typed_value(kind: TypedKind, value: sql.Composable) -> sql.Composed:
     if kind == "number":
         return sql.SQL("memstore_number({})").format(value)
     if kind == "timestamp":
@@ -221,8 +271,9 @@ class _Compiler:
         plain: dict[str, Any],
         conditions: list[sql.Composable],
     ) -> None:
-        """One field's clause, its key at ``level``: its operators compile to conditions, its plain
-        values go to ``plain`` (the containment of the filter object it is in), nested fields recurse."""
+        """One field's clause, its key at ``level``: its operators and plain scalars compile to
+        conditions, its plain arrays and empty objects go to ``plain`` (the containment of the filter
+        object it is in), nested fields recurse."""
         if _is_operators(value, path):
             conditions.append(self.operators(value, fields, path, level + 1))
         elif isinstance(value, Mapping) and value:
@@ -233,22 +284,26 @@ class _Compiler:
                 self.field(name, item, (*fields, name), path.key(name), level + 1, nested, conditions)
             if nested:
                 plain[key] = nested
-        else:
+        elif isinstance(value, Mapping | list):
             _check_plain_depth(value, level, path)
             plain[key] = value
+        else:
+            conditions.append(self.holds_scalar(fields, [value], path))
 
     # ------------------------------------------------------------------ one field's operators
 
     def operators(self, ops: Mapping[str, Any], fields: tuple[str, ...], path: _Path, level: int) -> sql.Composable:
         _check_level(level, path)
         conditions: list[sql.Composable] = []
+        ranges: list[tuple[str, Any]] = []  # (SQL operator, typed value): one condition, where the first was
         range_kind: Kind | None = None
+        range_at = 0
         for operator, operand in ops.items():
             at = path.key(operator)
             if operator != "$not":
                 _check_plain_depth(operand, level, at)
             if operator in ("$eq", "$ne"):
-                equal = self.equal(fields, operand, at)
+                equal = self.among(fields, [operand], at, listed=False)
                 conditions.append(equal if operator == "$eq" else _negate(equal))
             elif operator in _RANGE_OPERATORS:
                 kind = self.kind(operand, at)
@@ -256,15 +311,24 @@ class _Compiler:
                     raise InvalidInputError(
                         f"{at}: {operator} compares numbers, dates and strings, not {_type_name(operand)}"
                     )
+                if kind == "keyword" and looks_like_date(operand):
+                    raise InvalidInputError(
+                        f"{at}: {operand[:40]!r} looks like a date but is not ISO 8601, so it would be compared "
+                        f"as a string; write dates as {_ISO_FORM}"
+                    )
                 if range_kind is not None and kind != range_kind:
                     raise InvalidInputError(
                         f"{at}: {operator} compares {_KIND_NAMES[kind]} where the other comparisons of "
                         f"{path} compare {_KIND_NAMES[range_kind]}"
                     )
+                if range_kind is None:
+                    range_at = len(conditions)
                 range_kind = kind
-                conditions.append(self.compare(fields, kind, _RANGE_OPERATORS[operator], operand, at))
+                self.count(at)
+                ranges.append((_RANGE_OPERATORS[operator], self.typed_value(operand, kind, at)))
             elif operator in ("$in", "$nin"):
-                member = self.member(fields, operand, at)
+                values = self.list_operand(operand, at, allow_empty=True)
+                member = self.among(fields, values, at, listed=True)
                 conditions.append(member if operator == "$in" else _negate(member))
             elif operator == "$exists":
                 if not isinstance(operand, bool):
@@ -273,7 +337,18 @@ class _Compiler:
                 test = sql.SQL("IS NOT NULL" if operand else "IS NULL")
                 conditions.append(sql.SQL("({}) {}").format(self.json_value(fields), test))
             elif operator == "$contains":
-                conditions.append(self.contains(fields, operand, at))
+                values = self.list_operand(operand, at, allow_empty=True) if isinstance(operand, list) else [operand]
+                conditions.append(self.contains(fields, values, at))
+            elif operator == "$all":
+                conditions.append(self.contains(fields, self.list_operand(operand, at, allow_empty=False), at))
+            elif operator == "$size":
+                if isinstance(operand, bool) or not isinstance(operand, int) or operand < 0:
+                    raise InvalidInputError(
+                        f"{at}: $size takes a whole number of elements (0 or more), not {operand!r:.40}"
+                    )
+                self.count(at)
+                array = _array_or_null(self.json_value(fields))
+                conditions.append(sql.SQL("jsonb_array_length({}) = {}").format(array, self.param(operand)))
             elif operator == "$not":
                 if not _is_operators(operand, at):
                     raise InvalidInputError(
@@ -290,43 +365,96 @@ class _Compiler:
                 raise InvalidInputError(
                     f"{at}: unknown operator {operator}; a field takes {', '.join(_FIELD_OPERATORS)}"
                 )
+        if ranges:
+            assert range_kind is not None and range_kind != "json"
+            tests = [(sql.SQL(op), self.param(value)) for op, value in ranges]
+            conditions.insert(range_at, self.typed_any(fields, range_kind, tests))
         return _all(conditions)
 
-    def equal(self, fields: tuple[str, ...], operand: Any, path: _Path) -> sql.Composable:
-        kind = self.kind(operand, path)
-        if kind == "json":
-            self.count(path)
-            return sql.SQL("({}) = {}").format(self.json_value(fields), self.param(Jsonb(operand)))
-        return self.compare(fields, kind, "=", operand, path)
-
-    def compare(self, fields: tuple[str, ...], kind: Kind, op: str, operand: Any, path: _Path) -> sql.Composable:
-        assert kind != "json"
-        self.count(path)
-        value = self.typed_value(operand, kind, path)
-        return sql.SQL("{} {} {}").format(self.typed(kind, fields), sql.SQL(op), self.param(value))
-
-    def member(self, fields: tuple[str, ...], operand: Any, path: _Path) -> sql.Composable:
-        values = self.list_operand(operand, path, allow_empty=True)
+    def among(self, fields: tuple[str, ...], values: list[Any], path: _Path, *, listed: bool) -> sql.Composable:
+        """The field equals one of ``values``, or is an array with an element that does: ``$eq``'s one
+        operand (at ``path``), or the ``listed`` values of ``$in`` (at ``path[i]``)."""
         if not values:
             return sql.SQL("FALSE")
-        kinds = [self.kind(v, path.item(i)) for i, v in enumerate(values)]
+
+        def where(i: int) -> _Path:
+            return path.item(i) if listed else path
+
+        kinds = [self.kind(v, where(i)) for i, v in enumerate(values)]
         for i, kind in enumerate(kinds):
             if kind != kinds[0]:
                 raise InvalidInputError(
-                    f"{path.item(i)}: {_KIND_NAMES[kind]} among values of another type ({_KIND_NAMES[kinds[0]]} "
+                    f"{where(i)}: {_KIND_NAMES[kind]} among values of another type ({_KIND_NAMES[kinds[0]]} "
                     f"first); the values of {path} must share one type"
                 )
-        self.count(path)
         kind = kinds[0]
-        if kind == "json":
-            array = self.param([Jsonb(v) for v in values])
-            return sql.SQL("({}) = ANY({}::jsonb[])").format(self.json_value(fields), array)
-        typed = [self.typed_value(v, kind, path.item(i)) for i, v in enumerate(values)]
-        cast = {"number": "numeric[]", "timestamp": "timestamptz[]", "keyword": "text[]"}[kind]
-        return sql.SQL("{} = ANY({}::{})").format(self.typed(kind, fields), self.param(typed), sql.SQL(cast))
+        if kind == "timestamp":
+            self.count(path)
+            typed = [self.typed_value(v, kind, where(i)) for i, v in enumerate(values)]
+            test = (
+                (sql.SQL("="), self.param(typed[0]))
+                if len(typed) == 1
+                else (sql.SQL("= ANY"), sql.SQL("({}::timestamptz[])").format(self.param(typed)))
+            )
+            return self.typed_any(fields, kind, [test])
+        for i, v in enumerate(values):
+            if kind == "number":
+                self.typed_value(v, kind, where(i))  # a finite number
+        # Numbers, strings, true, false and null: JSON containment (numbers compare as numbers,
+        # strings exactly), which the collection's GIN index answers. Arrays and objects: JSON
+        # equality of the field or of one of its elements.
+        scalars = [v for v in values if not isinstance(v, list | dict)]
+        structured = [v for v in values if isinstance(v, list | dict)]
+        parts: list[sql.Composable] = []
+        if scalars:
+            parts.append(self.holds_scalar(fields, scalars, path))
+        if structured:
+            self.count(path)
+            array = self.param([Jsonb(v) for v in structured])
+            value = self.json_value(fields)
+            parts.append(
+                sql.SQL("(({value}) = ANY({array}::jsonb[]) OR {elements})").format(
+                    value=value,
+                    array=array,
+                    elements=_some_element(value, sql.SQL("el.v = ANY({}::jsonb[])").format(array)),
+                )
+            )
+        return _join(parts, "OR")
 
-    def contains(self, fields: tuple[str, ...], operand: Any, path: _Path) -> sql.Composable:
-        values = self.list_operand(operand, path, allow_empty=True) if isinstance(operand, list) else [operand]
+    def holds_scalar(self, fields: tuple[str, ...], values: list[Any], path: _Path) -> sql.Composable:
+        """The field is one of the scalars ``values`` or an array holding one: ``metadata @> ANY`` of
+        ``{"f": v}`` and ``{"f": [v]}`` for each (jsonb's containment lets an array contain a scalar
+        only at the top level), which the collection's GIN index answers."""
+        documents = []
+        for value in values:
+            for form in (value, [value]):
+                nested: Any = form
+                for name in reversed(fields):
+                    nested = {name: nested}
+                documents.append(Jsonb(nested))
+        self.count(path)
+        return sql.SQL("metadata @> ANY({}::jsonb[])").format(self.param(documents))
+
+    def typed_any(
+        self, fields: tuple[str, ...], kind: Kind, tests: Sequence[tuple[sql.Composable, sql.Composable]]
+    ) -> sql.Composable:
+        """Typed comparisons ``(operator, operand)``: the field meets all of them, or it is an array and
+        each is met by some element (MongoDB's rule). The first branch is written on exactly the typed
+        index's expression; the second is guarded by that expression being NULL (an array is not a
+        number, date or string), which the same index also answers, so a typed index serves both."""
+        assert kind != "json"
+        scalar = self.typed(kind, fields)
+        value = self.json_value(fields)
+        whole = [sql.SQL("{} {} {}").format(scalar, op, operand) for op, operand in tests]
+        each = [
+            _some_element(value, sql.SQL("{} {} {}").format(_typed_value(kind, sql.SQL("el.v")), op, operand))
+            for op, operand in tests
+        ]
+        return sql.SQL("({} OR ({} IS NULL AND {}))").format(
+            sql.SQL(" AND ").join(whole), scalar, sql.SQL(" AND ").join(each)
+        )
+
+    def contains(self, fields: tuple[str, ...], values: list[Any], path: _Path) -> sql.Composable:
         nested: Any = list(values)
         for name in reversed(fields):
             nested = {name: nested}
@@ -456,6 +584,19 @@ def _json_value(fields: tuple[sql.Composable, ...]) -> sql.Composable:
     for name in fields:
         value = sql.SQL("{} -> {}").format(value, name)
     return value
+
+
+def _array_or_null(value: sql.Composable) -> sql.Composable:
+    """``value`` when it is a JSON array, else NULL: what the array functions may be given (they
+    raise on anything else, and a CASE is evaluated in order)."""
+    return sql.SQL("CASE WHEN jsonb_typeof({v}) = 'array' THEN {v} END").format(v=value)
+
+
+def _some_element(value: sql.Composable, condition: sql.Composable) -> sql.Composable:
+    """``value`` is an array and ``condition`` holds for one of its elements, ``el.v``."""
+    return sql.SQL("EXISTS (SELECT FROM jsonb_array_elements({}) AS el(v) WHERE {})").format(
+        _array_or_null(value), condition
+    )
 
 
 def _negate(condition: sql.Composable) -> sql.Composable:
