@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from memstore.store import MAX_K
@@ -87,4 +87,9 @@ class ApiSettings(BaseSettings):
         ge=0.0,
         description="How long /metrics (no key needed) reuses its reading of the ingest queue's depth before it "
         "reads the database again.",
+    )
+    signing_key: SecretStr | None = Field(
+        default=None,
+        description="The key that signs the web pages' sign-in form (its pre-session cookie and CSRF token). Unset: "
+        "a random key per process; set one shared by every API process behind a load balancer.",
     )

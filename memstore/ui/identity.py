@@ -1,8 +1,11 @@
 """Who is asking: the session cookie's key (or everyone, as the local admin, with auth off), and the
 CSRF token every change must carry.
 
-Cookies are HttpOnly (no script reads them), SameSite=Strict (no other site's page sends them) and
-Secure when the page came over HTTPS; they are scoped to ``/ui``, so the API never sees them.
+Cookies are HttpOnly (no script reads them) and SameSite=Strict (no other site's page sends them).
+Over plain HTTP (a local server) they are scoped to ``/ui``. Over HTTPS (``scope["scheme"]``, which
+behind a proxy comes from its trusted ``X-Forwarded-Proto``) they take ``__Host-`` names: the browser
+then keeps them Secure, for this host alone and for the path ``/``, and refuses such a cookie set by
+another host of the site or over HTTP (a sibling subdomain cannot plant one); the API ignores them.
 """
 
 from __future__ import annotations
@@ -49,6 +52,24 @@ class LocalIdentity:
         self.identity = Identity(key=LOCAL, csrf=ui_sessions.csrf_token(secrets.token_urlsafe(32)), session_token=None)
 
 
+HOST_PREFIX = "__Host-"
+
+
+def is_https(scope: MutableMapping[str, Any]) -> bool:
+    return scope.get("scheme") == "https"
+
+
+def cookie_name(scope: MutableMapping[str, Any], name: str) -> str:
+    """The name a cookie goes by on this request: ``__Host-`` prefixed over HTTPS."""
+    return HOST_PREFIX + name if is_https(scope) else name
+
+
+def cookie_of(scope: MutableMapping[str, Any], name: str) -> str | None:
+    """The cookie ``name`` under the name this request's scheme gives it (over HTTPS only the
+    ``__Host-`` one counts: a plain one may have been set by another host of the site)."""
+    return cookies_of(scope).get(cookie_name(scope, name))
+
+
 def cookies_of(scope: MutableMapping[str, Any]) -> dict[str, str]:
     found: dict[str, str] = {}
     for name, value in scope.get("headers", ()):
@@ -61,7 +82,7 @@ async def identify(rt: Runtime, scope: MutableMapping[str, Any], local: LocalIde
     """The identity of a request from its headers alone (nothing of the body is read)."""
     if rt.api.auth == "off":
         return local.identity
-    token = cookies_of(scope).get(SESSION_COOKIE)
+    token = cookie_of(scope, SESSION_COOKIE)
     if not token:
         return None
     session = await run_in_threadpool(ui_sessions.find, rt.engine, token)
@@ -91,18 +112,26 @@ def check_csrf_field(request: Request, identity: Identity, given: Any) -> None:
 
 
 def set_cookie(request: Request, response: Response, name: str, value: str, *, max_age: int | None) -> None:
+    """``name`` (``SESSION_COOKIE``, ``SIGNIN_COOKIE``) under the name and path the request's scheme
+    gives it (see the module)."""
+    https = is_https(request.scope)
     response.set_cookie(
-        name,
+        cookie_name(request.scope, name),
         value,
         max_age=max_age,
-        path=COOKIE_PATH,
+        path="/" if https else COOKIE_PATH,  # a __Host- cookie must have the path /
         httponly=True,
         samesite="strict",
-        secure=request.url.scheme == "https",
+        secure=https,
     )
 
 
 def clear_cookie(request: Request, response: Response, name: str) -> None:
+    https = is_https(request.scope)
     response.delete_cookie(
-        name, path=COOKIE_PATH, httponly=True, samesite="strict", secure=request.url.scheme == "https"
+        cookie_name(request.scope, name),
+        path="/" if https else COOKIE_PATH,
+        httponly=True,
+        samesite="strict",
+        secure=https,
     )
