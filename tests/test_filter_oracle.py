@@ -337,6 +337,7 @@ FIELDS: dict[tuple[str, ...], str | None] = {
     ("missing",): None,
 }
 ANY_SCALAR = st.sampled_from(SCALARS)
+PLAIN: dict[tuple[str, ...], st.SearchStrategy[Any]] = {("b",): st.sampled_from(ATOMS)}
 SMALL_LISTS = st.lists(st.sampled_from(NUMBERS[:4] + STRINGS[:7] + [None, True]), max_size=2)
 OPERATORS = ["$gt", "$gte", "$lt", "$lte"] * 2 + ["$eq", "$ne", "$in", "$nin"] * 2
 OPERATORS += ["$exists", "$contains", "$all", "$size", "$not"]
@@ -394,7 +395,7 @@ def field_filters(draw: st.DrawFn) -> dict[str, Any]:
         if draw(st.integers(0, 3)):
             value = draw(operator_objects(kind))
         else:  # a plain value
-            own = TYPED[kind] if kind else ANY_SCALAR
+            own = TYPED[kind] if kind else PLAIN.get(fields, ANY_SCALAR)
             value = draw(st.one_of(own, own, ANY_SCALAR, SMALL_LISTS, st.just({})))
         set_field(flt, fields, value)
     return flt
