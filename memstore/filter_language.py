@@ -69,10 +69,9 @@ same expression: ``metadata -> 'taken'`` matches an index on it, ``metadata -> $
 generic plan. A name holding "%" goes in as a parameter instead (psycopg would read the "%" in the
 query text as a placeholder), so an index on such a field serves custom plans only. The typed
 comparisons use the expressions of ``memstore.metadata_indexes`` (``typed_expression``): a range, or
-``$eq``/``$in`` with dates, is ``(typed(f) <op> v OR (typed(f) IS NULL AND EXISTS (an element
-<op> v)))``, so a typed index serves both branches (its own range, and its entries for rows where the
-field is not of its type, lists among them) as a BitmapOr; when most rows lack the field, the planner
-scans instead.
+``$eq``/``$in`` with dates, is ``(typed(f) <op> v OR (jsonb_typeof(f) = 'array' AND EXISTS (an
+element <op> v)))``: a typed index serves the first branch and the partial index built beside it (the
+rows whose field is a list) the second, as a BitmapOr, however sparse the field.
 
 Bounds: MAX_FILTER_BYTES of JSON, MAX_FILTER_DEPTH levels (the filter is one; each filter under a
 logical operator, each object or array in a field's value is one more), MAX_FILTER_CLAUSES conditions
@@ -440,8 +439,10 @@ class _Compiler:
     ) -> sql.Composable:
         """Typed comparisons ``(operator, operand)``: the field meets all of them, or it is an array and
         each is met by some element (MongoDB's rule). The first branch is written on exactly the typed
-        index's expression; the second is guarded by that expression being NULL (an array is not a
-        number, date or string), which the same index also answers, so a typed index serves both."""
+        index's expression; the second is guarded by ``jsonb_typeof(field) = 'array'``, exactly the
+        predicate of the partial index ``memstore.metadata_indexes`` builds beside every typed one
+        (it holds only the rows whose field is a list), so the two index scans serve the whole
+        condition as a BitmapOr however few rows have the field."""
         assert kind != "json"
         scalar = self.typed(kind, fields)
         value = self.json_value(fields)
@@ -450,8 +451,8 @@ class _Compiler:
             _some_element(value, sql.SQL("{} {} {}").format(_typed_value(kind, sql.SQL("el.v")), op, operand))
             for op, operand in tests
         ]
-        return sql.SQL("({} OR ({} IS NULL AND {}))").format(
-            sql.SQL(" AND ").join(whole), scalar, sql.SQL(" AND ").join(each)
+        return sql.SQL("({} OR ({} AND {}))").format(
+            sql.SQL(" AND ").join(whole), is_list(value), sql.SQL(" AND ").join(each)
         )
 
     def contains(self, fields: tuple[str, ...], values: list[Any], path: _Path) -> sql.Composable:
@@ -584,6 +585,13 @@ def _json_value(fields: tuple[sql.Composable, ...]) -> sql.Composable:
     for name in fields:
         value = sql.SQL("{} -> {}").format(value, name)
     return value
+
+
+def is_list(value: sql.Composable) -> sql.Composed:
+    """``value`` is a JSON array: the typed comparisons' guard of their list branch, and the predicate
+    of the partial index that serves it (``memstore.metadata_indexes``); the two must stay the same
+    expression for the planner to match them."""
+    return sql.SQL("jsonb_typeof({}) = 'array'").format(value)
 
 
 def _array_or_null(value: sql.Composable) -> sql.Composable:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import builtins
 import hashlib
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, cast
@@ -43,7 +43,7 @@ from psycopg import sql
 from memstore import locks, online_ddl
 from memstore.collections import Collection
 from memstore.errors import ConflictError, InvalidInputError
-from memstore.filter_language import typed_expression
+from memstore.filter_language import is_list, typed_expression
 
 IndexType = Literal["number", "timestamp", "keyword"]
 INDEX_TYPES: tuple[IndexType, ...] = ("number", "timestamp", "keyword")
@@ -93,26 +93,46 @@ def index_name(c: Collection, field: str, type: IndexType, partition: int | None
     """The index's name on the collection's table, or on its partition ``partition``. Distinct for
     every (collection, field, type, partition): after ``c<id>_`` comes the type code for the parent
     and ``p<n>_`` for a partition; a plain field starts with a letter or digit, a hashed one with "_"."""
+    return _name(c, field, _TYPE_CODES[type], partition)
+
+
+def _name(c: Collection, field: str, code: str, partition: int | None) -> str:
     plain = _PLAIN_FIELD.fullmatch(field)
     slug = field if plain else "_" + hashlib.sha256(field.encode("utf-8")).hexdigest()[:16]
     owner = f"c{c.id}" if partition is None else f"c{c.id}_p{partition}"
-    name = f"memstore_mx_{owner}_{_TYPE_CODES[type]}_{slug}"
+    name = f"memstore_mx_{owner}_{code}_{slug}"
     assert len(name.encode()) <= 63, name
     return name
 
 
+def lists_index_name(c: Collection, field: str, partition: int | None = None) -> str:
+    """The partial index beside a field's typed indexes: the rows whose field is a list."""
+    return _name(c, field, "ls", partition)
+
+
 def create(conn: psycopg.Connection[Any], c: Collection, field: str, type: str) -> MetadataIndex:
-    """Build the index (or finish an interrupted build) and analyse the table; the index as listed.
-    Returns at once when it exists and is valid."""
+    """Build the index (or finish an interrupted build), and the field's lists index if it has none,
+    and analyse the table; the index as listed. Returns at once when both exist and are valid.
+
+    The lists index holds only the rows whose field is a JSON array (none, for a field that is never
+    a list): a typed comparison's list branch (``filter_language``: an element meets it) is guarded
+    by its predicate, so a range on a sparse field is two small index scans, not a table scan."""
     field, kind = check_field(field), check_type(type)
     name = index_name(c, field, kind)
+    lists = lists_index_name(c, field)
     definition = sql.SQL("USING btree (({}))").format(typed_expression(kind, (sql.Literal(field),)))
+    lists_definition = sql.SQL("USING btree ((1)) WHERE {}").format(
+        is_list(sql.SQL("metadata -> {}").format(sql.Literal(field)))
+    )
     with _working_on(conn, name):
         already = _find(conn, c, name)
-        if already is not None and already.valid:
+        if already is not None and already.valid and online_ddl.index_valid(conn, lists):
             return already
         online_ddl.build_index(
             conn, c, name, definition, partition_name=lambda i: index_name(c, field, kind, partition=i)
+        )
+        online_ddl.build_index(
+            conn, c, lists, lists_definition, partition_name=lambda i: lists_index_name(c, field, partition=i)
         )
         online_ddl.execute(conn, sql.SQL("ANALYZE {}").format(c.table))
         built = _find(conn, c, name)
@@ -132,12 +152,18 @@ def drop(conn: psycopg.Connection[Any], c: Collection, field: str, type: str) ->
     name = index_name(c, field, kind)
     with _working_on(conn, name):
         existed = online_ddl.index_valid(conn, name) is not None
-        online_ddl.drop_index(conn, name, partitioned=c.partitions > 1)
-        if c.partitions > 1:
-            # Attached partition indexes went with the parent's; unattached ones are left over.
-            for i in range(c.partitions):
-                online_ddl.drop_index(conn, index_name(c, field, kind, partition=i), partitioned=False)
+        _drop(conn, c, name, lambda i: index_name(c, field, kind, partition=i))
+        if not any(index.field == field for index in list(conn, c)):  # the field's last typed index
+            _drop(conn, c, lists_index_name(c, field), lambda i: lists_index_name(c, field, partition=i))
     return existed
+
+
+def _drop(conn: psycopg.Connection[Any], c: Collection, name: str, partition_name: Callable[[int], str]) -> None:
+    online_ddl.drop_index(conn, name, partitioned=c.partitions > 1)
+    if c.partitions > 1:
+        # Attached partition indexes went with the parent's; unattached ones are left over.
+        for i in range(c.partitions):
+            online_ddl.drop_index(conn, partition_name(i), partitioned=False)
 
 
 @contextmanager

@@ -19,7 +19,7 @@ from memstore.collections import Collection
 from memstore.db import dedicated_connection
 from memstore.errors import ConflictError, InvalidInputError
 from memstore.filter_language import compile_filter, typed_expression
-from memstore.metadata_indexes import MAX_FIELD_LENGTH, check_field, check_type, index_name
+from memstore.metadata_indexes import MAX_FIELD_LENGTH, check_field, check_type, index_name, lists_index_name
 from memstore.settings import Settings
 from memstore.store import VectorStore
 
@@ -86,9 +86,12 @@ def count(conn: psycopg.Connection[Any], c: Collection, flt: dict[str, Any]) -> 
 
 
 def expected_indexes(c: Collection, field: str, kind: Any) -> set[str]:
+    """What a range on ``field`` scans: its typed index and the field's lists index (each partition's)."""
     if c.partitions == 1:
-        return {index_name(c, field, kind)}
-    return {index_name(c, field, kind, partition=i) for i in range(c.partitions)}
+        return {index_name(c, field, kind), lists_index_name(c, field)}
+    return {index_name(c, field, kind, partition=i) for i in range(c.partitions)} | {
+        lists_index_name(c, field, partition=i) for i in range(c.partitions)
+    }
 
 
 # A 0.5%-selective range on each type (20 of 4,000 rows).
@@ -114,6 +117,33 @@ def test_the_planner_uses_a_typed_index_for_a_selective_range(
         assert count(conn, c, flt) == 20
 
 
+@pytest.mark.parametrize("partitions", [1, 3])
+def test_a_range_on_a_sparse_field_scans_its_indexes_not_the_table(
+    module_store: VectorStore, conn: psycopg.Connection[Any], partitions: int
+) -> None:
+    """A field most rows lack (a photo's date taken among notes): the range's list branch is served by
+    the lists index beside the typed one, so both branches are index scans, and lists still match."""
+    c = collection(module_store, partitions)
+    conn.execute(
+        sql.SQL(
+            "INSERT INTO {} (external_id, metadata) SELECT i::text, CASE WHEN i % 100 = 0 "
+            "THEN jsonb_build_object('price', i) WHEN i % 997 = 1 THEN jsonb_build_object('price', "
+            "jsonb_build_array(i, i + 1)) ELSE '{{}}'::jsonb END FROM generate_series(0, 19999) AS i"
+        ).format(c.table)
+    )
+    flt = {"price": {"$gte": 1000, "$lt": 3000}}
+    metadata_indexes.create(conn, c, "price", "number")
+    assert indexes_scanned(explain(conn, c, flt)) == expected_indexes(c, "price", "number")
+    expected = {str(i) for i in range(1000, 3000, 100)} | {
+        str(i) for i in range(0, 20000) if i % 997 == 1 and 999 <= i < 3000
+    }
+    rows = conn.execute(
+        sql.SQL("SELECT external_id FROM {} WHERE {}").format(c.table, compile_filter(flt).where),
+        compile_filter(flt).params,
+    ).fetchall()
+    assert {r[0] for r in rows} == expected
+
+
 def test_a_generic_plan_uses_the_typed_index_too(module_store: VectorStore, conn: psycopg.Connection[Any]) -> None:
     """Field names are literals in the SQL, so the expression matches the index's even when the
     values are unknown at planning time (a prepared statement's generic plan)."""
@@ -134,7 +164,7 @@ def test_a_generic_plan_uses_the_typed_index_too(module_store: VectorStore, conn
         ).fetchone()
     assert row is not None
     nodes = list(plan_nodes(row[0][0]["Plan"]))
-    assert indexes_scanned(nodes) == {index.name}
+    assert indexes_scanned(nodes) == {index.name, lists_index_name(c, "price")}
     assert any("$1" in node.get("Index Cond", "") for node in nodes), nodes
 
 
@@ -160,6 +190,9 @@ def test_indexes_are_listed_and_dropped(
         ([index_name(c, "price", "number"), *expected_indexes(c, "price", "number")],),
     ).fetchone()
     assert left == (0,)
+    assert lists_index_name(c, "taken") in {r[0] for r in conn.execute("SELECT relname FROM pg_class").fetchall()}
+    lists_left = conn.execute("SELECT count(*) FROM pg_class WHERE relname = %s", (lists_index_name(c, "price"),))
+    assert lists_left.fetchone() == (0,)  # the field's last typed index took its lists index along
     assert indexes_scanned(explain(conn, c, RANGES[0][2])) == set()
 
 
@@ -237,7 +270,7 @@ def test_any_field_name_is_quoted_and_its_index_is_used(
     assert conn.execute("SELECT count(*) FROM memstore_collections").fetchone() is not None
     # A name holding "%" goes in as a parameter: a plan made for the values still uses the index.
     flt = {field: {"$gt": 5}}
-    assert indexes_scanned(explain(conn, c, flt)) == {index.name}
+    assert indexes_scanned(explain(conn, c, flt)) == {index.name, metadata_indexes.lists_index_name(c, field)}
     assert count(conn, c, flt) == ROWS // 100  # ids 100, 200, ..., 4000
     assert metadata_indexes.drop(conn, c, field, "number") is True
     assert metadata_indexes.list(conn, c) == []
