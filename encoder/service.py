@@ -41,7 +41,7 @@ from .types import ImageEmbedding, Priority
 PROBLEM = "urn:memstore:encoder:problem:"
 _STATUS = {  # exception -> (status, problem type suffix, title); most specific first
     QueueFullError: (429, "queue-full", "Encoder queue full"),
-    DecompressionBombError: (413, "decompression-bomb", "Image has too many pixels"),
+    DecompressionBombError: (413, "decompression-bomb", "Image too costly to decode"),
     RequestTooLargeError: (413, "request-too-large", "Request too large"),
     ImageRejectedError: (422, "image-rejected", "Image rejected"),
     RequestCancelledError: (503, "cancelled", "Request cancelled"),

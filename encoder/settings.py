@@ -70,6 +70,12 @@ class EncoderSettings(BaseSettings):
     global_weight: float = Field(default=0.5, ge=0.0, le=1.0)
     max_image_pixels: int = Field(default=64_000_000, ge=1)
     max_image_bytes: int = Field(default=32 * 1024 * 1024, ge=1)
+    # The decode budget (encoder.decode_budget): work a file may ask for, and time a decode may take.
+    max_jpeg_scans: int = Field(default=64, ge=1)
+    max_image_frames: int = Field(default=1000, ge=1)
+    decode_timeout_s: float = Field(default=5.0, gt=0)
+    decode_workers: int = Field(default=2, ge=0)  # 0: every decode in-process, with no time limit
+    inline_max_pixels: int = Field(default=4_000_000, ge=0)
 
     # Service and remote use.
     host: str = "127.0.0.1"
@@ -128,6 +134,11 @@ class EncoderSettings(BaseSettings):
             global_weight=self.global_weight,
             max_pixels=self.max_image_pixels,
             max_bytes=self.max_image_bytes,
+            max_jpeg_scans=self.max_jpeg_scans,
+            max_frames=self.max_image_frames,
+            decode_timeout_s=self.decode_timeout_s,
+            decode_workers=self.decode_workers,
+            inline_max_pixels=self.inline_max_pixels,
         )
 
     def queue_limits(self) -> dict[Priority, int]:

@@ -281,3 +281,19 @@ def test_probing_a_png_reads_its_exif_without_decoding_it() -> None:
     assert (probe.width, probe.height, probe.orientation) == (20, 40, 6)
     with pytest.raises(ImageRejectedError):
         decode_image(broken, ImageOptions())
+
+
+def test_the_decode_budget_is_configured_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from encoder.settings import EncoderSettings
+
+    for name, value in {
+        "MEMSTORE_ENCODER_MAX_JPEG_SCANS": "12",
+        "MEMSTORE_ENCODER_MAX_IMAGE_FRAMES": "3",
+        "MEMSTORE_ENCODER_DECODE_TIMEOUT_S": "1.5",
+        "MEMSTORE_ENCODER_DECODE_WORKERS": "0",
+        "MEMSTORE_ENCODER_INLINE_MAX_PIXELS": "1000",
+    }.items():
+        monkeypatch.setenv(name, value)
+    options = EncoderSettings().image_options()
+    assert (options.max_jpeg_scans, options.max_frames, options.decode_timeout_s) == (12, 3, 1.5)
+    assert (options.decode_workers, options.inline_max_pixels) == (0, 1000)

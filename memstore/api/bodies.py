@@ -178,7 +178,8 @@ def check_image(data: bytes, where: str, options: ImageOptions) -> tuple[bytes, 
     try:
         probe = probe_image(data, options)
     except DecompressionBombError as exc:
-        raise Problem("payload-too-large", f"{where}: {exc}", limit=options.max_pixels) from None
+        limit = exc.limit if exc.limit is not None else options.max_pixels
+        raise Problem("payload-too-large", f"{where}: {exc}", limit=limit) from None
     except ImageRejectedError as exc:
         raise Problem("image-rejected", f"{where}: {exc}") from None
     return data, IMAGE_TYPES.get(probe.format, "application/octet-stream")
