@@ -16,7 +16,7 @@ from memstore.api.problems import Problem, from_exception
 from memstore.api.runtime import Runtime
 from memstore.collections import Collection
 from memstore.errors import MemstoreError
-from memstore.models import CollectionStats
+from memstore.models import CollectionStats, SearchResult
 from memstore.ui import search
 from memstore.ui.access import collection_for, runtime
 from memstore.ui.identity import CSRF_FIELD, Identity, check_csrf_field, current
@@ -25,6 +25,10 @@ from memstore.ui.settings import ui_settings
 
 router = APIRouter(prefix="/ui", route_class=PageRoute, include_in_schema=False)
 BROWSE_PAGE = 48
+# A filtered listing reads the collection's items in pages and keeps the matching ones (the store
+# lists without a filter): at most this many items for one page of the listing.
+BROWSE_SCAN = 2000
+BROWSE_BATCH = 250
 LOW_RECALL = 0.9
 
 
@@ -85,10 +89,18 @@ async def collection_page(
     like: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
     f: Annotated[list[str], Query(max_length=32)] = [],  # noqa: B006 (FastAPI copies defaults)
     after: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
+    mode: Annotated[str, Query(max_length=16)] = "hybrid",
 ) -> Response:
     rt, identity, c = await collection_for(request, name)
-    view = search.SearchView(base_path(request), c.name, q.strip(), like, tuple(search.parse_chips(f)))
+    refused = search.ChipErrors()
+    chips = tuple(search.parse_chips(f, refused))
+    chosen = mode if mode in search.MODES else "hybrid"
+    view = search.SearchView(base_path(request), c.name, q.strip(), like, chips, chosen)
     context = await run_in_threadpool(_search_context, rt, c, view, after)
+    if refused.message and "problem" not in context:
+        context["problem"] = Problem("invalid-input", refused.message)
+    if mode not in search.MODES and "problem" not in context:
+        context["problem"] = Problem("invalid-input", f"mode is one of {', '.join(search.MODES)}, not {mode[:16]!r}")
     return _collection_response(request, identity, c, view, context)
 
 
@@ -103,6 +115,7 @@ def _collection_response(
         status_code=problem.status if problem else 200,
         collection=c,
         view=view,
+        modes=search.MODES,
         can_write=identity.key.allows("write", c.name),
         error=problem.detail if problem else None,
         **context,
@@ -110,36 +123,78 @@ def _collection_response(
 
 
 def _search_context(rt: Runtime, c: Collection, view: search.SearchView, after: int) -> dict[str, Any]:
-    """Results for a typed query or "more like this", else a page of the collection's items. A query
-    the encoder or the store refuses is shown on the page, with what to do, not as an error page."""
+    """Results for a typed query or "more like this", else a page of the collection's items (those the
+    chips match, when there are chips). A query or a chip the encoder or the store refuses is shown on
+    the page, with what to do, not as an error page."""
     k = ui_settings().results
     context: dict[str, Any] = {"stats": rt.store.collection_stats(name=c.name), "mode": "browse", "next_url": None}
+    found: dict[int, SearchResult] | None = None
     try:
+        search.check_chips(view.chips)
         if view.like is not None:
             vector = search.item_vector(rt, c, view.like)
-            results = search.nearest(rt, c, vector, k=k, chips=list(view.chips), sample=False)
+            results = search.nearest(rt, c, vector, k=k, chips=view.chips, sample=False)
             context["mode"] = "like"
         elif view.query:
-            query_vector = search.text_vector(rt, c, view.query)
-            results = search.nearest(rt, c, query_vector, k=k, chips=list(view.chips), text=view.query)
-            context["mode"] = "text" if query_vector is not None else "keyword"
-            context["score_title"] = (
-                "hybrid: the fused rank of the meaning and keyword matches, higher is better"
-                if query_vector is not None
-                else "keyword rank: higher matches better"
-            )
+            results, context["mode"] = _typed_search(rt, c, view, k)
+            context["score_title"] = SCORE_TITLES[context["mode"]]
+            if context["mode"] == "text":
+                found = {r.id: r for r in results}
         else:
-            items, more = rt.store.page_items(collection=c.name, after_id=after, limit=BROWSE_PAGE)
-            rows = [(i.id, i.external_id, i.metadata, None) for i in items]
-            context["cards"] = search.cards(rt, c, view, rows)
-            if more:
-                context["next_url"] = f"{view.page}?after={items[-1].id}"
+            _browse(rt, c, view, after, context)
             return context
     except (Problem, MemstoreError, EncoderError) as exc:
         context.update(cards=[], problem=from_exception(exc))
         return context
-    context["cards"] = search.cards(rt, c, view, [(r.id, r.external_id, r.metadata, r.score) for r in results])
+    rows = [(r.id, r.external_id, r.metadata, r.score) for r in results]
+    context["cards"] = search.cards(rt, c, view, rows, found=found)
     return context
+
+
+SCORE_TITLES = {
+    "text": "hybrid: the fused rank of the meaning and keyword matches, higher is better",
+    "keyword": "keyword rank: higher matches better",
+    "vector": "similarity: higher is closer",
+}
+
+
+def _typed_search(rt: Runtime, c: Collection, view: search.SearchView, k: int) -> tuple[list[SearchResult], str]:
+    """A typed query in the mode the form asked for: hybrid (or keyword alone where this server cannot
+    embed for the collection), vector (refused where it cannot embed) or keyword."""
+    if view.mode == "keyword":
+        search.check_query_text(rt, view.query)
+        return search.nearest(rt, c, None, k=k, chips=view.chips, text=view.query, mode="keyword"), "keyword"
+    vector = search.text_vector(rt, c, view.query)
+    if view.mode == "vector":
+        if vector is None:
+            raise Problem(
+                "conflict",
+                "this server cannot embed a text for this collection's model: search by keyword or hybrid instead",
+            )
+        return search.nearest(rt, c, vector, k=k, chips=view.chips, text=view.query, mode="vector"), "vector"
+    results = search.nearest(rt, c, vector, k=k, chips=view.chips, text=view.query)
+    return results, "text" if vector is not None else "keyword"
+
+
+def _browse(rt: Runtime, c: Collection, view: search.SearchView, after: int, context: dict[str, Any]) -> None:
+    """A page of the collection's items in id order; with chips, the items they match."""
+    if not view.chips:
+        items, more = rt.store.page_items(collection=c.name, after_id=after, limit=BROWSE_PAGE)
+        next_after = items[-1].id if more else None
+    else:
+        listing = search.filtered_listing(
+            rt, c, view.chips, after=after, want=BROWSE_PAGE, scan_limit=BROWSE_SCAN, batch=BROWSE_BATCH
+        )
+        items, next_after = listing.items, listing.next_after
+        context["mode"] = "filtered"
+        if listing.cut_short:
+            context["scan_note"] = (
+                f"Looked through {listing.scanned:,} items for these filters; the next page looks further."
+            )
+    rows = [(i.id, i.external_id, i.metadata, None) for i in items]
+    context["cards"] = search.cards(rt, c, view, rows)
+    if next_after is not None:
+        context["next_url"] = view.url(query="", after=next_after)
 
 
 @router.post("/c/{name}/search/image")
@@ -161,7 +216,8 @@ async def image_search(request: Request, name: str) -> Response:
         context: dict[str, Any] = {"stats": None, "mode": "image", "next_url": None}
         try:
             vector = search.image_vector(rt, c, data)
-            results = search.nearest(rt, c, vector, k=ui_settings().results, chips=list(view.chips))
+            search.check_chips(view.chips)
+            results = search.nearest(rt, c, vector, k=ui_settings().results, chips=view.chips)
         except (Problem, MemstoreError, EncoderError) as exc:
             context.update(cards=[], problem=from_exception(exc))
             return context

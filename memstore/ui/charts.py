@@ -71,8 +71,9 @@ def line_chart(
         return Chart(title, WIDTH, HEIGHT, (), (), (), (), plot, True)
     y_low = min(values) if low is None else min(low, min(values))
     y_high = max(values) if high is None else max(high, max(values))
-    if y_high - y_low < 1e-12:
-        y_low, y_high = y_low - 0.5, y_high + 0.5
+    if y_high - y_low < 1e-12:  # one value: a little room above it (and below, unless the bottom is pinned)
+        pad = abs(y_high) * 0.1 or 1.0
+        y_low, y_high = (y_low if low is not None else y_low - pad), y_high + pad
     t_low, t_high = min(times).timestamp(), max(times).timestamp()
     span = max(t_high - t_low, 1.0)
 

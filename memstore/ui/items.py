@@ -38,7 +38,7 @@ def _item_context(rt: Runtime, c: Collection, view: search.SearchView, item_id: 
     neighbours: list[search.Card] = []
     vector = rt.store.vectors(collection=c.name, ids=[item.id]).get(item.id)  # in the active space
     if vector is not None:
-        hits = search.nearest(rt, c, vector, k=ui_settings().neighbours + 1, chips=[], sample=False)
+        hits = search.nearest(rt, c, vector, k=ui_settings().neighbours + 1, chips=(), sample=False)
         rows = [(r.id, r.external_id, r.metadata, r.score) for r in hits if r.id != item.id]
         neighbours = search.cards(rt, c, view, rows[: ui_settings().neighbours])
     preview = thumbnails.previews(rt.engine, c, [item.id]).get(item.id)

@@ -5,6 +5,7 @@ that this package never imports ``maintenance`` and a worker in another process 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -16,6 +17,7 @@ from starlette.responses import RedirectResponse, Response
 
 from memstore import history
 from memstore.api.runtime import Runtime
+from memstore.collections import Collection
 from memstore.ui.access import collection_for, runtime
 from memstore.ui.charts import Chart, Series, compact_bytes, line_chart
 from memstore.ui.identity import CSRF_FIELD, Identity, check_csrf_field, current
@@ -35,35 +37,76 @@ class CollectionHistory:
     probes: int
     requested_at: datetime | None  # a "probe now" no worker has taken yet
     can_probe: bool
+    table_names: dict[str, str]  # table: what it holds (space, model, partition)
+
+
+def table_names(c: Collection) -> dict[str, str]:
+    """What each table the probes name holds, in the words of the collection: its space and that
+    space's model (``default · clip-vit-b-32``), and the partition where there are several."""
+    names: dict[str, str] = {}
+    for space in c.all_spaces():
+        label = space.name + (f" · {space.model}" if space.model else "")
+        if space.side or c.partitions == 1:
+            names[space.table_name] = label
+        else:
+            for i, table in enumerate(c.partition_tables()):
+                names[table] = f"{label} · partition {i}"
+    return names
 
 
 def _series(
-    probes: list[dict[str, Any]], value: Any, colours: dict[str, int], *, dashed: bool = False, suffix: str = ""
+    probes: list[dict[str, Any]],
+    value: Any,
+    colours: dict[str, int],
+    names: dict[str, str],
+    *,
+    dashed: bool = False,
+    suffix: str = "",
 ) -> list[Series]:
     by_table: dict[str, list[tuple[Any, float]]] = {}
     for p in probes:
         v = value(p)
         if v is not None:
             by_table.setdefault(p["partition_table"], []).append((p["taken_at"], float(v)))
-    return [Series(table + suffix, points, dashed, colours[table]) for table, points in sorted(by_table.items())]
+    return [
+        Series(names.get(table, table) + suffix, points, dashed, colours[table])
+        for table, points in sorted(by_table.items())
+    ]
 
 
-def charts_of(probes: list[dict[str, Any]], actions: list[dict[str, Any]]) -> tuple[Chart, ...]:
+def recall_floor(values: list[float]) -> float:
+    """The bottom of the recall axis: a little below the lowest recall, on a round step (0.05, or 0.1
+    once recall has fallen under 0.5), so that the lines use the chart rather than a fixed 0-1 axis."""
+    if not values:
+        return 0.0
+    lowest = min(values)
+    step = 0.05 if lowest >= 0.5 else 0.1
+    return max(0.0, math.floor((min(lowest, 1.0) - step / 2) / step) * step)
+
+
+def charts_of(
+    probes: list[dict[str, Any]], actions: list[dict[str, Any]], names: dict[str, str] | None = None
+) -> tuple[Chart, ...]:
+    """The collection's three charts, a line per table, named by ``names`` (table: its space and
+    model; a table no longer there keeps its own name)."""
+    names = names or {}
     colours = {table: i for i, table in enumerate(sorted({p["partition_table"] for p in probes}))}
     events = [
         (a["started_at"], a["action"], f"action-{a['action'] if a['action'] in KNOWN_ACTIONS else 'other'}")
         for a in actions
     ]
+    recalls = [float(p["recall"]) for p in probes if p["recall"] is not None]
     recall = line_chart(
         "Sampled recall",
-        _series(probes, lambda p: p["recall"], colours),
-        fmt=lambda v: f"{v:.2f}",
+        _series(probes, lambda p: p["recall"], colours, names),
+        fmt=lambda v: f"{v:.3f}",
+        low=recall_floor(recalls),
         high=1.0,
         events=events,
     )
     dead = line_chart(
         "Dead entries per live row",
-        _series(probes, lambda p: (p["dead_rows"] or 0) / max(p["live_rows"] or 1, 1), colours),
+        _series(probes, lambda p: (p["dead_rows"] or 0) / max(p["live_rows"] or 1, 1), colours, names),
         fmt=lambda v: f"{v:.0%}",
         low=0.0,
         events=events,
@@ -71,8 +114,8 @@ def charts_of(probes: list[dict[str, Any]], actions: list[dict[str, Any]]) -> tu
     size = line_chart(
         "Index size (dashed: a fresh build)",
         [
-            *_series(probes, lambda p: p["index_bytes"], colours),
-            *_series(probes, lambda p: p["fresh_index_bytes"], colours, dashed=True, suffix=" (fresh build)"),
+            *_series(probes, lambda p: p["index_bytes"], colours, names),
+            *_series(probes, lambda p: p["fresh_index_bytes"], colours, names, dashed=True, suffix=" (fresh build)"),
         ],
         fmt=compact_bytes,
         low=0.0,
@@ -89,14 +132,16 @@ def _histories(rt: Runtime, identity: Identity, only: str | None) -> list[Collec
             continue
         probes = history.recent_probes(rt.engine, collection=c.name, limit=PROBES_SHOWN)
         actions = history.recent_actions(rt.engine, collection=c.name, limit=ACTIONS_SHOWN)
+        names = table_names(c)
         out.append(
             CollectionHistory(
                 c.name,
-                charts_of(probes, actions),
+                charts_of(probes, actions, names),
                 actions,
                 len(probes),
                 requested.get(c.name),
                 identity.key.allows("admin", c.name),
+                names,
             )
         )
     return out

@@ -1,12 +1,21 @@
 """Searching from the pages: query vectors (text, image, a stored item), metadata filter chips, and
 the cards of a results grid. The work is the API's own: the same encoder priorities, checks and limits.
+
+A chip is one condition of the filter language (``memstore.filter_language``, docs/search.md):
+``key=value`` (a plain value: equal, or an element of a list), ``key>=value``, ``key>value``,
+``key<=value`` and ``key<value`` (ranges over numbers, ISO 8601 dates and strings). Chips on one key
+all hold (``taken>=2024-05-01`` and ``taken<2024-06-01`` make one range; ``tags=a`` and ``tags=b`` ask
+for both tags).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -20,93 +29,352 @@ from memstore.api.problems import Problem
 from memstore.api.routes.search import query_image_options
 from memstore.api.runtime import Runtime
 from memstore.collections import Collection
-from memstore.models import SearchResult
+from memstore.filter_language import MAX_KEYWORD_LENGTH, compile_filter, parse_timestamp
+from memstore.models import Item, SearchResult
 
 MAX_CHIPS = 8
 MAX_CHIP_CHARS = 200
+MAX_LIST_CHIPS = 8  # list elements shown on one card
+RANGES = {">=": "$gte", ">": "$gt", "<=": "$lte", "<": "$lt"}
+OPERATORS = ("=", *RANGES)
+MODES = ("hybrid", "vector", "keyword")  # the search form's switch; hybrid is the default
+CHIP_FORM = "write key=value, key>=value, key>value, key<=value or key<value"
 
 
 @dataclass(frozen=True)
 class Chip:
-    """One metadata filter: items whose metadata holds ``key`` with exactly ``value``."""
+    """One metadata filter: items whose metadata ``key`` is ``value`` (or a list holding it), or
+    compares to it by ``op``."""
 
     key: str
     value: Any
+    op: str = "="
 
     @property
     def param(self) -> str:
-        """As it travels in the query string (``f=key=value``): a string that would read as another JSON
-        value (``2020``, ``true``) is quoted, so it stays a string."""
-        if isinstance(self.value, str):
-            try:
-                json.loads(self.value)
-            except ValueError:
-                return f"{self.key}={self.value}"
-        return f"{self.key}={json.dumps(self.value, ensure_ascii=False)}"
+        """As it travels in the query string (``f=key=value``, ``f=price>=10``): a string that would read
+        as another JSON value (``2020``, ``true``) or lose its spaces is quoted, so it stays the same
+        string; a key holding an operator's character is quoted too."""
+        key = json.dumps(self.key, ensure_ascii=False) if _needs_quotes(self.key) else self.key
+        return f"{key}{self.op}{_value_text(self.value)}"
 
     @property
     def label(self) -> str:
-        return f"{self.key}: {self.value if isinstance(self.value, str) else json.dumps(self.value)}"
+        shown = self.value if isinstance(self.value, str) else json.dumps(self.value, ensure_ascii=False)
+        return f"{self.key}: {shown}" if self.op == "=" else f"{self.key} {_SHOWN_OPS[self.op]} {shown}"
+
+    @property
+    def condition(self) -> dict[str, Any]:
+        """The chip as a filter of the filter language."""
+        return {self.key: self.value if self.op == "=" else {RANGES[self.op]: self.value}}
+
+    @property
+    def identity(self) -> tuple[str, str, str]:
+        """Chips with one identity are one chip (the later one kept): one bound of a range per key
+        and operator, any number of values per key."""
+        if self.op != "=":
+            return (self.key, self.op, "")
+        return (self.key, "=", json.dumps(self.value, sort_keys=True))
+
+
+_SHOWN_OPS = {">=": "≥", ">": ">", "<=": "≤", "<": "<"}
+
+
+def _needs_quotes(key: str) -> bool:
+    return key.startswith('"') or key != key.strip() or any(ch in key for ch in "<>=")
+
+
+def _value_text(value: Any) -> str:
+    if isinstance(value, str):
+        try:
+            json.loads(value)
+        except ValueError:
+            if value == value.strip():
+                return value
+    return json.dumps(value, ensure_ascii=False)
+
+
+@dataclass
+class ChipErrors:
+    """What the address asked for that is not a chip, to say so on the page."""
+
+    refused: list[str] = field(default_factory=list)
+
+    @property
+    def message(self) -> str | None:
+        if not self.refused:
+            return None
+        shown = ", ".join(f"“{_clip(text)}”" for text in self.refused[:3])
+        return f"Not a filter: {shown}; {CHIP_FORM} (at most {MAX_CHIPS} filters of {MAX_CHIP_CHARS} characters)."
+
+
+def _clip(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def parse_chip(text: str) -> Chip | None:
-    """``key=value``; the value is a JSON number, boolean or null when it reads as one, else a string."""
-    key, sep, raw = text.partition("=")
-    key = key.strip()
-    if not sep or not key or len(text) > MAX_CHIP_CHARS:
+    """``key=value`` or ``key<op>value``; the value is a JSON number, boolean or null when it reads as
+    one (a list of them after ``=``: every one of them in a list), else the string as typed, its
+    surrounding spaces dropped. The key may be written as a JSON string (to hold ``=``, ``<`` or ``>``)."""
+    if len(text) > MAX_CHIP_CHARS:
         return None
+    stripped = text.strip()
+    if stripped.startswith('"'):
+        try:
+            key, end = json.JSONDecoder().raw_decode(stripped)
+        except ValueError:
+            return None
+        if not isinstance(key, str):
+            return None
+        rest = stripped[end:].lstrip()
+    else:
+        at = min((i for i in (stripped.find(ch) for ch in "<>=") if i >= 0), default=-1)
+        if at < 0:
+            return None
+        key, rest = stripped[:at].strip(), stripped[at:]
+    op = next((o for o in (">=", "<=", ">", "<", "=") if rest.startswith(o)), None)
+    if op is None or not key:
+        return None
+    raw = rest[len(op) :].strip()
     try:
-        value = json.loads(raw)
+        value = json.loads(raw, parse_constant=_no_constant)
     except ValueError:
         value = raw
-    if isinstance(value, dict | list):
+    if isinstance(value, float) and not math.isfinite(value):  # 1e400
         value = raw
-    return Chip(key, value)
+    if isinstance(value, dict) or (isinstance(value, list) and (op != "=" or not _scalars(value))):
+        value = raw
+    return Chip(key, value, op)
 
 
-def parse_chips(values: list[str]) -> list[Chip]:
-    chips: dict[str, Chip] = {}
-    for text in values[: MAX_CHIPS * 2]:
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _scalars(values: list[Any]) -> bool:
+    return bool(values) and all(not isinstance(v, dict | list) for v in values)
+
+
+def parse_chips(values: Iterable[str], errors: ChipErrors | None = None) -> list[Chip]:
+    """The chips of the address (``f=``), at most MAX_CHIPS; blank ones are ignored, others that are
+    not chips are counted in ``errors``."""
+    chips: dict[tuple[str, str, str], Chip] = {}
+    for text in list(values)[: MAX_CHIPS * 2]:
+        if not text.strip():
+            continue
         chip = parse_chip(text)
-        if chip is not None:
-            chips[chip.key] = chip  # one value per key: a later chip for the same key replaces it
+        if chip is None:
+            if errors is not None:
+                errors.refused.append(text)
+            continue
+        chips[chip.identity] = chip  # a later chip for the same bound replaces it, in its place
     return list(chips.values())[:MAX_CHIPS]
 
 
-def filter_of(chips: list[Chip]) -> dict[str, Any] | None:
-    return {c.key: c.value for c in chips} or None
+def filter_of(chips: Sequence[Chip]) -> dict[str, Any] | None:
+    """The chips as one filter: one object when every chip has its own key, ranges on one key
+    merged, else every chip's condition under ``$and``."""
+    if not chips:
+        return None
+    merged: dict[str, Any] = {}
+    for chip in chips:
+        if chip.key not in merged:
+            merged[chip.key] = chip.condition[chip.key]
+        elif chip.op != "=" and _is_range(merged[chip.key]):
+            merged[chip.key] = {**merged[chip.key], RANGES[chip.op]: chip.value}
+        else:
+            return {"$and": [chip.condition for chip in chips]}
+    return merged
+
+
+def _is_range(value: Any) -> bool:
+    return isinstance(value, dict) and bool(value) and all(k in RANGES.values() for k in value)
+
+
+def check_chips(chips: Sequence[Chip]) -> None:
+    """InvalidInputError (the filter language's message) for chips the store would refuse."""
+    flt = filter_of(chips)
+    if flt is not None:
+        compile_filter(flt)
+
+
+# ---------------------------------------------------------------------- chips over listed items
+# A store whose listing takes a filter (``page_items(filter=...)``) lists the matching items itself.
+# Until then a filtered listing reads pages of items and keeps those the chips match, by the filter
+# language's rules for the conditions chips can write (checked against the store's own filtered
+# search in the tests), reading a bounded number of items per page of the listing.
+
+
+def store_filters_listing(store: Any) -> bool:
+    """Whether the store's ``page_items`` takes a ``filter``."""
+    cls = type(store)
+    if cls not in _TAKES_FILTER:
+        method = getattr(cls, "page_items", None)
+        _TAKES_FILTER[cls] = method is not None and "filter" in inspect.signature(method).parameters
+    return _TAKES_FILTER[cls]
+
+
+_TAKES_FILTER: dict[type, bool] = {}
+
+_MISSING = object()
+
+
+def chips_match(chips: Sequence[Chip], metadata: dict[str, Any]) -> bool:
+    return all(_chip_holds(chip, metadata.get(chip.key, _MISSING)) for chip in chips)
+
+
+def _chip_holds(chip: Chip, actual: Any) -> bool:
+    if actual is _MISSING:
+        return False
+    if chip.op != "=":
+        return _in_range(actual, chip.op, chip.value)
+    if isinstance(chip.value, list):  # containment: a list holding every value
+        return isinstance(actual, list) and all(
+            any(not isinstance(x, dict | list) and _scalar_equal(x, v) for x in actual) for v in chip.value
+        )
+    candidates = [actual, *actual] if isinstance(actual, list) else [actual]
+    return any(not isinstance(v, dict | list) and _scalar_equal(v, chip.value) for v in candidates)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _scalar_equal(a: Any, b: Any) -> bool:
+    if _is_number(a) and _is_number(b):
+        return _decimal(a) == _decimal(b)
+    if _is_number(a) or _is_number(b):
+        return False
+    return type(a) is type(b) and a == b
+
+
+def _decimal(value: int | float) -> Decimal:
+    return Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
+
+
+def _typed(value: Any, kind: str) -> Any:
+    if kind == "number":
+        return _decimal(value) if _is_number(value) else _MISSING
+    if not isinstance(value, str):
+        return _MISSING
+    if kind == "timestamp":
+        try:
+            moment = parse_timestamp(value)
+        except OverflowError:
+            return _MISSING
+        return _MISSING if moment is None else moment
+    return value if len(value) <= MAX_KEYWORD_LENGTH else _MISSING
+
+
+def _in_range(actual: Any, op: str, operand: Any) -> bool:
+    if _is_number(operand):
+        kind = "number"
+    elif isinstance(operand, str):
+        kind = "keyword" if parse_timestamp(operand) is None else "timestamp"
+    else:
+        return False
+    bound = _typed(operand, kind)
+    for value in actual if isinstance(actual, list) else [actual]:
+        typed = _typed(value, kind) if not isinstance(value, list | dict) else _MISSING
+        if typed is _MISSING:
+            continue
+        if (
+            (op == ">=" and typed >= bound)
+            or (op == ">" and typed > bound)
+            or (op == "<=" and typed <= bound)
+            or (op == "<" and typed < bound)
+        ):
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class Listing:
+    """A page of a filtered listing: the matching items, where the next page starts (None: no more),
+    how many items were read, and whether the page stopped at the read limit before it was full."""
+
+    items: list[Item]
+    next_after: int | None
+    scanned: int
+    cut_short: bool
+
+
+def filtered_listing(
+    rt: Runtime, c: Collection, chips: Sequence[Chip], *, after: int, want: int, scan_limit: int, batch: int
+) -> Listing:
+    """The items after ``after`` (id order) that the chips match, ``want`` at most: the store's own
+    filtered listing where it has one, else read here, ``scan_limit`` items at most."""
+    if store_filters_listing(rt.store):
+        by_store: dict[str, Any] = {"filter": filter_of(chips)}  # (a keyword of newer stores)
+        items, more = rt.store.page_items(collection=c.name, after_id=after, limit=want, **by_store)
+        return Listing(items, items[-1].id if more and items else None, len(items), False)
+    found: list[Item] = []
+    scanned, cursor = 0, after
+    while scanned < scan_limit:
+        page, more = rt.store.page_items(collection=c.name, after_id=cursor, limit=min(batch, scan_limit - scanned))
+        for item in page:
+            scanned += 1
+            cursor = item.id
+            if chips_match(chips, item.metadata):
+                found.append(item)
+                if len(found) == want:
+                    last_read = item is page[-1]
+                    return Listing(found, None if last_read and not more else item.id, scanned, False)
+        if not more:
+            return Listing(found, None, scanned, False)
+    return Listing(found, cursor, scanned, True)
 
 
 @dataclass(frozen=True)
 class SearchView:
-    """The search a page shows, and the links that change it."""
+    """The search a page shows, and the links that change it. ``mode``: the search form's switch for
+    a typed query (``hybrid``, the default, ``vector`` or ``keyword``)."""
 
     ui: str
     collection: str
     query: str = ""
     like: int | None = None
     chips: tuple[Chip, ...] = ()
+    mode: str = "hybrid"
 
     @property
     def page(self) -> str:
         return f"{self.ui}/c/{quote(self.collection)}"
 
-    def url(self, *, query: str | None = None, like: int | None = None, chips: tuple[Chip, ...] | None = None) -> str:
+    def url(
+        self,
+        *,
+        query: str | None = None,
+        like: int | None = None,
+        chips: tuple[Chip, ...] | None = None,
+        after: int | None = None,
+    ) -> str:
         params: list[tuple[str, str]] = []
         q = self.query if query is None else query
         if like is not None:
             params.append(("like", str(like)))
         elif q:
             params.append(("q", q))
+            if self.mode != "hybrid":
+                params.append(("mode", self.mode))
         params += [("f", c.param) for c in (self.chips if chips is None else chips)]
+        if after is not None:
+            params.append(("after", str(after)))
         return self.page + ("?" + urlencode(params) if params else "")
 
     def without(self, chip: Chip) -> str:
-        return self.url(like=self.like, chips=tuple(c for c in self.chips if c.key != chip.key))
+        return self.url(like=self.like, chips=tuple(c for c in self.chips if c != chip))
 
     def adding(self, key: str, value: Any) -> str:
-        kept = tuple(c for c in self.chips if c.key != key)
+        """The filter ``key=value`` in place of the other values of ``key`` (a card's scalar field)."""
+        kept = tuple(c for c in self.chips if c.key != key or c.op != "=")
         return self.url(like=self.like, chips=(*kept, Chip(key, value)))
+
+    def also(self, key: str, value: Any) -> str:
+        """The filter ``key=value`` besides the others (an element of a card's list: one more tag)."""
+        chip = Chip(key, value)
+        kept = tuple(c for c in self.chips if c.identity != chip.identity)
+        return self.url(like=self.like, chips=(*kept, chip))
 
     def more_like(self, item_id: int) -> str:
         return self.url(like=item_id)
@@ -119,11 +387,15 @@ class SearchView:
         return urlencode([("f", c.param) for c in self.chips])
 
 
+def check_query_text(rt: Runtime, text: str) -> None:
+    check_text(rt, text, "the query")
+
+
 def text_vector(rt: Runtime, c: Collection, text: str) -> np.ndarray | None:
     """The query's vector from the model of the collection's active space, for a hybrid search; None
     when this server cannot embed for it (no model, still loading, another model): the words alone
     then search, by keyword."""
-    check_text(rt, text, "the query")
+    check_query_text(rt, text)
     if rt.encoder.backend is None:
         return None
     try:
@@ -155,17 +427,26 @@ def nearest(
     vector: Any,
     *,
     k: int,
-    chips: list[Chip],
+    chips: Sequence[Chip],
     sample: bool = True,
     text: str | None = None,
+    mode: str | None = None,
 ) -> list[SearchResult]:
     """The search itself: by ``vector``, by ``text``'s keywords too when given (hybrid; keyword alone
-    without a vector). Typed and image queries are offered to the recall probes' samples, as the
-    API's are (a stored item's vector is not a query anybody typed; the probes measure the default
-    space). The pages search the collection's active space."""
-    mode = "keyword" if vector is None else None
-    results = rt.store.search(collection=c.name, vector=vector, text=text, mode=mode, k=k, filter=filter_of(chips))
-    if vector is not None and sample and rt.sampler.rate > 0 and not c.space().side:
+    without a vector), or in the ``mode`` asked for. Typed and image queries are offered to the recall
+    probes' samples, as the API's are (a stored item's vector is not a query anybody typed; the
+    probes measure the default space). The pages search the collection's active space."""
+    if mode is None:
+        mode = "keyword" if vector is None else None
+    results = rt.store.search(
+        collection=c.name,
+        vector=None if mode == "keyword" else vector,
+        text=None if mode == "vector" else text,
+        mode=mode,
+        k=k,
+        filter=filter_of(chips),
+    )
+    if vector is not None and mode != "keyword" and sample and rt.sampler.rate > 0 and not c.space().side:
         rt.sampler.offer(c.id, np.asarray(vector, dtype=np.float32))
     return results
 
@@ -183,6 +464,10 @@ class Card:
     snippet: str | None
     status: str  # pending and failed images show their state instead of a picture
     chips: tuple[tuple[str, str, str], ...]  # (key, shown value, link adding it as a filter)
+    tags: tuple[tuple[str, str, str], ...] = ()  # elements of list fields: (key, shown value, link)
+    found_by: str | None = None  # a hybrid hit: "both", "keyword" or "vector"
+    ranks: str = ""  # where each list placed it, in words
+    taken: str | None = None  # metadata.image.taken_at (a photo's date taken), as written
 
 
 def title_of(external_id: str, metadata: dict[str, Any]) -> str:
@@ -190,15 +475,50 @@ def title_of(external_id: str, metadata: dict[str, Any]) -> str:
     return name if isinstance(name, str) and name else external_id
 
 
+def found_by(hit: SearchResult) -> tuple[str | None, str]:
+    """Which list of a hybrid search found the hit, and where each placed it."""
+    v, k = hit.vector_rank, hit.keyword_rank
+    vector = f"vector list: #{v}" if v is not None else "not in the vector list"
+    keyword = f"keyword list: #{k}" if k is not None else "not in the keyword list"
+    words = f"{vector}, {keyword}"
+    if v is not None and k is not None:
+        return "both", words
+    if k is not None:
+        return "keyword", words
+    if v is not None:
+        return "vector", words
+    return None, ""
+
+
+def taken_of(metadata: dict[str, Any]) -> str | None:
+    image = metadata.get("image")
+    taken = image.get("taken_at") if isinstance(image, dict) else None
+    return taken[:40] if isinstance(taken, str) and taken else None
+
+
 def cards(
-    rt: Runtime, c: Collection, view: SearchView, hits: Sequence[tuple[int, str, dict[str, Any], float | None]]
+    rt: Runtime,
+    c: Collection,
+    view: SearchView,
+    hits: Sequence[tuple[int, str, dict[str, Any], float | None]],
+    *,
+    found: dict[int, SearchResult] | None = None,
 ) -> list[Card]:
-    """Cards for (id, external id, metadata, score) rows, with their previews read in one query."""
+    """Cards for (id, external id, metadata, score) rows, with their previews read in one query;
+    ``found``: the hits of a hybrid search by id, to say which list found each."""
     previews = thumbnails.previews(rt.engine, c, [h[0] for h in hits])
     out = []
     for item_id, external_id, metadata, score in hits:
         preview = previews.get(item_id)
         scalar = [(k, v) for k, v in metadata.items() if isinstance(v, str | int | float | bool) and k != "filename"]
+        listed = [
+            (k, v)
+            for k, values in metadata.items()
+            if isinstance(values, list)
+            for v in values
+            if isinstance(v, str | int | float | bool)
+        ]
+        by, ranks = found_by(found[item_id]) if found and item_id in found else (None, "")
         out.append(
             Card(
                 id=item_id,
@@ -210,6 +530,10 @@ def cards(
                 snippet=preview.snippet if preview else None,
                 status=preview.status if preview else "ready",
                 chips=tuple((k, _shown(v), view.adding(k, v)) for k, v in scalar[:4]),
+                tags=tuple((k, _shown(v), view.also(k, v)) for k, v in listed[:MAX_LIST_CHIPS]),
+                found_by=by,
+                ranks=ranks,
+                taken=taken_of(metadata),
             )
         )
     return out

@@ -1,0 +1,349 @@
+"""Filter chips, the search form's mode switch, list fields on cards and which list found a hit,
+over HTTP; the chips' listing against the store's own filtered search; and the abuse cases (chips the
+filter language refuses, chips that are not chips, markup in values), which the page explains."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from memstore.models import ItemIn
+from memstore.store import VectorStore
+from memstore.ui import search
+
+ROW = re.compile(r'<li class="result" data-item="(\d+)"')
+
+NOTES = {
+    "gh": ("github actions failing again", {"kind": "note", "tags": ["github", "ci"], "price": 5}),
+    "bug": ("a bug report for the kettle", {"kind": "note", "tags": ["bugs"], "price": 12.5}),
+    "may": ("photo of the lake in may", {"kind": "photo", "taken": "2024-05-03T10:00:00Z", "price": 10}),
+    "june": ("photo of the beach in june", {"kind": "photo", "taken": "2024-06-01", "tags": "github"}),
+    "old": ("an old scan", {"kind": "photo", "taken": "2023-12-25"}),
+}
+
+
+@pytest.fixture
+def notes(api: httpx.Client, ui_collection: str) -> dict[str, int]:
+    items = [{"external_id": eid, "text": text, "metadata": meta} for eid, (text, meta) in NOTES.items()]
+    r = api.post(f"/v1/collections/{ui_collection}/items?wait=true", json={"items": items})
+    assert r.status_code == 201, r.text
+    return {it["external_id"]: it["id"] for it in r.json()["items"]}
+
+
+def _shown(page: httpx.Response) -> set[int]:
+    return {int(i) for i in ROW.findall(page.text)}
+
+
+def _get(client: httpx.Client, name: str, *chips: str, **params: str) -> httpx.Response:
+    return client.get(f"/ui/c/{name}", params=[*params.items(), *(("f", c) for c in chips)])
+
+
+def test_chips_apply_without_a_query(admin_page, ui_collection, notes) -> None:
+    page = _get(admin_page, ui_collection, "kind=note")
+    assert page.status_code == 200, page.text
+    assert _shown(page) == {notes["gh"], notes["bug"]}
+    assert "Items matching the filters" in page.text
+    assert 'aria-label="Remove filter kind: note"' in page.text
+
+
+def test_a_tag_chip_matches_a_list_holding_it(admin_page, ui_collection, notes) -> None:
+    plain = _get(admin_page, ui_collection, "tags=github")
+    assert _shown(plain) == {notes["gh"], notes["june"]}  # an element of a list, or the value itself
+    listed = _get(admin_page, ui_collection, 'tags=["github"]')
+    assert _shown(listed) == {notes["gh"]}  # a list: the field is a list holding every value
+    both = _get(admin_page, ui_collection, "tags=github", "tags=ci")  # chips on one key all hold
+    assert _shown(both) == {notes["gh"]}
+    searched = _get(admin_page, ui_collection, "tags=github", q="github actions")
+    assert _shown(searched) == {notes["gh"], notes["june"]} or _shown(searched) == {notes["gh"]}
+    assert notes["bug"] not in _shown(searched)
+
+
+def test_range_chips_compare_numbers_and_dates(admin_page, ui_collection, notes) -> None:
+    assert _shown(_get(admin_page, ui_collection, "price>=10")) == {notes["bug"], notes["may"]}
+    assert _shown(_get(admin_page, ui_collection, "price<10")) == {notes["gh"]}
+    may = _get(admin_page, ui_collection, "taken>=2024-05-01", "taken<2024-06-01")
+    assert _shown(may) == {notes["may"]}
+    assert "taken ≥ 2024-05-01" in may.text and "taken &lt; 2024-06-01" in may.text
+    # the same chips filter a typed query
+    found = _get(admin_page, ui_collection, "taken>=2024-05-01", q="photo of the lake")
+    assert _shown(found) <= {notes["may"], notes["june"]} and notes["may"] in _shown(found)
+
+
+def test_a_refused_chip_is_explained_on_the_page(admin_page, ui_collection, notes) -> None:
+    cases = {
+        "taken>=2024/05/01": "looks like a date but is not ISO 8601",
+        "price>=true": "compares numbers, dates and strings",
+        "$or=1": "takes a JSON array",
+        "price>=10": None,  # a control: fine
+    }
+    for chip, message in cases.items():
+        for params in ({}, {"q": "photo"}):
+            page = _get(admin_page, ui_collection, chip, **params)
+            if message is None:
+                assert page.status_code == 200
+                continue
+            assert page.status_code == 422, (chip, page.status_code)
+            assert 'id="search-error"' in page.text and message in page.text
+            assert "Remove filter" in page.text  # the chip is there to take away
+
+
+def test_text_that_is_no_chip_is_named_not_dropped(admin_page, ui_collection, notes) -> None:
+    page = _get(admin_page, ui_collection, "just words", "kind=note")
+    assert page.status_code == 422
+    assert "Not a filter: “just words”" in page.text and "key=value" in page.text
+    assert _shown(page) == {notes["gh"], notes["bug"]}  # the chips that are chips still apply
+    assert _get(admin_page, ui_collection, "  ").status_code == 200  # an empty filter box is nothing
+
+
+def test_chip_abuse_never_breaks_the_page(admin_page, ui_collection, notes) -> None:
+    nasty = [
+        "<script>alert(1)</script>=<img src=x onerror=alert(2)>",
+        "x=" + "9" * 400,
+        "n=NaN",
+        "n>=1e400",
+        "n>=Infinity",
+        '"unterminated=1',
+        'k={"$where": "1"}',
+        "k=[[1]]",
+        "k>=[1, 2]",
+        "=",
+        ">=<",
+        "a" * 199 + "=",
+        "k=\x00",
+        "k>=" + "z" * 190,
+        "deep=" + "[" * 150,
+    ]
+    for chip in nasty:
+        page = _get(admin_page, ui_collection, chip)
+        assert page.status_code in (200, 422), (chip, page.status_code, page.text[-500:])
+        assert "<script>alert(1)" not in page.text and "<img src=x" not in page.text
+    many = _get(admin_page, ui_collection, *(f"k{i}=1" for i in range(32)))
+    assert many.status_code == 200 and many.text.count("Remove filter") == search.MAX_CHIPS
+    too_many = _get(admin_page, ui_collection, *(f"k{i}=1" for i in range(40)))
+    assert too_many.status_code == 404 and "is not valid here" in too_many.text  # the address's own limit, a page
+    evil_mode = _get(admin_page, ui_collection, q="photo", mode="<b>x</b>")
+    assert evil_mode.status_code == 422 and "<b>x</b>" not in evil_mode.text
+    assert "mode is one of hybrid, vector, keyword" in evil_mode.text
+
+
+def test_the_mode_switch_searches_by_keyword_vector_or_both(admin_page, ui_collection, notes) -> None:
+    keyword = _get(admin_page, ui_collection, q="kettle", mode="keyword")
+    assert keyword.status_code == 200 and "(by keyword)" in keyword.text
+    assert _shown(keyword) == {notes["bug"]}  # only the item with the word
+    assert '<option value="keyword" selected>' in keyword.text
+    vector = _get(admin_page, ui_collection, q="kettle", mode="vector")
+    assert vector.status_code == 200 and "(by meaning)" in vector.text
+    assert _shown(vector) == set(notes.values())  # every item has a nearest-neighbour distance
+    assert "found-by" not in vector.text
+    hybrid = _get(admin_page, ui_collection, q="kettle")
+    assert "(hybrid: meaning and keywords)" in hybrid.text
+    badges = dict(re.findall(r'data-item="(\d+)".*?class="found-by found-(\w+)"', hybrid.text, re.S))
+    assert badges[str(notes["bug"])] == "both"  # the keyword list and the vector list found it
+    assert set(badges.values()) <= {"both", "vector", "keyword"}
+    assert "vector" in badges.values()  # the others: by meaning alone
+    assert "keyword list: #1" in hybrid.text
+    # the links of a page keep its mode
+    chip_link = re.search(r'<a class="chip" href="([^"]+)"', keyword.text)
+    assert chip_link and "mode=keyword" in chip_link[1]
+
+
+def test_list_fields_show_as_tags_that_add_a_filter(admin_page, api, ui_collection) -> None:
+    items = [
+        {"external_id": "t", "text": "tagged", "metadata": {"tags": ["pets", "<b>bold</b>", 3]}},
+        {"external_id": "u", "text": "other", "metadata": {"tags": ["holiday"]}},
+    ]
+    r = api.post(f"/v1/collections/{ui_collection}/items?wait=true", json={"items": items})
+    ids = {it["external_id"]: it["id"] for it in r.json()["items"]}
+    page = _get(admin_page, ui_collection)
+    card = re.search(rf'data-item="{ids["t"]}"(.*?)</li>\s*</ul>', page.text, re.S)
+    assert card
+    tags = re.findall(r'<a class="chip tag" href="([^"]+)"[^>]*>([^<]*)</a>', page.text)
+    shown = [t[1] for t in tags]
+    assert "pets" in shown and "&lt;b&gt;bold&lt;/b&gt;" in shown and "3" in shown and "holiday" in shown
+    assert "<b>bold</b>" not in page.text
+    link = next(href for href, text in tags if text == "pets").replace("&amp;", "&")
+    filtered = admin_page.get(link)
+    assert _shown(filtered) == {ids["t"]}
+    assert "tags: pets" in filtered.text
+    # a second tag adds to the first rather than replacing it
+    again = re.findall(r'<a class="chip tag" href="([^"]+)"[^>]*>3</a>', filtered.text)[0].replace("&amp;", "&")
+    assert again.count("f=tags") == 2
+    assert _shown(admin_page.get(again)) == {ids["t"]}
+
+
+def test_a_photo_card_shows_its_date_taken(admin_page, api, ui_collection) -> None:
+    meta = {"image": {"taken_at": "2024-05-03T10:00:00", "camera": "<i>Pixel</i>"}}
+    r = api.post(
+        f"/v1/collections/{ui_collection}/items?wait=true",
+        json={"items": [{"external_id": "p", "text": "lake", "metadata": meta}]},
+    )
+    assert r.status_code == 201
+    page = _get(admin_page, ui_collection)
+    assert "taken 2024-05-03T10:00:00" in page.text
+
+
+@pytest.mark.parametrize("store_filters", [True, False], ids=["store-filter", "read-here"])
+def test_a_filtered_listing_pages(admin_page, api, ui_collection, monkeypatch, store_filters) -> None:
+    from memstore.ui import browse
+
+    if not store_filters:
+        monkeypatch.setattr(search, "store_filters_listing", lambda store: False)
+    elif not search.store_filters_listing(VectorStore.__new__(VectorStore)):
+        pytest.skip("this store's listing takes no filter")
+    items = [{"external_id": f"i{i}", "text": f"item {i}", "metadata": {"n": i}} for i in range(12)]
+    r = api.post(f"/v1/collections/{ui_collection}/items?wait=true", json={"items": items})
+    ids = [it["id"] for it in r.json()["items"]]
+    monkeypatch.setattr(browse, "BROWSE_PAGE", 3)  # the server runs in this process
+    monkeypatch.setattr(browse, "BROWSE_BATCH", 2)
+    first = _get(admin_page, ui_collection, "n>=6")
+    assert [int(i) for i in ROW.findall(first.text)] == ids[6:9]
+    link = re.search(r'<a href="([^"]+)" class="button">Next page</a>', first.text)
+    assert link and "f=n%3E%3D6" in link[1] and f"after={ids[8]}" in link[1]
+    second = admin_page.get(link[1].replace("&amp;", "&"))
+    assert [int(i) for i in ROW.findall(second.text)] == ids[9:12]
+    if not store_filters:  # reading here stops after BROWSE_SCAN items and says so
+        monkeypatch.setattr(browse, "BROWSE_SCAN", 4)
+        short = _get(admin_page, ui_collection, "n>=6")
+        assert _shown(short) == set() and "Looked through 4 items" in short.text and "Look further" in short.text
+
+
+# ---------------------------------------------------------------------- the listing against the store
+
+
+ITEMS: list[dict[str, Any]] = [
+    {"tags": ["pets", "holiday"], "n": 3, "taken": "2024-05-03T10:00Z", "kind": "note"},
+    {"tags": ["money"], "n": [0, 10], "taken": ["2023-12-25", "2024-05-03T10:00+02:00"], "kind": "photo"},
+    {"n": 7.5, "taken": "2024-06-01", "kind": "Note"},
+    {"tags": "pets", "n": "10", "taken": "2024/05/01", "kind": ["note", "photo"]},
+    {"n": True, "taken": "2024-05-01T00:00:00Z", "kind": None},
+    {"n": 1.0, "taken": 20240501, "tags": [["pets"]]},
+    {},
+]
+CHIPS = [
+    "tags=pets",
+    'tags=["pets"]',
+    'tags=["pets", "holiday"]',
+    "tags=money",
+    "n=1",
+    "n=10",
+    'n="10"',
+    "n=true",
+    "n>=3",
+    "n>1",
+    "n<5",
+    "n<=7.5",
+    "n>=10",
+    "taken>=2024-05-01",
+    "taken<2024-05-03T09:00Z",
+    "taken>2024-05-03T08:00:00+00:00",
+    "taken<=2024-06-01",
+    "kind=note",
+    "kind>=N",
+    "kind<note",
+    "kind=null",
+    "missing=1",
+    "missing>=1",
+]
+
+
+class ListingWithoutFilter:
+    """A store whose listing takes no filter: the listing is read and filtered by the page."""
+
+    def __init__(self, store: VectorStore) -> None:
+        self.store = store
+
+    def page_items(self, *, collection: str, after_id: int, limit: int) -> tuple[list[Any], bool]:
+        return self.store.page_items(collection=collection, after_id=after_id, limit=limit)
+
+
+def _runtime(store: VectorStore, store_filters: bool) -> Any:
+    if store_filters and not search.store_filters_listing(store):
+        pytest.skip("this store's listing takes no filter")
+    return SimpleNamespace(store=store if store_filters else ListingWithoutFilter(store))
+
+
+@pytest.mark.parametrize("store_filters", [True, False], ids=["store-filter", "read-here"])
+def test_the_chips_listing_keeps_what_the_store_filter_keeps(
+    store: VectorStore, collection_name: str, store_filters: bool
+) -> None:
+    """Every chip, and pairs of them, keep in the page's listing the items the store's filtered
+    search keeps (an exact search answers every item with a vector)."""
+    rt = _runtime(store, store_filters)
+    store.create_collection(name=collection_name, dimensions=2)
+    store.upsert_items(
+        collection=collection_name,
+        items=[ItemIn(vector=np.array([1.0, i + 1.0]), external_id=f"e{i}", metadata=m) for i, m in enumerate(ITEMS)],
+    )
+    c = store.get_collection(name=collection_name)
+    sets = [[text] for text in CHIPS] + [list(pair) for pair in itertools.combinations(CHIPS[::3], 2)]
+    for texts in sets:
+        chips = search.parse_chips(texts)
+        assert len(chips) == len(texts), texts
+        flt = search.filter_of(chips)
+        hits = store.search(collection=collection_name, vector=np.array([1.0, 1.0]), k=50, filter=flt, exact=True)
+        listing = search.filtered_listing(rt, c, chips, after=0, want=50, scan_limit=100, batch=3)
+        assert {i.id for i in listing.items} == {h.id for h in hits}, (texts, flt)
+
+
+@pytest.mark.parametrize("store_filters", [True, False], ids=["store-filter", "read-here"])
+def test_the_chips_listing_pages(store: VectorStore, collection_name: str, store_filters: bool) -> None:
+    rt = _runtime(store, store_filters)
+    store.create_collection(name=collection_name, dimensions=2)
+    done = store.upsert_items(
+        collection=collection_name,
+        items=[ItemIn(vector=np.array([1.0, 1.0]), metadata={"n": i}) for i in range(20)],
+    )
+    ids = [d.id for d in done]
+    c = store.get_collection(name=collection_name)
+    chips = search.parse_chips(["n>=10"])
+    first = search.filtered_listing(rt, c, chips, after=0, want=4, scan_limit=100, batch=3)
+    assert [i.id for i in first.items] == ids[10:14] and first.next_after == ids[13] and not first.cut_short
+    last = search.filtered_listing(rt, c, chips, after=ids[17], want=4, scan_limit=100, batch=3)
+    assert [i.id for i in last.items] == ids[18:] and last.next_after is None
+    exact = search.filtered_listing(rt, c, chips, after=0, want=10, scan_limit=100, batch=10)
+    assert len(exact.items) == 10 and exact.next_after is None  # the last item filled the page
+    if not store_filters:  # reading here stops at the read limit and says where to go on
+        short = search.filtered_listing(rt, c, chips, after=0, want=4, scan_limit=5, batch=3)
+        assert short.items == [] and short.cut_short and short.next_after == ids[4] and short.scanned == 5
+
+
+# ---------------------------------------------------------------------- parsing
+
+
+def test_chips_parse_and_travel_unchanged() -> None:
+    cases = {
+        "kind=note": ("kind", "=", "note"),
+        "year=2020": ("year", "=", 2020),
+        'year="2020"': ("year", "=", "2020"),
+        'tags=["a", 1]': ("tags", "=", ["a", 1]),
+        "price >= 10.5": ("price", ">=", 10.5),
+        "taken<2024-06-01": ("taken", "<", "2024-06-01"),
+        "n>-1": ("n", ">", -1),
+        "n<=x": ("n", "<=", "x"),
+        '"a=b<c"=1': ("a=b<c", "=", 1),
+        "k= spaced ": ("k", "=", "spaced"),
+        "n=NaN": ("n", "=", "NaN"),
+        "k=": ("k", "=", ""),
+    }
+    for text, (key, op, value) in cases.items():
+        chip = search.parse_chip(text)
+        assert chip is not None and (chip.key, chip.op, chip.value) == (key, op, value), text
+        assert search.parse_chip(chip.param) == chip, chip.param
+    for odd in (search.Chip(" k", "v"), search.Chip("k", " v "), search.Chip("k", "true"), search.Chip("=", "<")):
+        assert search.parse_chip(odd.param) == odd, odd.param
+    for bad in ("words", "=1", ">=2", '"k"', '"k" 1', "x" * 201 + "=1"):
+        assert search.parse_chip(bad) is None, bad
+
+
+def test_chips_make_one_filter() -> None:
+    chips = search.parse_chips(["taken>=2024-05-01", "taken<2024-06-01", "kind=note", "taken>=2024-05-02"])
+    assert search.filter_of(chips) == {"taken": {"$lt": "2024-06-01", "$gte": "2024-05-02"}, "kind": "note"}
+    both = search.parse_chips(["tags=a", "tags=b", "tags=a"])
+    assert search.filter_of(both) == {"$and": [{"tags": "a"}, {"tags": "b"}]}
+    assert search.filter_of([]) is None
