@@ -25,10 +25,10 @@ from typing import Any
 
 import click
 import httpx
-from tenacity import RetryCallState, Retrying, retry_if_exception_type, retry_if_result, stop_after_attempt
+import memstore_client
 
 from memstore.cli_support import EXIT_USAGE, json_option, print_json
-from memstore.commands.api_access import api_options, auth_headers, problem
+from memstore.commands.api_access import api_options
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
 TEXT_SUFFIXES = {".txt", ".md"}
@@ -127,87 +127,98 @@ def batches_of(sources: list[Source], size: int) -> list[list[Source]]:
 
 
 class Client:
+    """``memstore ingest``'s side of the API: ``memstore_client.Client`` with the command's retry
+    policy (8 tries over about a minute and a half, each retry said on stderr) and its own exits: a
+    key that is refused, or a server that cannot be reached, stops the run with one line."""
+
     def __init__(self, url: str, key: str | None, collection: str) -> None:
-        self.http = httpx.Client(base_url=url, headers=auth_headers(key), timeout=120)
+        self.api = memstore_client.Client(
+            url,
+            api_key=key,
+            timeout=120,
+            retry=memstore_client.RetryPolicy(attempts=ATTEMPTS, backoff_s=1.0, max_backoff_s=30.0),
+            on_retry=self._say_retry,
+        )
         self.base = f"/v1/collections/{collection}"
         self.collection = collection
+
+    @property
+    def http(self) -> httpx.Client:
+        return self.api.http
+
+    @http.setter
+    def http(self, value: httpx.Client) -> None:
+        self.api.http = value
 
     def call(self, method: str, url: str, **kw: Any) -> httpx.Response:
         """One request, retried (8 tries in all) on 429/503, after the server's Retry-After, and on
         connection errors, after 1, 2, 4 ... 30 s; a server that stays busy answers with its last reply."""
-        strategy = Retrying(
-            retry=retry_if_exception_type(httpx.TransportError) | retry_if_result(_busy),
-            stop=stop_after_attempt(ATTEMPTS),
-            wait=_retry_after,
-            before_sleep=self._say_retry,
-            retry_error_callback=self._give_up,
-        )
-        response: httpx.Response = strategy(self.http.request, method, url, **kw)
-        return response
+        try:
+            return self.api.request(method, url, raise_for_status=False, **kw)
+        except memstore_client.ConnectionFailedError as error:
+            raise SystemExit(f"memstore ingest: cannot reach {self.api.url}: {error.cause}") from None
 
-    def _say_retry(self, state: RetryCallState) -> None:
+    def _say_retry(self, event: memstore_client.RetryEvent) -> None:
         """One line on stderr per retry, so that a wrong --url or a busy server is not a silent minute."""
-        assert state.outcome is not None and state.next_action is not None
-        error = state.outcome.exception()
+        error = event.error
         why = (
-            f"cannot reach {self.http.base_url} ({error})"
-            if error
-            else f"the server is busy ({state.outcome.result().status_code})"
+            f"cannot reach {self.api.url} ({error.cause})"
+            if isinstance(error, memstore_client.ConnectionFailedError)
+            else f"the server is busy ({getattr(error, 'status', '?')})"
         )
         click.echo(
-            f"memstore ingest: {why}; trying again in {state.next_action.sleep:.0f} s "
-            f"(attempt {state.attempt_number + 1} of {ATTEMPTS})",
+            f"memstore ingest: {why}; trying again in {event.sleep_s:.0f} s (attempt {event.attempt} of {ATTEMPTS})",
             err=True,
         )
 
-    def _give_up(self, state: RetryCallState) -> httpx.Response:
-        assert state.outcome is not None
-        error = state.outcome.exception()
-        if error is not None:
-            raise SystemExit(f"memstore ingest: cannot reach {self.http.base_url}: {error}") from None
-        response: httpx.Response = state.outcome.result()
-        return response
+    def _exit(self, error: memstore_client.MemstoreError, doing: str = "") -> SystemExit:
+        if isinstance(error, memstore_client.ConnectionFailedError):
+            return SystemExit(f"memstore ingest: cannot reach {self.api.url}: {error.cause}")
+        return SystemExit(f"memstore ingest: {doing}{error}")
 
     def ensure_collection(self) -> bool:
-        r = self.call("GET", self.base)
-        if r.status_code == 200:
+        try:
+            self.api.get_collection(self.collection)
             return False
-        if r.status_code != 404:
-            raise SystemExit(f"memstore ingest: {problem(r)}")
-        r = self.call("POST", "/v1/collections", json={"name": self.collection})
-        if r.status_code != 201:
-            raise SystemExit(f"memstore ingest: cannot create collection {self.collection!r}: {problem(r)}")
+        except memstore_client.NotFoundError:
+            pass
+        except memstore_client.MemstoreError as error:
+            raise self._exit(error) from None
+        try:
+            self.api.create_collection(self.collection)
+        except memstore_client.MemstoreError as error:
+            raise self._exit(error, f"cannot create collection {self.collection!r}: ") from None
         return True
 
     def existing(self, ids: list[str]) -> set[str]:
-        r = self.call("POST", f"{self.base}/items/lookup", json={"external_ids": ids})
-        if r.status_code != 200:
-            raise SystemExit(f"memstore ingest: {problem(r)}")
-        return set(r.json()["found"])
+        try:
+            return set(self.api.lookup(self.collection, ids))
+        except memstore_client.MemstoreError as error:
+            raise self._exit(error) from None
 
-    def send(self, batch: list[Source]) -> httpx.Response:
-        if batch[0].path is None:
-            items = [{"external_id": s.external_id, "text": s.text, "metadata": s.metadata} for s in batch]
-            return self.call("POST", f"{self.base}/items", json={"items": items})
-        files = [("files", (s.path.name, s.path.read_bytes())) for s in batch if s.path is not None]
-        data = {"external_id": [s.external_id for s in batch], "metadata": [json.dumps(s.metadata) for s in batch]}
-        return self.call("POST", f"{self.base}/items", files=files, data=data)
+    def stats(self) -> memstore_client.Collection:
+        try:
+            return self.api.get_collection(self.collection)
+        except memstore_client.MemstoreError as error:
+            raise self._exit(error) from None
 
-
-def _busy(r: httpx.Response) -> bool:
-    return r.status_code in (429, 503)
-
-
-def _retry_after(state: RetryCallState) -> float:
-    """The server's Retry-After when it gave one, else a pause doubling from 1 s (at most 30 s)."""
-    fallback = min(30.0, 2.0 ** (state.attempt_number - 1))
-    outcome = state.outcome
-    if outcome is None or outcome.failed:
-        return fallback
-    try:
-        return max(0.0, float(outcome.result().headers.get("Retry-After", fallback)))
-    except ValueError:  # an HTTP date instead of seconds
-        return fallback
+    def send(self, batch: list[Source]) -> memstore_client.ItemsAck | memstore_client.APIError:
+        """One batch: its acknowledgements, or the server's refusal (a connection that stays down ends the run)."""
+        try:
+            if batch[0].path is None:
+                items = [{"external_id": s.external_id, "text": s.text, "metadata": s.metadata} for s in batch]
+                return self.api.add_items(self.collection, items)
+            files = [(s.path.name, s.path.read_bytes()) for s in batch if s.path is not None]
+            return self.api.upload(
+                self.collection,
+                files,
+                external_ids=[s.external_id for s in batch],
+                metadata=[s.metadata for s in batch],
+            )
+        except memstore_client.APIError as error:
+            return error
+        except memstore_client.ConnectionFailedError as error:
+            raise self._exit(error) from None
 
 
 @click.command("ingest", short_help="upload a folder, a JSONL of texts or one file (resumable)")
@@ -259,22 +270,22 @@ def command(
     batches = batches_of(todo, max(1, batch))
     bar = tqdm(total=len(todo), unit="item", disable=no_progress, desc="upload", file=sys.stderr)
     with ThreadPoolExecutor(max(1, concurrency)) as pool:
-        for sent, r in zip(batches, pool.map(client.send, batches), strict=True):
-            if r.status_code in (201, 202):
-                for item in r.json()["items"]:
-                    counts[item["change"]] = counts.get(item["change"], 0) + 1
-            elif r.status_code in (401, 403):  # the key, not the items: no other batch would pass
-                raise SystemExit(f"memstore ingest: {problem(r)}")
+        for sent, answer in zip(batches, pool.map(client.send, batches), strict=True):
+            if isinstance(answer, memstore_client.ItemsAck):
+                for item in answer.items:
+                    counts[item.change] = counts.get(item.change, 0) + 1
+            elif answer.status in (401, 403):  # the key, not the items: no other batch would pass
+                raise SystemExit(f"memstore ingest: {answer}")
             else:
                 counts["rejected"] += len(sent)
                 rest = f" and {len(sent) - 1} more in its batch" if len(sent) > 1 else ""
-                errors.append(f"{sent[0].external_id}{rest}: {problem(r)}")
+                errors.append(f"{sent[0].external_id}{rest}: {answer}")
             bar.update(len(sent))
     bar.close()
     pending = 0
     if wait:
         pending = _wait(client, no_progress)
-    stats = client.call("GET", client.base).json()
+    stats = client.stats()
     seconds = time.monotonic() - started
     summary = {
         "collection": collection,
@@ -284,8 +295,8 @@ def command(
         "skipped": len(sources) - len(todo),
         "sent": len(todo),
         **counts,
-        "pending": stats.get("pending", pending),
-        "failed": stats.get("failed"),
+        "pending": stats.pending if stats.pending is not None else pending,
+        "failed": stats.failed,
         "seconds": round(seconds, 2),
         "items_per_s": round(len(todo) / seconds, 2) if seconds > 0 else None,
         "errors": errors[:20],
@@ -307,13 +318,12 @@ def command(
 def _wait(client: Client, quiet: bool) -> int:
     from tqdm import tqdm
 
-    first = client.call("GET", client.base).json()
-    total = int(first.get("pending", 0))
+    total = client.stats().pending or 0
     bar = tqdm(total=total, unit="item", disable=quiet, desc="embed", file=sys.stderr)
     pending = total
     while pending:
         time.sleep(0.5)
-        pending = int(client.call("GET", client.base).json().get("pending", 0))
+        pending = client.stats().pending or 0
         bar.n = max(0, total - pending)
         bar.refresh()
     bar.close()
