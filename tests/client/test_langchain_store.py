@@ -11,18 +11,26 @@ from typing import Any
 import pytest
 from langchain_core.documents import Document
 from langchain_core.embeddings import DeterministicFakeEmbedding
-
 from memstore_client import Client, InvalidInputError
 from memstore_client.langchain import MemstoreRetriever, MemstoreVectorStore
+
 from tests.client.conftest import Served
 
 DOCS = [
-    Document(id="pg", page_content="PostgreSQL stores the vectors with pgvector", metadata={"year": 2024, "tags": ["db"]}),
-    Document(id="hnsw", page_content="an HNSW graph finds near neighbours", metadata={"year": 2016, "nested": {"a": [1, 2.5, None]}}),
-    Document(id="rrf", page_content="reciprocal rank fusion merges two ranked lists", metadata={"year": 2009, "ok": True}),
+    Document(
+        id="pg", page_content="PostgreSQL stores the vectors with pgvector", metadata={"year": 2024, "tags": ["db"]}
+    ),
+    Document(
+        id="hnsw",
+        page_content="an HNSW graph finds near neighbours",
+        metadata={"year": 2016, "nested": {"a": [1, 2.5, None]}},
+    ),
+    Document(
+        id="rrf", page_content="reciprocal rank fusion merges two ranked lists", metadata={"year": 2009, "ok": True}
+    ),
     Document(id="kettle", page_content="a stainless kettle boils water", metadata={"year": 2024, "tags": ["home"]}),
     Document(id="empty", page_content="", metadata={}),
-]  # fmt: skip
+]
 
 
 @pytest.fixture
