@@ -1,16 +1,17 @@
-"""Storing items from requests: vectors at once, texts and images through the durable queue."""
+"""Storing items from requests: vectors at once, texts and images through the durable queue (an
+image with the facts its header holds added to its metadata: ``memstore.photo_facts``)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi.concurrency import run_in_threadpool
 
 from encoder.types import Priority
-from memstore import claims, queue
+from memstore import claims, photo_facts, queue
 from memstore.api.problems import Problem
 from memstore.api.runtime import Runtime
 from memstore.api.schemas import ItemAck, ItemBody, ItemsAck
@@ -105,7 +106,7 @@ async def store_json_items(rt: Runtime, c: Collection, items: Sequence[ItemBody]
 
 
 async def enqueue(rt: Runtime, c: Collection, pending: list[PendingItem], *, wait: bool) -> list[ItemAck]:
-    done = await run_in_threadpool(lambda: queue.enqueue(rt.engine, c, pending))
+    done = await run_in_threadpool(lambda: queue.enqueue(rt.engine, c, [with_facts(p) for p in pending]))
     acks = [ItemAck(id=d.id, external_id=d.external_id, status=d.status, change=d.change) for d in done]
     waiting = sorted({a.id for a in acks if a.status == "pending"})
     if wait and waiting:
@@ -115,6 +116,15 @@ async def enqueue(rt: Runtime, c: Collection, pending: list[PendingItem], *, wai
             for a in acks
         ]
     return acks
+
+
+def with_facts(item: PendingItem) -> PendingItem:
+    """An image with its own facts (date taken, camera, place, size) added to its metadata, never
+    over what the client sent (``memstore.photo_facts``): stored with the item, in the same insert."""
+    if item.content is None:
+        return item
+    metadata = photo_facts.with_facts(item.metadata, item.content)
+    return item if metadata is item.metadata else replace(item, metadata=metadata)
 
 
 def settle(rt: Runtime, c: Collection, item_ids: list[int]) -> dict[int, tuple[str, Any]]:
