@@ -21,14 +21,16 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import httpx
-import memstore_client
 
 from memstore.cli_support import EXIT_USAGE, json_option, print_json
 from memstore.commands.api_access import api_options
+
+if TYPE_CHECKING:
+    import memstore_client
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
 TEXT_SUFFIXES = {".txt", ".md"}
@@ -132,6 +134,8 @@ class Client:
     key that is refused, or a server that cannot be reached, stops the run with one line."""
 
     def __init__(self, url: str, key: str | None, collection: str) -> None:
+        import memstore_client
+
         self.api = memstore_client.Client(
             url,
             api_key=key,
@@ -153,6 +157,8 @@ class Client:
     def call(self, method: str, url: str, **kw: Any) -> httpx.Response:
         """One request, retried (8 tries in all) on 429/503, after the server's Retry-After, and on
         connection errors, after 1, 2, 4 ... 30 s; a server that stays busy answers with its last reply."""
+        import memstore_client
+
         try:
             return self.api.request(method, url, raise_for_status=False, **kw)
         except memstore_client.ConnectionFailedError as error:
@@ -160,6 +166,8 @@ class Client:
 
     def _say_retry(self, event: memstore_client.RetryEvent) -> None:
         """One line on stderr per retry, so that a wrong --url or a busy server is not a silent minute."""
+        import memstore_client
+
         error = event.error
         why = (
             f"cannot reach {self.api.url} ({error.cause})"
@@ -172,11 +180,15 @@ class Client:
         )
 
     def _exit(self, error: memstore_client.MemstoreError, doing: str = "") -> SystemExit:
+        import memstore_client
+
         if isinstance(error, memstore_client.ConnectionFailedError):
             return SystemExit(f"memstore ingest: cannot reach {self.api.url}: {error.cause}")
         return SystemExit(f"memstore ingest: {doing}{error}")
 
     def ensure_collection(self) -> bool:
+        import memstore_client
+
         try:
             self.api.get_collection(self.collection)
             return False
@@ -191,12 +203,16 @@ class Client:
         return True
 
     def existing(self, ids: list[str]) -> set[str]:
+        import memstore_client
+
         try:
             return set(self.api.lookup(self.collection, ids))
         except memstore_client.MemstoreError as error:
             raise self._exit(error) from None
 
     def stats(self) -> memstore_client.Collection:
+        import memstore_client
+
         try:
             return self.api.get_collection(self.collection)
         except memstore_client.MemstoreError as error:
@@ -204,6 +220,8 @@ class Client:
 
     def send(self, batch: list[Source]) -> memstore_client.ItemsAck | memstore_client.APIError:
         """One batch: its acknowledgements, or the server's refusal (a connection that stays down ends the run)."""
+        import memstore_client
+
         try:
             if batch[0].path is None:
                 items = [{"external_id": s.external_id, "text": s.text, "metadata": s.metadata} for s in batch]
@@ -252,6 +270,10 @@ def command(
     """
     from tqdm import tqdm
 
+    try:
+        import memstore_client
+    except ImportError:  # the client distribution, client/ in the repository
+        raise SystemExit("memstore ingest: needs the memstore-client package (pip install ./client)") from None
     if not path.exists():
         click.echo(f"memstore ingest: {path} does not exist", err=True)
         return EXIT_USAGE
