@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 import psycopg
@@ -33,6 +34,40 @@ Usable = Callable[[psycopg.Connection[Any]], bool]
 AsyncConnect = Callable[[], Awaitable[psycopg.AsyncConnection[Any]]]
 AsyncUsable = Callable[[psycopg.AsyncConnection[Any]], bool]
 T = TypeVar("T")
+
+
+class Cancel:
+    """What lets a search that runs on a thread be cancelled from elsewhere (its HTTP client went
+    away): the set registers the connection a search holds here while the search runs on it
+    (``CANCEL``, a context variable the caller sets in the context the thread runs in), and
+    ``cancel()`` asks the server to cancel that connection's statement. A search that starts after
+    ``cancel()`` does not run."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._conn: psycopg.Connection[Any] | None = None
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        """Blocking (a round trip to the server to send the cancel request): call it off the event loop."""
+        with self._lock:
+            self.cancelled = True
+            conn = self._conn
+        if conn is not None:
+            conn.cancel_safe(timeout=5.0)
+
+    def _enter(self, conn: psycopg.Connection[Any]) -> None:
+        with self._lock:
+            if self.cancelled:
+                raise psycopg.errors.QueryCanceled("the search was cancelled before it ran (its client went away)")
+            self._conn = conn
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._conn = None
+
+
+CANCEL: ContextVar[Cancel | None] = ContextVar("memstore_search_cancel", default=None)
 
 
 class _Bounded:
@@ -80,8 +115,15 @@ class SearchConnections(_Bounded):
         """``fn(conn)`` on a connection of the set (a method, not a context manager: the cheapest
         way there is to wrap a call, and every search goes through it)."""
         conn, generation = self._take()
+        scope = CANCEL.get()
         try:
-            return fn(conn)
+            if scope is None:
+                return fn(conn)
+            scope._enter(conn)
+            try:
+                return fn(conn)
+            finally:
+                scope._leave()
         finally:
             self._give_back(conn, generation)
 

@@ -565,10 +565,17 @@ class VectorStore:
         limit: int = 100,
         external_id: str | None = None,
         status: str | None = None,
+        filter: dict[str, Any] | None = None,
     ) -> list[Item]:
-        """Items in id order, ``limit`` at a time after ``after_id`` (keyset paging)."""
+        """Items in id order, ``limit`` at a time after ``after_id`` (keyset paging), those matching
+        ``filter`` (the search filter language) when given."""
         return self.page_items(
-            collection=collection, after_id=after_id, limit=limit, external_id=external_id, status=status
+            collection=collection,
+            after_id=after_id,
+            limit=limit,
+            external_id=external_id,
+            status=status,
+            filter=filter,
         )[0]
 
     def page_items(
@@ -579,26 +586,55 @@ class VectorStore:
         limit: int = 100,
         external_id: str | None = None,
         status: str | None = None,
+        filter: dict[str, Any] | None = None,
     ) -> tuple[list[Item], bool]:
         """``list_items`` and whether more items follow (one row more is read to know, so a last page
-        that is exactly full links to no empty page)."""
+        that is exactly full links to no empty page). Runs as a search does (its connection, its
+        statement timeout): a filter that matches few items may walk many rows to fill a page."""
         c = self.get_collection(name=collection)
         if not 1 <= limit <= MAX_K:
             raise InvalidInputError(f"limit must be between 1 and {MAX_K}, not {limit}")
-        clauses: list[str] = ["id > %s"]
-        params: list[Any] = [after_id]
-        if external_id is not None:
-            clauses.append("external_id = %s")
-            params.append(external_id)
-        if status is not None:
-            clauses.append("status = %s")
-            params.append(status)
+        where, params = self._item_conditions(external_id=external_id, status=status, filter=filter)
+        params.update(after=after_id, limit=limit + 1)
         query = sql.SQL(
-            "SELECT " + item_sql.ITEM_COLUMNS + " FROM {} WHERE " + " AND ".join(clauses) + " ORDER BY id LIMIT %s"
-        ).format(c.table)
-        with self.db.read() as conn:
-            rows = conn.cursor(row_factory=dict_row).execute(query, [*params, limit + 1]).fetchall()
+            "SELECT " + item_sql.ITEM_COLUMNS + " FROM {t} WHERE id > %(after)s AND {w} ORDER BY id LIMIT %(limit)s"
+        ).format(t=c.table, w=where)
+        rows = self.db.run_search(lambda conn: conn.cursor(row_factory=dict_row).execute(query, params).fetchall())
         return [item_sql.item_from_row(r) for r in rows[:limit]], len(rows) > limit
+
+    def count_items(
+        self,
+        *,
+        collection: str,
+        filter: dict[str, Any] | None = None,
+        status: str | None = None,
+    ) -> int:
+        """How many items match ``filter`` (and ``status``): an exact count, run as a search (its
+        statement timeout bounds it; ``collection_stats`` gives a collection's size at once)."""
+        c = self.get_collection(name=collection)
+        where, params = self._item_conditions(external_id=None, status=status, filter=filter)
+        query = sql.SQL("SELECT count(*) FROM {t} WHERE {w}").format(t=c.table, w=where)
+        row = self.db.run_search(lambda conn: conn.execute(query, params).fetchone())
+        return int(row[0]) if row else 0
+
+    @staticmethod
+    def _item_conditions(
+        *, external_id: str | None, status: str | None, filter: dict[str, Any] | None
+    ) -> tuple[sql.Composable, dict[str, Any]]:
+        """The WHERE of a listing or a count, with its named parameters."""
+        clauses: list[sql.Composable] = []
+        params: dict[str, Any] = {}
+        if external_id is not None:
+            clauses.append(sql.SQL("external_id = %(external_id)s"))
+            params["external_id"] = external_id
+        if status is not None:
+            clauses.append(sql.SQL("status = %(status)s"))
+            params["status"] = status
+        if filter is not None:
+            compiled = compile_filter(filter)
+            clauses.append(sql.SQL("({})").format(compiled.where))
+            params.update(compiled.params)
+        return (sql.SQL(" AND ").join(clauses) if clauses else sql.SQL("TRUE")), params
 
     def update_item(
         self,

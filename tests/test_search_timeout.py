@@ -62,3 +62,38 @@ def test_with_replicas_the_bound_is_the_searchs_own_transaction(fresh: sa.Engine
     finally:
         db.close()
         replica.dispose()
+
+
+def test_a_search_on_a_thread_is_cancelled_on_the_server_when_asked(fresh: sa.Engine) -> None:
+    """The API cancels a thread's search when its client goes away (``Runtime.off_loop``): the
+    statement stops on the server at once and the connection serves the next search."""
+    import contextvars
+    import threading
+    import time
+
+    from memstore.search_pool import CANCEL, Cancel
+
+    db = Database(fresh, search_timeout_ms=60_000)
+    scope = Cancel()
+    context = contextvars.copy_context()
+    context.run(CANCEL.set, scope)
+    outcome: list[BaseException | object] = []
+
+    def search() -> None:
+        try:
+            outcome.append(db.run_search(lambda conn: conn.execute("SELECT pg_sleep(30)").fetchall()))
+        except BaseException as exc:  # the outcome is what the test reads
+            outcome.append(exc)
+
+    thread = threading.Thread(target=context.run, args=(search,))
+    started = time.monotonic()
+    thread.start()
+    time.sleep(0.5)
+    scope.cancel()
+    thread.join(timeout=10)
+    assert not thread.is_alive() and time.monotonic() - started < 10
+    assert isinstance(outcome[0], psycopg.errors.QueryCanceled)
+    assert db.run_search(lambda conn: conn.execute("SELECT 1").fetchone()) == (1,)
+    # A search that starts after the cancel does not run.
+    with pytest.raises(psycopg.errors.QueryCanceled, match="before it ran"):
+        context.run(db.run_search, lambda conn: conn.execute("SELECT 1").fetchone())

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
@@ -34,12 +34,14 @@ from memstore.api.middleware import (
     Metrics,
     too_large_detail,
 )
+from memstore.api.query_names import known_query_names
 from memstore.api.routes import collections, items, load, search, spaces
 from memstore.api.runtime import Runtime, RuntimeOptions
 from memstore.api.search_guard import SearchGuard
 from memstore.api.settings import ApiSettings
 from memstore.async_search import AsyncSearcher
 from memstore.db import get_database
+from memstore.encoding import models_of
 from memstore.keys import ApiKey, KeyVerifier
 from memstore.queue import IngestSettings
 from memstore.services.query_sampler import QuerySampler
@@ -123,11 +125,28 @@ def create_app(
     gated = AuthGate(ui.install(app, consistent), authenticate)
     app.front = Metrics(DocsHeaders(gated, lambda: str(app.state.docs_policy)), registry=registry)
     # Routes are matched in order: the hot path (search) first.
-    app.include_router(search.router)
-    app.include_router(collections.router)
-    app.include_router(items.router)
-    app.include_router(load.router)
-    app.include_router(spaces.router)
+    # Every /v1 route refuses query parameters it does not declare (memstore.api.query_names).
+    for router in (search.router, collections.router, items.router, load.router, spaces.router):
+        app.include_router(router, dependencies=[Depends(known_query_names)])
+
+    @app.get(
+        "/v1/models",
+        tags=["operations"],
+        summary="The models this server's encoder runs (any valid key)",
+        dependencies=[Depends(known_query_names)],
+    )
+    async def models() -> dict[str, Any]:
+        """Every model the encoder runs or is loading, the default first: what a collection or a space
+        may be created with (``"model"``), with what its vectors depend on once it is loaded."""
+        host = app.state.runtime.encoder
+        data: list[dict[str, Any]] = []
+        if host.backend is not None:
+            data = [{"id": name, **info.as_dict()} for name, info in models_of(host.backend).items()]
+        else:
+            for name in host.running_models():
+                known = host.model_dimensions(name)
+                data.append({"id": name, "dimensions": None if known is None else known[1]})
+        return {"object": "list", "state": host.state, "data": data}
 
     @app.get("/health", tags=["operations"], summary="Liveness; with a key: database, encoder and workers")
     async def health(request: Request) -> JSONResponse:

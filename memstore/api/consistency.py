@@ -33,7 +33,9 @@ MIN_LSN_HEADER = "x-memstore-min-lsn"
 MIN_LSN_PARAMETER = "min_lsn"
 _WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 # POST routes that only read: their answers carry no position.
-_READ_POSTS = re.compile(r"^/v1/collections/[^/]+/(search|search/batch|recommend|duplicates|items/lookup)/?$")
+_READ_POSTS = re.compile(
+    r"^/v1/collections/[^/]+/(search|search/batch|recommend|duplicates|items/lookup|items/list|items/count)/?$"
+)
 
 
 def is_write(scope: Scope) -> bool:

@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import re
 from typing import Any
+from urllib.parse import parse_qsl
 
 from fastapi import FastAPI
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from encoder.addresses import route_path
-from memstore.api import problems
+from memstore.api import problems, query_names
 from memstore.api.middleware import BodyTooLargeError, too_large_detail
 from memstore.api.problems import Problem
 from memstore.api.rendering import render
@@ -79,6 +80,10 @@ class SearchFastPath:
         if not isinstance(key, ApiKey):  # the front's AuthGate verifies every /v1 request first
             raise Problem("unauthorized", "no verified API key", headers={"WWW-Authenticate": "Bearer"})
         authorize(key, name)  # before a byte of the body is read
+        if scope.get("query_string"):  # the documented route takes none but min_lsn
+            query_names.check(
+                (k for k, _ in parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True)), frozenset()
+            )
         raw = await _read_body(receive)
         if len(raw) > INLINE_PARSE_BYTES:  # a large body (a base64 image) is parsed off the event loop
             body = await asyncio.get_running_loop().run_in_executor(rt.executor, parse_search, raw)

@@ -26,6 +26,7 @@ from memstore.claims import Claimer
 from memstore.ingest_worker import Processor
 from memstore.keys import KeyVerifier
 from memstore.queue import IngestSettings
+from memstore.search_pool import CANCEL, Cancel
 from memstore.services.encoder_host import EncoderChoice, EncoderHost, EncoderMode
 from memstore.services.latency import LatencyTracker
 from memstore.services.query_sampler import QuerySampler
@@ -101,9 +102,18 @@ class Runtime:
 
     async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` in the executor, in a copy of the request's context (a read's ``min_lsn``
-        travels in a context variable; ``run_in_executor`` alone would drop it)."""
+        travels in a context variable; ``run_in_executor`` alone would drop it). When the request is
+        cancelled (its client went away), a search ``fn`` runs is cancelled on the server too
+        (``memstore.search_pool.Cancel``), so its connection is free at once."""
         context = contextvars.copy_context()
-        return await asyncio.get_running_loop().run_in_executor(self.executor, context.run, fn, *args)
+        scope = Cancel()
+        context.run(CANCEL.set, scope)
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self.executor, context.run, fn, *args)
+        except asyncio.CancelledError:
+            loop.run_in_executor(self.executor, scope.cancel)  # a round trip: not on the event loop
+            raise
 
     def processor(self) -> Processor:
         """The ``?wait=true`` path's processor (kept: it caches collection rows)."""

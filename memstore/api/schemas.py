@@ -189,7 +189,32 @@ class ItemOut(BaseModel):
 
 class ItemPage(BaseModel):
     items: list[ItemOut]
-    next: str | None = Field(default=None, description="URL of the next page, if any.")
+    next: str | None = Field(default=None, description="URL of the next page, if any (GET).")
+    next_after: int | None = Field(
+        default=None, description="The `after` that gives the next page, if any (GET and POST)."
+    )
+
+
+class ItemQuery(Strict):
+    """``POST .../items/list``: a listing by filter, for filters too long for a URL."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"filter": {"tags": "cat"}}]})
+
+    filter: dict[str, Any] | None = None
+    status: Literal["pending", "ready", "failed"] | None = None
+    after: int = Field(default=0, ge=0, le=2**63 - 1)
+    limit: int = Field(default=100, ge=1, le=1000)
+
+
+class CountQuery(Strict):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"filter": {"tags": "cat"}}]})
+
+    filter: dict[str, Any] | None = None
+    status: Literal["pending", "ready", "failed"] | None = None
+
+
+class Counted(BaseModel):
+    count: int
 
 
 class ItemPatch(Strict):

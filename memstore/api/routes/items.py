@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any
 from urllib.parse import quote
 
@@ -17,11 +18,14 @@ from memstore.api.problems import ERROR_RESPONSES, Problem
 from memstore.api.runtime import Runtime
 from memstore.api.schemas import (
     ContentIn,
+    Counted,
+    CountQuery,
     Deleted,
     DeleteRequest,
     ItemOut,
     ItemPage,
     ItemPatch,
+    ItemQuery,
     ItemsAck,
     ItemsIn,
     LookupOut,
@@ -29,6 +33,8 @@ from memstore.api.schemas import (
     OcrOut,
 )
 from memstore.collections import Collection, validate_name
+from memstore.errors import InvalidInputError
+from memstore.filters import MAX_FILTER_BYTES
 from memstore.keys import ApiKey
 from memstore.models import Item
 from memstore.queue import PendingItem
@@ -175,7 +181,7 @@ async def _uploaded_items(rt: Runtime, request: Request, c: Collection) -> list[
     return pending
 
 
-@router.get("", summary="List items (keyset paging)", response_model=ItemPage)
+@router.get("", summary="List items (keyset paging), optionally by a metadata filter", response_model=ItemPage)
 async def list_items(
     request: Request,
     name: str,
@@ -184,21 +190,81 @@ async def list_items(
     status: Annotated[str | None, Query(pattern="^(pending|ready|failed)$")] = None,
     after: Annotated[int, Query(ge=0, le=2**63 - 1, description="Return items with ids above this.")] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    filter: Annotated[
+        str | None, Query(max_length=MAX_FILTER_BYTES, description="A metadata filter as JSON (docs/search.md).")
+    ] = None,
 ) -> ItemPage:
     rt, c = await _collection(request, name, key, "read")
-    items, more = await run_in_threadpool(
+    flt = _filter_parameter(filter)
+    page = await _page(rt, c, name, after=after, limit=limit, external_id=external_id, status=status, flt=flt)
+    if page.next_after is not None:
+        # Relative: the Host header is the client's to choose, so it never goes into a link.
+        url = request.url.include_query_params(after=page.next_after)
+        page.next = f"{url.path}?{url.query}"
+    return page
+
+
+@router.post("/list", summary="List items by a metadata filter (keyset paging)", response_model=ItemPage)
+async def query_items(request: Request, name: str, body: ItemQuery, key: Key) -> ItemPage:
+    rt, c = await _collection(request, name, key, "read")
+    return await _page(
+        rt, c, name, after=body.after, limit=body.limit, external_id=None, status=body.status, flt=body.filter
+    )
+
+
+@router.get("/count", summary="Count items, optionally by a metadata filter", response_model=Counted)
+async def count_items(
+    request: Request,
+    name: str,
+    key: Key,
+    status: Annotated[str | None, Query(pattern="^(pending|ready|failed)$")] = None,
+    filter: Annotated[str | None, Query(max_length=MAX_FILTER_BYTES)] = None,
+) -> Counted:
+    rt, _ = await _collection(request, name, key, "read")
+    flt = _filter_parameter(filter)
+    n = await rt.off_loop(lambda: rt.store.count_items(collection=name, filter=flt, status=status))
+    return Counted(count=n)
+
+
+@router.post("/count", summary="Count items by a metadata filter", response_model=Counted)
+async def count_by_body(request: Request, name: str, body: CountQuery, key: Key) -> Counted:
+    rt, _ = await _collection(request, name, key, "read")
+    n = await rt.off_loop(lambda: rt.store.count_items(collection=name, filter=body.filter, status=body.status))
+    return Counted(count=n)
+
+
+def _filter_parameter(text: str | None) -> dict[str, Any] | None:
+    """The ``filter`` query parameter: a JSON object (its bounds are the filter language's)."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        raise InvalidInputError('filter: is not valid JSON; send a JSON object such as {"tags": "cat"}') from None
+    if not isinstance(value, dict):
+        raise InvalidInputError("filter: must be a JSON object")
+    return value
+
+
+async def _page(
+    rt: Runtime,
+    c: Collection,
+    name: str,
+    *,
+    after: int,
+    limit: int,
+    external_id: str | None,
+    status: str | None,
+    flt: dict[str, Any] | None,
+) -> ItemPage:
+    items, more = await rt.off_loop(
         lambda: rt.store.page_items(
-            collection=name, after_id=after, limit=limit, external_id=external_id, status=status
+            collection=name, after_id=after, limit=limit, external_id=external_id, status=status, filter=flt
         )
     )
     unsettled = [i.id for i in items if i.status != "ready"]
     attempts = await run_in_threadpool(queue.attempts_of, rt.engine, c, unsettled) if unsettled else {}
-    nxt = None
-    if more:
-        # Relative: the Host header is the client's to choose, so it never goes into a link.
-        url = request.url.include_query_params(after=items[-1].id)
-        nxt = f"{url.path}?{url.query}"
-    return ItemPage(items=[item_out(name, i, attempts) for i in items], next=nxt)
+    return ItemPage(items=[item_out(name, i, attempts) for i in items], next_after=items[-1].id if more else None)
 
 
 @router.post("/lookup", summary="Which of these external ids exist", response_model=LookupOut)
