@@ -14,6 +14,8 @@ import io
 import logging
 import math
 import sys
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -131,7 +133,30 @@ def read(engine: sa.Engine, collection: Collection, item_id: int) -> bytes | Non
     return _fill(engine, collection, item_id, updated_at) if fillable else None
 
 
+# Originals this process could not make a thumbnail of, by (table, item, content version): each is
+# decoded once, not again on every view of a page that shows it (a hostile or broken image would
+# otherwise cost a decode per view). Bounded: the oldest are forgotten first.
+_FAILED: OrderedDict[tuple[str, int, Any], None] = OrderedDict()
+_FAILED_LIMIT = 10_000
+_failed_lock = threading.Lock()
+
+
+def _failed_before(key: tuple[str, int, Any]) -> bool:
+    with _failed_lock:
+        return key in _FAILED
+
+
+def _remember_failure(key: tuple[str, int, Any]) -> None:
+    with _failed_lock:
+        _FAILED[key] = None
+        while len(_FAILED) > _FAILED_LIMIT:
+            _FAILED.popitem(last=False)
+
+
 def _fill(engine: sa.Engine, collection: Collection, item_id: int, updated_at: Any) -> bytes | None:
+    key = (collection.table_name, item_id, updated_at)
+    if _failed_before(key):
+        return None
     with raw_connection(engine) as conn:
         found = conn.execute(
             sql.SQL("SELECT content FROM {} WHERE id = %s").format(collection.table),
@@ -140,6 +165,7 @@ def _fill(engine: sa.Engine, collection: Collection, item_id: int, updated_at: A
         ).fetchone()
     made = make(bytes(found[0])) if found and found[0] is not None else None
     if made is None:
+        _remember_failure(key)
         return None
     with raw_connection(engine) as conn:
         # Only over the content it was made from: content re-sent meanwhile changed updated_at.

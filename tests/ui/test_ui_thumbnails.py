@@ -68,6 +68,24 @@ def test_a_ready_image_without_one_gets_it_on_first_view(store: VectorStore, eng
     assert thumbnails.read(engine, c, pending.id) == made
 
 
+def test_an_image_that_cannot_be_thumbnailed_is_decoded_once_not_on_every_view(
+    store: VectorStore, engine, collection_name, monkeypatch
+) -> None:
+    c = store.create_collection(name=collection_name, dimensions=4)
+    [pending] = queue.enqueue(engine, c, [PendingItem(content=make_image(4), content_type="image/jpeg")])
+    store.update_item(collection=c.name, id=pending.id, vector=np.ones(4))
+    calls: list[int] = []
+
+    def failing(content: bytes) -> None:
+        calls.append(len(content))
+        return None
+
+    monkeypatch.setattr(thumbnails, "make", failing)
+    for _ in range(5):
+        assert thumbnails.read(engine, c, pending.id) is None
+    assert len(calls) == 1
+
+
 @pytest.fixture
 def scratch_url(server_url: str) -> Iterator[str]:
     """A database of its own, to move between revisions."""
