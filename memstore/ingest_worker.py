@@ -30,6 +30,7 @@ from memstore.collections import Collection
 from memstore.db import raw_connection
 from memstore.encoding import model_for
 from memstore.ocr_pass import OcrPass
+from memstore.photo_pass import PhotoFactsPass
 from memstore.queue import IngestSettings
 from memstore.registry import Registry
 from memstore.space_pass import SpacePass
@@ -274,6 +275,8 @@ class IngestWorker:
         self._claimer: Claimer | None = None
         # Text in images, read whenever the ingest queue has nothing due (memstore.ocr_pass).
         self.ocr = OcrPass(engine, registry=self.processor.registry)
+        # Facts of images stored before they were read at ingest, when idle too (memstore.photo_pass).
+        self.photo_facts = PhotoFactsPass(engine, registry=self.processor.registry)
         # New embedding spaces: their backlog queued, their index built (memstore.space_pass).
         self.spaces = SpacePass(engine, registry=self.processor.registry)
 
@@ -328,7 +331,7 @@ class IngestWorker:
                 self.stop_event.wait(self._pause_after(exc, failures))
                 continue
             filled = self.spaces.step(now=once)  # also while batches keep coming: it paces itself
-            if report.claimed or filled or self.ocr.step():
+            if report.claimed or filled or self.ocr.step() or self.photo_facts.step():
                 continue
             if once:
                 return 0
