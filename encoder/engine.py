@@ -1,7 +1,8 @@
 """EmbeddingEngine: continuous batching over text units, global views and tiles from all requests.
 
 Threads: callers submit (cheap header checks happen in the caller); a preprocessing pool decodes
-and tiles images while the model runs; one scheduler thread runs ticks. Each tick asks a planner
+and tiles images while the model runs, by priority class and then fairly between tenants
+(``encoder.tenancy``); one scheduler thread runs ticks. Each tick asks a planner
 (a pure function of the queue state) for at most B units, runs them as one fixed-shape batch and
 scatters the vectors back. A request's future resolves when its last unit is done.
 
@@ -17,6 +18,7 @@ import logging
 import math
 import threading
 import time
+from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import Future, InvalidStateError
 from typing import Any
@@ -36,6 +38,7 @@ from .models import combine_views
 from .requests import BatchEncoder, QueuedRequest, TickReport, done_future, fail_future, wait_future
 from .scheduling import Planner, QueueState, ShareController, plan_batch
 from .settings import EncoderSettings
+from .tenancy import TENANT
 from .tiling import TilePlan
 from .types import EncoderInfo, ImageEmbedding, Modality, Priority
 from .workers import PriorityPool
@@ -95,6 +98,7 @@ class EmbeddingEngine:
         self._thread: threading.Thread | None = None
         workers = self.settings.preprocess_workers
         self._pool = PriorityPool(workers) if workers else None
+        self._tenant_images: Counter[str] = Counter()  # images waiting or decoding, per tenant
         self.metrics = EngineMetrics(self.stats)
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -268,15 +272,31 @@ class EmbeddingEngine:
         offsets = np.cumsum([0] + [p.n_units for p in plans]).tolist()
         req = self._admit(Priority.parse(priority), Modality.IMAGE, offsets[-1], deadline_s, encoder)
         req.plans, req.return_tiles = plans, return_tiles
+        tenant = TENANT.get()
         for i, (blob, probe, plan) in enumerate(zip(blobs, probes, plans, strict=True)):
-            job = (req, offsets[i], blob, probe, plan)
+            job = (req, offsets[i], blob, probe, plan, tenant)
             if self._pool is None:
                 self._prepare(*job)
-            else:
-                self._pool.submit((-int(req.priority), req.deadline), self._prepare, *job)
+                continue
+            with self._lock:  # its place among its tenant's images (encoder.tenancy)
+                share = self._tenant_images[tenant]
+                self._tenant_images[tenant] += 1
+            self._pool.submit((-int(req.priority), share, req.deadline), self._prepare, *job)
         return req.future
 
-    def _prepare(self, req: QueuedRequest, offset: int, blob: bytes, probe: Any, plan: TilePlan) -> None:
+    def _prepare(
+        self, req: QueuedRequest, offset: int, blob: bytes, probe: Any, plan: TilePlan, tenant: str = ""
+    ) -> None:
+        try:
+            self._prepare_views(req, offset, blob, probe, plan)
+        finally:
+            if self._pool is not None:
+                with self._lock:
+                    self._tenant_images[tenant] -= 1
+                    if not self._tenant_images[tenant]:
+                        del self._tenant_images[tenant]
+
+    def _prepare_views(self, req: QueuedRequest, offset: int, blob: bytes, probe: Any, plan: TilePlan) -> None:
         if req.future.done():
             return  # cancelled or failed meanwhile: do not decode for nothing
         try:

@@ -22,6 +22,7 @@ import sqlalchemy as sa
 from psycopg import sql
 
 from encoder.errors import EncoderUnreachableError, ImageRejectedError, QueueFullError, RequestTooLargeError
+from encoder.tenancy import TENANT
 from encoder.types import EmbeddingBackend, Priority
 from memstore import claims as queue_claims
 from memstore import thumbnails
@@ -170,7 +171,13 @@ class Processor:
         """``how``: ``model_for``'s keyword arguments (the collection's model, when the encoder runs several)."""
         if group.modality == "text":
             return np.asarray(self.backend.embed_texts([it.text or "" for it in group.items], priority=priority, **how))
-        vectors = self.backend.embed_images([it.content or b"" for it in group.items], priority=priority, **how)
+        # Each collection is a tenant of the encoder's image decoding (encoder.tenancy): one
+        # collection's slow images do not hold every decoding thread while others wait.
+        token = TENANT.set(f"collection:{group.collection_id}")
+        try:
+            vectors = self.backend.embed_images([it.content or b"" for it in group.items], priority=priority, **how)
+        finally:
+            TENANT.reset(token)
         return np.asarray(vectors)
 
     def _encode_group(self, group: EncodeGroup, priority: Priority) -> Report:

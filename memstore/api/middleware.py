@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from encoder.addresses import route_path
+from encoder.tenancy import TENANT
 from memstore.api.auth import bearer_secret
 from memstore.api.problems import MEDIA_TYPE, Problem, from_exception, problem_body
 from memstore.api.rendering import render
@@ -170,6 +171,9 @@ class AuthGate:
             await send_problem(send, scope, problem)
             return
         scope.setdefault("state", {})["api_key"] = key
+        # The key is its requests' tenant of the encoder's image decoding (encoder.tenancy): the
+        # context variable travels into the threads the request's work runs in.
+        TENANT.set(f"key:{key.id}")
         await self.app(scope, receive, send)
 
 

@@ -213,3 +213,41 @@ def test_stats_and_metrics_describe_the_queues(fake):
         "encoder_units_total",
     ):
         assert name in text
+
+
+def test_one_tenants_images_do_not_hold_every_preprocessing_thread(fake, monkeypatch):
+    """One preprocessing thread; tenant A submits six images, then tenant B one: B's is decoded
+    second (after the one of A's already started), not seventh."""
+    import contextvars
+    import time
+
+    from encoder import engine as engine_module
+    from encoder.tenancy import TENANT
+
+    order: list[str] = []
+    started = threading.Event()
+    real = engine_module.load_views
+
+    def recorded(blob, probe, plan, spec):
+        order.append("B" if blob == b_image else "A")
+        started.set()
+        time.sleep(0.05)  # a slow decode: the queue fills behind it
+        return real(blob, probe, plan, spec)
+
+    monkeypatch.setattr(engine_module, "load_views", recorded)
+    b_image = make_image(40, 30, seed=9)
+    engine = EmbeddingEngine(fake, settings_for(batch_size=8, preprocess_workers=1))
+    with engine:
+
+        def submit(tenant: str, images: list[bytes]):
+            context = contextvars.copy_context()
+            context.run(TENANT.set, tenant)
+            return context.run(engine.submit_images, images, priority=Priority.BACKGROUND)
+
+        a = [submit("key:a", [make_image(32, 32, seed=i)]) for i in range(6)]
+        started.wait(5)
+        b = submit("key:b", [b_image])
+        for fut in [*a, b]:
+            assert fut.result(timeout=30).shape == (1, 8)
+    assert order.index("B") <= 2, order
+    assert len(order) == 7
