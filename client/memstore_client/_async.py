@@ -354,6 +354,7 @@ class AsyncClient(_core.Base):
             content=content,
             headers={"Content-Type": "application/x-ndjson"},
             idempotent=not callable(content) or isinstance(source, str | Path),
+            retry=not callable(content) or isinstance(source, str | Path),  # items stream once: never resent
         )
         return await self._send(call)
 

@@ -351,6 +351,7 @@ class Client(_core.Base):
             content=content,
             headers={"Content-Type": "application/x-ndjson"},
             idempotent=not callable(content) or isinstance(source, str | Path),
+            retry=not callable(content) or isinstance(source, str | Path),  # items stream once: never resent
         )
         return self._send(call)
 
