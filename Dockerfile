@@ -33,8 +33,11 @@ COPY sql sql
 COPY migrations migrations
 # The stubs' __init__.py files in data folders (migrations/versions, encoder/model_configs, the web
 # pages' static files and templates) go with the reinstall: only what the COPY brought is installed.
+# The Python client (memstore ingest talks to the API through it): httpx, pydantic, tenacity and tqdm,
+# all already installed with memstore.
+COPY client client
 RUN find migrations/versions encoder/model_configs memstore/ui/static memstore/ui/templates -name __init__.py -size 0 -delete \
- && pip install --no-deps . && python -m compileall -q /opt/memstore
+ && pip install --no-deps . && pip install ./client && python -m compileall -q /opt/memstore
 
 FROM ${PYTHON_IMAGE} AS runtime
 # libgomp for torch's CPU kernels; tini reaps children and forwards SIGTERM for a clean stop;

@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 # brings the CUDA libraries, several GB), as the Dockerfile's CPU variant does.
 TORCH_INDEX_URL ?=
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml client/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	@echo "memstore: installing into $(VENV) (PyTorch and its libraries: a few minutes on a first run, without output)"
 	$(BIN)/pip install --quiet --upgrade pip
@@ -18,6 +18,7 @@ $(STAMP): pyproject.toml
 		$(BIN)/pip install --quiet --index-url "$(TORCH_INDEX_URL)" torch==2.14.1 torchvision==0.29.1; \
 	fi
 	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e './client[langchain]'
 	@touch $(STAMP)
 
 run: $(STAMP)
