@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
+from psycopg.errors import QueryCanceled
 from starlette.responses import Response
 
 from encoder.errors import EncoderError
@@ -25,10 +26,6 @@ from memstore.ui.settings import ui_settings
 
 router = APIRouter(prefix="/ui", route_class=PageRoute, include_in_schema=False)
 BROWSE_PAGE = 48
-# A filtered listing reads the collection's items in pages and keeps the matching ones (the store
-# lists without a filter): at most this many items for one page of the listing.
-BROWSE_SCAN = 2000
-BROWSE_BATCH = 250
 LOW_RECALL = 0.9
 
 
@@ -143,7 +140,7 @@ def _search_context(rt: Runtime, c: Collection, view: search.SearchView, after: 
         else:
             _browse(rt, c, view, after, context)
             return context
-    except (Problem, MemstoreError, EncoderError) as exc:
+    except (Problem, MemstoreError, EncoderError, QueryCanceled) as exc:
         context.update(cards=[], problem=from_exception(exc))
         return context
     rows = [(r.id, r.external_id, r.metadata, r.score) for r in results]
@@ -177,24 +174,16 @@ def _typed_search(rt: Runtime, c: Collection, view: search.SearchView, k: int) -
 
 
 def _browse(rt: Runtime, c: Collection, view: search.SearchView, after: int, context: dict[str, Any]) -> None:
-    """A page of the collection's items in id order; with chips, the items they match."""
-    if not view.chips:
-        items, more = rt.store.page_items(collection=c.name, after_id=after, limit=BROWSE_PAGE)
-        next_after = items[-1].id if more else None
-    else:
-        listing = search.filtered_listing(
-            rt, c, view.chips, after=after, want=BROWSE_PAGE, scan_limit=BROWSE_SCAN, batch=BROWSE_BATCH
-        )
-        items, next_after = listing.items, listing.next_after
+    """A page of the collection's items in id order; with chips, the items they match (the store's
+    filtered listing, under the search statement timeout)."""
+    flt = search.filter_of(view.chips)
+    items, more = rt.store.page_items(collection=c.name, after_id=after, limit=BROWSE_PAGE, filter=flt)
+    if flt is not None:
         context["mode"] = "filtered"
-        if listing.cut_short:
-            context["scan_note"] = (
-                f"Looked through {listing.scanned:,} items for these filters; the next page looks further."
-            )
     rows = [(i.id, i.external_id, i.metadata, None) for i in items]
     context["cards"] = search.cards(rt, c, view, rows)
-    if next_after is not None:
-        context["next_url"] = view.url(query="", after=next_after)
+    if more and items:
+        context["next_url"] = view.url(query="", after=items[-1].id)
 
 
 @router.post("/c/{name}/search/image")

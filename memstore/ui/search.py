@@ -10,12 +10,10 @@ for both tags).
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -29,8 +27,8 @@ from memstore.api.problems import Problem
 from memstore.api.routes.search import query_image_options
 from memstore.api.runtime import Runtime
 from memstore.collections import Collection
-from memstore.filter_language import MAX_KEYWORD_LENGTH, compile_filter, parse_timestamp
-from memstore.models import Item, SearchResult
+from memstore.filter_language import compile_filter
+from memstore.models import SearchResult
 
 MAX_CHIPS = 8
 MAX_CHIP_CHARS = 200
@@ -196,133 +194,6 @@ def check_chips(chips: Sequence[Chip]) -> None:
     flt = filter_of(chips)
     if flt is not None:
         compile_filter(flt)
-
-
-# ---------------------------------------------------------------------- chips over listed items
-# A store whose listing takes a filter (``page_items(filter=...)``) lists the matching items itself.
-# Until then a filtered listing reads pages of items and keeps those the chips match, by the filter
-# language's rules for the conditions chips can write (checked against the store's own filtered
-# search in the tests), reading a bounded number of items per page of the listing.
-
-
-def store_filters_listing(store: Any) -> bool:
-    """Whether the store's ``page_items`` takes a ``filter``."""
-    cls = type(store)
-    if cls not in _TAKES_FILTER:
-        method = getattr(cls, "page_items", None)
-        _TAKES_FILTER[cls] = method is not None and "filter" in inspect.signature(method).parameters
-    return _TAKES_FILTER[cls]
-
-
-_TAKES_FILTER: dict[type, bool] = {}
-
-_MISSING = object()
-
-
-def chips_match(chips: Sequence[Chip], metadata: dict[str, Any]) -> bool:
-    return all(_chip_holds(chip, metadata.get(chip.key, _MISSING)) for chip in chips)
-
-
-def _chip_holds(chip: Chip, actual: Any) -> bool:
-    if actual is _MISSING:
-        return False
-    if chip.op != "=":
-        return _in_range(actual, chip.op, chip.value)
-    if isinstance(chip.value, list):  # containment: a list holding every value
-        return isinstance(actual, list) and all(
-            any(not isinstance(x, dict | list) and _scalar_equal(x, v) for x in actual) for v in chip.value
-        )
-    candidates = [actual, *actual] if isinstance(actual, list) else [actual]
-    return any(not isinstance(v, dict | list) and _scalar_equal(v, chip.value) for v in candidates)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _scalar_equal(a: Any, b: Any) -> bool:
-    if _is_number(a) and _is_number(b):
-        return _decimal(a) == _decimal(b)
-    if _is_number(a) or _is_number(b):
-        return False
-    return type(a) is type(b) and a == b
-
-
-def _decimal(value: int | float) -> Decimal:
-    return Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
-
-
-def _typed(value: Any, kind: str) -> Any:
-    if kind == "number":
-        return _decimal(value) if _is_number(value) else _MISSING
-    if not isinstance(value, str):
-        return _MISSING
-    if kind == "timestamp":
-        try:
-            moment = parse_timestamp(value)
-        except OverflowError:
-            return _MISSING
-        return _MISSING if moment is None else moment
-    return value if len(value) <= MAX_KEYWORD_LENGTH else _MISSING
-
-
-def _in_range(actual: Any, op: str, operand: Any) -> bool:
-    if _is_number(operand):
-        kind = "number"
-    elif isinstance(operand, str):
-        kind = "keyword" if parse_timestamp(operand) is None else "timestamp"
-    else:
-        return False
-    bound = _typed(operand, kind)
-    for value in actual if isinstance(actual, list) else [actual]:
-        typed = _typed(value, kind) if not isinstance(value, list | dict) else _MISSING
-        if typed is _MISSING:
-            continue
-        if (
-            (op == ">=" and typed >= bound)
-            or (op == ">" and typed > bound)
-            or (op == "<=" and typed <= bound)
-            or (op == "<" and typed < bound)
-        ):
-            return True
-    return False
-
-
-@dataclass(frozen=True)
-class Listing:
-    """A page of a filtered listing: the matching items, where the next page starts (None: no more),
-    how many items were read, and whether the page stopped at the read limit before it was full."""
-
-    items: list[Item]
-    next_after: int | None
-    scanned: int
-    cut_short: bool
-
-
-def filtered_listing(
-    rt: Runtime, c: Collection, chips: Sequence[Chip], *, after: int, want: int, scan_limit: int, batch: int
-) -> Listing:
-    """The items after ``after`` (id order) that the chips match, ``want`` at most: the store's own
-    filtered listing where it has one, else read here, ``scan_limit`` items at most."""
-    if store_filters_listing(rt.store):
-        by_store: dict[str, Any] = {"filter": filter_of(chips)}  # (a keyword of newer stores)
-        items, more = rt.store.page_items(collection=c.name, after_id=after, limit=want, **by_store)
-        return Listing(items, items[-1].id if more and items else None, len(items), False)
-    found: list[Item] = []
-    scanned, cursor = 0, after
-    while scanned < scan_limit:
-        page, more = rt.store.page_items(collection=c.name, after_id=cursor, limit=min(batch, scan_limit - scanned))
-        for item in page:
-            scanned += 1
-            cursor = item.id
-            if chips_match(chips, item.metadata):
-                found.append(item)
-                if len(found) == want:
-                    last_read = item is page[-1]
-                    return Listing(found, None if last_read and not more else item.id, scanned, False)
-        if not more:
-            return Listing(found, None, scanned, False)
-    return Listing(found, cursor, scanned, True)
 
 
 @dataclass(frozen=True)

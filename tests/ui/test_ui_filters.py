@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import itertools
 import re
-from types import SimpleNamespace
 from typing import Any
 
 import httpx
 import numpy as np
+import psycopg
 import pytest
 
 from memstore.models import ItemIn
@@ -188,32 +188,34 @@ def test_a_photo_card_shows_its_date_taken(admin_page, api, ui_collection) -> No
     assert "taken 2024-05-03T10:00:00" in page.text
 
 
-@pytest.mark.parametrize("store_filters", [True, False], ids=["store-filter", "read-here"])
-def test_a_filtered_listing_pages(admin_page, api, ui_collection, monkeypatch, store_filters) -> None:
+def test_a_filtered_listing_pages(admin_page, api, ui_collection, monkeypatch) -> None:
     from memstore.ui import browse
 
-    if not store_filters:
-        monkeypatch.setattr(search, "store_filters_listing", lambda store: False)
-    elif not search.store_filters_listing(VectorStore.__new__(VectorStore)):
-        pytest.skip("this store's listing takes no filter")
     items = [{"external_id": f"i{i}", "text": f"item {i}", "metadata": {"n": i}} for i in range(12)]
     r = api.post(f"/v1/collections/{ui_collection}/items?wait=true", json={"items": items})
     ids = [it["id"] for it in r.json()["items"]]
     monkeypatch.setattr(browse, "BROWSE_PAGE", 3)  # the server runs in this process
-    monkeypatch.setattr(browse, "BROWSE_BATCH", 2)
     first = _get(admin_page, ui_collection, "n>=6")
     assert [int(i) for i in ROW.findall(first.text)] == ids[6:9]
     link = re.search(r'<a href="([^"]+)" class="button">Next page</a>', first.text)
     assert link and "f=n%3E%3D6" in link[1] and f"after={ids[8]}" in link[1]
     second = admin_page.get(link[1].replace("&amp;", "&"))
     assert [int(i) for i in ROW.findall(second.text)] == ids[9:12]
-    if not store_filters:  # reading here stops after BROWSE_SCAN items and says so
-        monkeypatch.setattr(browse, "BROWSE_SCAN", 4)
-        short = _get(admin_page, ui_collection, "n>=6")
-        assert _shown(short) == set() and "Looked through 4 items" in short.text and "Look further" in short.text
+    assert "Next page" not in second.text  # a full last page links to no empty one
 
 
-# ---------------------------------------------------------------------- the listing against the store
+def test_a_listing_that_runs_out_of_time_says_so_on_the_page(admin_page, ui_collection, notes, monkeypatch) -> None:
+    def too_slow(self: VectorStore, **kwargs: Any) -> Any:
+        raise psycopg.errors.QueryCanceled("canceling statement due to statement timeout")
+
+    monkeypatch.setattr(VectorStore, "page_items", too_slow)  # the server runs in this process
+    page = _get(admin_page, ui_collection, "kind=note")
+    assert page.status_code == 504
+    assert 'id="search-error"' in page.text and "did not answer in time" in page.text
+    assert "Remove filter kind: note" in page.text  # a chip to take away, on the page
+
+
+# ---------------------------------------------------------------------- the listing against the search
 
 
 ITEMS: list[dict[str, Any]] = [
@@ -252,65 +254,22 @@ CHIPS = [
 ]
 
 
-class ListingWithoutFilter:
-    """A store whose listing takes no filter: the listing is read and filtered by the page."""
-
-    def __init__(self, store: VectorStore) -> None:
-        self.store = store
-
-    def page_items(self, *, collection: str, after_id: int, limit: int) -> tuple[list[Any], bool]:
-        return self.store.page_items(collection=collection, after_id=after_id, limit=limit)
-
-
-def _runtime(store: VectorStore, store_filters: bool) -> Any:
-    if store_filters and not search.store_filters_listing(store):
-        pytest.skip("this store's listing takes no filter")
-    return SimpleNamespace(store=store if store_filters else ListingWithoutFilter(store))
-
-
-@pytest.mark.parametrize("store_filters", [True, False], ids=["store-filter", "read-here"])
-def test_the_chips_listing_keeps_what_the_store_filter_keeps(
-    store: VectorStore, collection_name: str, store_filters: bool
-) -> None:
-    """Every chip, and pairs of them, keep in the page's listing the items the store's filtered
-    search keeps (an exact search answers every item with a vector)."""
-    rt = _runtime(store, store_filters)
+def test_chips_on_the_store_filter_agree_with_its_search(store: VectorStore, collection_name: str) -> None:
+    """Every chip, and pairs of them, list the items the store's filtered search finds (an exact
+    search answers every item with a vector): browsing and searching filter alike."""
     store.create_collection(name=collection_name, dimensions=2)
     store.upsert_items(
         collection=collection_name,
         items=[ItemIn(vector=np.array([1.0, i + 1.0]), external_id=f"e{i}", metadata=m) for i, m in enumerate(ITEMS)],
     )
-    c = store.get_collection(name=collection_name)
     sets = [[text] for text in CHIPS] + [list(pair) for pair in itertools.combinations(CHIPS[::3], 2)]
     for texts in sets:
         chips = search.parse_chips(texts)
         assert len(chips) == len(texts), texts
         flt = search.filter_of(chips)
         hits = store.search(collection=collection_name, vector=np.array([1.0, 1.0]), k=50, filter=flt, exact=True)
-        listing = search.filtered_listing(rt, c, chips, after=0, want=50, scan_limit=100, batch=3)
-        assert {i.id for i in listing.items} == {h.id for h in hits}, (texts, flt)
-
-
-@pytest.mark.parametrize("store_filters", [True, False], ids=["store-filter", "read-here"])
-def test_the_chips_listing_pages(store: VectorStore, collection_name: str, store_filters: bool) -> None:
-    rt = _runtime(store, store_filters)
-    store.create_collection(name=collection_name, dimensions=2)
-    done = store.upsert_items(
-        collection=collection_name,
-        items=[ItemIn(vector=np.array([1.0, 1.0]), metadata={"n": i}) for i in range(20)],
-    )
-    ids = [d.id for d in done]
-    c = store.get_collection(name=collection_name)
-    chips = search.parse_chips(["n>=10"])
-    first = search.filtered_listing(rt, c, chips, after=0, want=4, scan_limit=100, batch=3)
-    assert [i.id for i in first.items] == ids[10:14] and first.next_after == ids[13] and not first.cut_short
-    last = search.filtered_listing(rt, c, chips, after=ids[17], want=4, scan_limit=100, batch=3)
-    assert [i.id for i in last.items] == ids[18:] and last.next_after is None
-    exact = search.filtered_listing(rt, c, chips, after=0, want=10, scan_limit=100, batch=10)
-    assert len(exact.items) == 10 and exact.next_after is None  # the last item filled the page
-    if not store_filters:  # reading here stops at the read limit and says where to go on
-        short = search.filtered_listing(rt, c, chips, after=0, want=4, scan_limit=5, batch=3)
-        assert short.items == [] and short.cut_short and short.next_after == ids[4] and short.scanned == 5
+        listed, _ = store.page_items(collection=collection_name, limit=50, filter=flt)
+        assert {i.id for i in listed} == {h.id for h in hits}, (texts, flt)
 
 
 # ---------------------------------------------------------------------- parsing
