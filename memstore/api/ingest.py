@@ -17,7 +17,7 @@ from memstore.api.runtime import Runtime
 from memstore.api.schemas import ItemAck, ItemBody, ItemsAck
 from memstore.collections import Collection, Space
 from memstore.encoding import model_for
-from memstore.filters import check_metadata
+from memstore.filters import check_item_text, check_metadata
 from memstore.models import ItemIn
 from memstore.queue import PendingItem
 from memstore.vectors import as_vector
@@ -60,7 +60,8 @@ def split_json_items(rt: Runtime, c: Collection, items: Sequence[ItemBody]) -> t
         if it.vector is not None:
             as_vector(it.vector, dimensions=c.dimensions, where=f"items[{i}].vector", metric=c.metric)
             if it.text is not None:
-                check_text(rt, it.text, f"items[{i}].text")
+                # Stored for keyword search, never embedded: the store's limit, not the encoder's.
+                check_item_text(it.text, f"items[{i}].text")
             vectors.append(i)
         else:
             assert it.text is not None
