@@ -81,7 +81,7 @@ def recall_floor(values: list[float]) -> float:
         return 0.0
     lowest = min(values)
     step = 0.05 if lowest >= 0.5 else 0.1
-    return max(0.0, math.floor((min(lowest, 1.0) - step / 2) / step) * step)
+    return max(0.0, round(math.floor((min(lowest, 1.0) - step / 2) / step) * step, 4))
 
 
 def charts_of(
