@@ -90,9 +90,14 @@ class MetadataIndexList(BaseModel):
 
 class CollectionOut(BaseModel):
     name: str
-    dimensions: int
-    metric: str
-    model: str | None
+    dimensions: int = Field(
+        description="The active space's vector size (the default space's until another is activated; "
+        "GET .../spaces lists each space's)."
+    )
+    metric: str = Field(description="The active space's distance metric.")
+    model: str | None = Field(
+        description="The model of the active space: the one that embeds search queries (null: vectors you make)."
+    )
     hnsw_m: int
     hnsw_ef_construction: int
     ef_search: int

@@ -26,11 +26,13 @@ router = APIRouter(prefix="/v1/collections", tags=["collections"], responses=ERR
 
 
 def collection_out(c: Collection, stats: CollectionStats | None = None) -> CollectionOut:
+    # The model, size and metric searches use: the active space's (the default one until another is activated).
+    active = next((s for s in c.all_spaces() if s.name == c.active_space_name), c.default_space)
     out = CollectionOut(
         name=c.name,
-        dimensions=c.dimensions,
-        metric=c.metric,
-        model=c.model,
+        dimensions=active.dimensions,
+        metric=active.metric,
+        model=active.model,
         hnsw_m=c.hnsw_m,
         hnsw_ef_construction=c.hnsw_ef_construction,
         ef_search=c.default_ef_search,
