@@ -11,13 +11,21 @@ cost now, through a real ``memstore serve`` (no encoder: vectors and texts only)
   text) and hang up after 1 s (goal: at most 1 s); abandoned_still_running: how many of their
   statements PostgreSQL still ran 2 s after the last client left (goal 0);
 - statuses: every answer's HTTP status seen by the other tenant, who has a read key of its own
-  (goal: only 200).
+  (goal: only 200);
+- with ``--images`` (a second server, with the untrained tiny model): one key uploads ``--bombs``
+  progressive JPEGs of 4000x4000 with 20,000 scans each (671 KB, 20 to 50 s apiece to decode
+  before the decode budget) and as many slow but lawful images (progressive JPEGs at the scan limit)
+  from several threads, while another key uploads a 64x64 PNG with ``?wait=true``:
+  other_image_ready_s, how long that PNG took to be ready (goal: at most 10 s), bombs_refused, how
+  many bombs were answered 413, and bomb_statuses.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import re
 import socket
 import statistics
 import sys
@@ -27,9 +35,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import orjson
 import psycopg
+from PIL import Image
 from tqdm import tqdm
 
 from bench.databases import drop_database, new_database, server_url
@@ -160,10 +170,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             time.sleep(2.0)
             still = _running(url)
             other.close()
+            images = run_images(args, url, Path(tmp) / "images") if args.images else {}
         finally:
             serve.stop()
             drop_database(url)
-    return {
+    return images | {
         "texts": args.texts,
         "chars": args.chars,
         "keyword_p50_s": round(statistics.median(keyword), 4),
@@ -174,6 +185,79 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "other_tenant_max_s": round(max(latencies), 4),
         "abandoned_still_running": still,
         "statuses": statuses,
+    }
+
+
+def scan_bomb(width: int, height: int, extra_scans: int) -> bytes:
+    """A valid progressive JPEG of a flat picture with ``extra_scans`` copies of its smallest AC scan
+    spliced in before EOI: a few bytes each, a whole decoding pass each."""
+    buf = io.BytesIO()
+    Image.new("RGB", (width, height), (120, 130, 140)).save(buf, "JPEG", progressive=True, quality=85)
+    data = buf.getvalue()
+    eoi = data.rindex(b"\xff\xd9")
+    starts = [m.start() for m in re.finditer(b"\xff\xda", data)]
+    scans = [data[a:b] for a, b in zip(starts, [*starts[1:], eoi], strict=True)]
+    ac = min((s for s in scans if s[5 + 2 * s[4]] > 0), key=len)  # spectral start Ss > 0
+    return data[:eoi] + ac * extra_scans + data[eoi:]
+
+
+def _image(width: int, height: int, fmt: str, **save: Any) -> bytes:
+    rng = np.random.default_rng(width * height)
+    pixels = rng.integers(0, 255, size=(height, width, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, fmt, **save)
+    return buf.getvalue()
+
+
+def run_images(args: argparse.Namespace, url: str, folder: Path) -> dict[str, Any]:
+    folder.mkdir(parents=True, exist_ok=True)
+    serve = Serve(url, folder, max_items=1000, tiny_encoder=True)
+    try:
+        dims = serve.call("GET", "/v1/models", None)["data"][0]["dimensions"]
+        for name in ("bombs", "others"):
+            serve.call("POST", "/v1/collections", {"name": name, "dimensions": dims})
+        engine = create_engine(url)
+        _, writer_a = keys.create_key(engine, name="bench-cost-a", scopes=["write:bombs"])
+        _, writer_b = keys.create_key(engine, name="bench-cost-b", scopes=["write:others"])
+        engine.dispose()
+        bomb = scan_bomb(4000, 4000, 20_000)
+        slow = scan_bomb(3000, 3000, 50)  # inside the scan limit: decoded, slowly
+        statuses: dict[str, int] = {}
+        lock = threading.Lock()
+
+        def send(image: bytes, n: int) -> None:
+            with httpx.Client(base_url=f"http://127.0.0.1:{serve.port}", timeout=120) as c:
+                r = c.post(
+                    "/v1/collections/bombs/items",
+                    headers={"Authorization": f"Bearer {writer_a}"},
+                    files=[("files", (f"b{n}.jpg", image, "image/jpeg"))],
+                )
+            with lock:
+                statuses[str(r.status_code)] = statuses.get(str(r.status_code), 0) + 1
+
+        senders = [threading.Thread(target=send, args=(bomb if i % 2 == 0 else slow, i)) for i in range(2 * args.bombs)]
+        for t in senders:
+            t.start()
+        time.sleep(0.5)  # the slow ones are being decoded
+        t0 = time.perf_counter()
+        with httpx.Client(base_url=f"http://127.0.0.1:{serve.port}", timeout=120) as c:
+            r = c.post(
+                "/v1/collections/others/items?wait=true",
+                headers={"Authorization": f"Bearer {writer_b}"},
+                files=[("files", ("small.png", _image(64, 64, "PNG"), "image/png"))],
+            )
+        ready_s = time.perf_counter() - t0
+        for t in senders:
+            t.join()
+        ready = r.status_code == 201 and all(i.get("status") == "ready" for i in r.json().get("items", []))
+    finally:
+        serve.stop()
+    return {
+        "bombs": args.bombs,
+        "other_image_ready_s": round(ready_s, 3),
+        "other_image_ready": ready,
+        "bombs_refused": statuses.get("413", 0),
+        "bomb_statuses": statuses,
     }
 
 
@@ -192,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chars", type=int, default=6000)
     p.add_argument("--runs", type=int, default=30)
     p.add_argument("--abandoned", type=int, default=12)
+    p.add_argument("--images", action="store_true", help="also upload decode bombs beside another key's image")
+    p.add_argument("--bombs", type=int, default=4, help="decode bombs (and as many slow images) sent at once")
     args = p.parse_args(argv)
     result = run(args)
     if args.json:

@@ -45,7 +45,9 @@ def _free_port() -> int:
 class Serve:
     """``memstore serve --no-encoder`` in its own process, with an admin key to reach it."""
 
-    def __init__(self, url: str, data_dir: Path, max_items: int, *, access_log: bool = True) -> None:
+    def __init__(
+        self, url: str, data_dir: Path, max_items: int, *, access_log: bool = True, tiny_encoder: bool = False
+    ) -> None:
         engine = create_engine(url)
         _, self.key = keys.create_key(engine, name=f"bench-peers-{uuid.uuid4().hex[:6]}", scopes=["admin"])
         engine.dispose()
@@ -57,7 +59,11 @@ class Serve:
             "MEMSTORE_API_MAX_ITEMS_PER_REQUEST": str(max(1000, max_items)),
             "MEMSTORE_API_ACCESS_LOG": "true" if access_log else "false",
         }
-        cmd = [sys.executable, "-m", "memstore.cli", "serve", "--no-encoder", "--no-migrate"]
+        if tiny_encoder:  # the untrained tiny model, for images and texts without weights to download
+            env |= {"MEMSTORE_MODEL": "memstore-tiny", "MEMSTORE_PRETRAINED": "none"}
+        self.tiny_encoder = tiny_encoder
+        encoder = [] if tiny_encoder else ["--no-encoder"]
+        cmd = [sys.executable, "-m", "memstore.cli", "serve", *encoder, "--no-migrate"]
         cmd += ["--host", "127.0.0.1", "--port", str(self.port)]
         self.log = (data_dir / "serve.log").open("wb")
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
@@ -75,7 +81,9 @@ class Serve:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"memstore serve exited with {self.proc.returncode}; see {self.log.name}")
             try:
-                if self.client.get("/v1/collections").status_code == 200:
+                if self.client.get("/v1/collections").status_code == 200 and (
+                    not self.tiny_encoder or self.client.get("/health").json().get("status") == "ok"
+                ):
                     return
             except httpx.TransportError:
                 pass

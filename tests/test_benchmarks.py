@@ -351,13 +351,17 @@ def test_build_settings_benchmark_builds_every_variant(database_url: str) -> Non
         assert min(v["recall"]) >= 0.9, name
 
 
-def test_cost_benchmark_serves_another_tenant_while_searches_are_abandoned(database_url: str) -> None:
+def test_cost_benchmark_serves_another_tenant_while_searches_are_abandoned_and_bombs_sent(database_url: str) -> None:
     result = _run(
         "bench.cost",
         database_url,
         *("--database-url", database_url, "--texts", "60", "--chars", "3000", "--runs", "3", "--abandoned", "3"),
+        *("--images", "--bombs", "2"),
     )
     assert result["texts"] == 60 and result["abandoned"] == 3
+    # Two scan bombs refused from their markers, two slow images taken, another key's image ready.
+    assert result["bombs_refused"] == 2 and result["bomb_statuses"] == {"413": 2, "202": 2}
+    assert result["other_image_ready"] is True
     assert result["keyword_p50_s"] > 0 and result["keyword_p50_parsed_s"] > 0
     assert result["abandoned_still_running"] == 0
     assert set(result["statuses"]) == {"200"} and result["statuses"]["200"] > 0
