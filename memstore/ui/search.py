@@ -47,13 +47,19 @@ class Chip:
     key: str
     value: Any
     op: str = "="
+    nested: bool = False  # the key is a path of fields: ``image.taken_at``
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return tuple(self.key.split(".")) if self.nested else (self.key,)
 
     @property
     def param(self) -> str:
         """As it travels in the query string (``f=key=value``, ``f=price>=10``): a string that would read
         as another JSON value (``2020``, ``true``) or lose its spaces is quoted, so it stays the same
-        string; a key holding an operator's character is quoted too."""
-        key = json.dumps(self.key, ensure_ascii=False) if _needs_quotes(self.key) else self.key
+        string; a key holding an operator's character or a dot (one key, not a path) is quoted too."""
+        literal = not self.nested and (_needs_quotes(self.key) or "." in self.key)
+        key = json.dumps(self.key, ensure_ascii=False) if literal else self.key
         return f"{key}{self.op}{_value_text(self.value)}"
 
     @property
@@ -62,17 +68,30 @@ class Chip:
         return f"{self.key}: {shown}" if self.op == "=" else f"{self.key} {_SHOWN_OPS[self.op]} {shown}"
 
     @property
-    def condition(self) -> dict[str, Any]:
-        """The chip as a filter of the filter language."""
-        return {self.key: self.value if self.op == "=" else {RANGES[self.op]: self.value}}
+    def leaf(self) -> Any:
+        """What the chip asks of its field: the plain value, or the range operator's object."""
+        return self.value if self.op == "=" else {RANGES[self.op]: self.value}
 
     @property
-    def identity(self) -> tuple[str, str, str]:
+    def condition(self) -> dict[str, Any]:
+        """The chip as a filter of the filter language."""
+        return _at(self.fields, self.leaf)
+
+    @property
+    def identity(self) -> tuple[str, bool, str, str]:
         """Chips with one identity are one chip (the later one kept): one bound of a range per key
         and operator, any number of values per key."""
         if self.op != "=":
-            return (self.key, self.op, "")
-        return (self.key, "=", json.dumps(self.value, sort_keys=True))
+            return (self.key, self.nested, self.op, "")
+        return (self.key, self.nested, "=", json.dumps(self.value, sort_keys=True))
+
+
+def _at(fields: tuple[str, ...], leaf: Any) -> dict[str, Any]:
+    """``leaf`` under the nested fields: ``{"image": {"taken_at": leaf}}``."""
+    out: Any = leaf
+    for name in reversed(fields):
+        out = {name: out}
+    return dict(out)
 
 
 _SHOWN_OPS = {">=": "≥", ">": ">", "<=": "≤", "<": "<"}
@@ -113,11 +132,14 @@ def _clip(text: str, limit: int = 60) -> str:
 def parse_chip(text: str) -> Chip | None:
     """``key=value`` or ``key<op>value``; the value is a JSON number, boolean or null when it reads as
     one (a list of them after ``=``: every one of them in a list), else the string as typed, its
-    surrounding spaces dropped. The key may be written as a JSON string (to hold ``=``, ``<`` or ``>``)."""
+    surrounding spaces dropped. A key with dots is a path (``image.taken_at``: the field ``taken_at``
+    of the object ``image``); a key written as a JSON string is one key as it is (to hold ``.``,
+    ``=``, ``<`` or ``>``)."""
     if len(text) > MAX_CHIP_CHARS:
         return None
     stripped = text.strip()
-    if stripped.startswith('"'):
+    quoted = stripped.startswith('"')
+    if quoted:
         try:
             key, end = json.JSONDecoder().raw_decode(stripped)
         except ValueError:
@@ -142,7 +164,8 @@ def parse_chip(text: str) -> Chip | None:
         value = raw
     if isinstance(value, dict) or (isinstance(value, list) and (op != "=" or not _scalars(value))):
         value = raw
-    return Chip(key, value, op)
+    nested = not quoted and "." in key and all(key.split("."))
+    return Chip(key, value, op, nested)
 
 
 def _no_constant(name: str) -> Any:
@@ -156,7 +179,7 @@ def _scalars(values: list[Any]) -> bool:
 def parse_chips(values: Iterable[str], errors: ChipErrors | None = None) -> list[Chip]:
     """The chips of the address (``f=``), at most MAX_CHIPS; blank ones are ignored, others that are
     not chips are counted in ``errors``."""
-    chips: dict[tuple[str, str, str], Chip] = {}
+    chips: dict[tuple[str, bool, str, str], Chip] = {}
     for text in list(values)[: MAX_CHIPS * 2]:
         if not text.strip():
             continue
@@ -174,15 +197,18 @@ def filter_of(chips: Sequence[Chip]) -> dict[str, Any] | None:
     merged, else every chip's condition under ``$and``."""
     if not chips:
         return None
-    merged: dict[str, Any] = {}
+    everything = {"$and": [chip.condition for chip in chips]}
+    leaves: dict[tuple[str, ...], Any] = {}
     for chip in chips:
-        if chip.key not in merged:
-            merged[chip.key] = chip.condition[chip.key]
-        elif chip.op != "=" and _is_range(merged[chip.key]):
-            merged[chip.key] = {**merged[chip.key], RANGES[chip.op]: chip.value}
+        if chip.fields not in leaves:
+            leaves[chip.fields] = chip.leaf
+        elif chip.op != "=" and _is_range(leaves[chip.fields]):
+            leaves[chip.fields] = {**leaves[chip.fields], RANGES[chip.op]: chip.value}
         else:
-            return {"$and": [chip.condition for chip in chips]}
-    return merged
+            return everything
+    if len({fields[0] for fields in leaves}) < len(leaves):  # two paths under one key
+        return everything
+    return {fields[0]: _at(fields, leaf)[fields[0]] for fields, leaf in leaves.items()}
 
 
 def _is_range(value: Any) -> bool:
@@ -238,7 +264,7 @@ class SearchView:
 
     def adding(self, key: str, value: Any) -> str:
         """The filter ``key=value`` in place of the other values of ``key`` (a card's scalar field)."""
-        kept = tuple(c for c in self.chips if c.key != key or c.op != "=")
+        kept = tuple(c for c in self.chips if c.key != key or c.op != "=" or c.nested)
         return self.url(like=self.like, chips=(*kept, Chip(key, value)))
 
     def also(self, key: str, value: Any) -> str:

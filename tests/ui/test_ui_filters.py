@@ -186,6 +186,26 @@ def test_a_photo_card_shows_its_date_taken(admin_page, api, ui_collection) -> No
     assert r.status_code == 201
     page = _get(admin_page, ui_collection)
     assert "taken 2024-05-03T10:00:00" in page.text
+    assert "<i>Pixel" not in page.text
+
+
+def test_a_dotted_key_is_a_path(admin_page, api, ui_collection) -> None:
+    items = [
+        {"external_id": "may", "text": "lake", "metadata": {"image": {"taken_at": "2024-05-03T10:00:00Z"}}},
+        {"external_id": "jun", "text": "beach", "metadata": {"image": {"taken_at": "2024-06-03T10:00:00Z"}}},
+        {"external_id": "lit", "text": "dots", "metadata": {"image.taken_at": "2024-05-04"}},
+    ]
+    r = api.post(f"/v1/collections/{ui_collection}/items?wait=true", json={"items": items})
+    ids = {it["external_id"]: it["id"] for it in r.json()["items"]}
+    may = _get(admin_page, ui_collection, "image.taken_at>=2024-05-01", "image.taken_at<2024-06-01")
+    assert _shown(may) == {ids["may"]}
+    literal = _get(admin_page, ui_collection, '"image.taken_at">=2024-05-01')
+    assert _shown(literal) == {ids["lit"]}
+    # a card's value under a key with a dot filters on that key, not on a path
+    link = re.search(
+        r'<a class="chip" href="([^"]+)" title="filter on image.taken_at"', _get(admin_page, ui_collection).text
+    )
+    assert link and _shown(admin_page.get(link[1].replace("&amp;", "&"))) == {ids["lit"]}
 
 
 def test_a_filtered_listing_pages(admin_page, api, ui_collection, monkeypatch) -> None:
@@ -289,12 +309,17 @@ def test_chips_parse_and_travel_unchanged() -> None:
         "k= spaced ": ("k", "=", "spaced"),
         "n=NaN": ("n", "=", "NaN"),
         "k=": ("k", "=", ""),
+        "image.taken_at>=2024-05-01": ("image.taken_at", ">=", "2024-05-01"),
+        '"a.b"=1': ("a.b", "=", 1),
     }
     for text, (key, op, value) in cases.items():
         chip = search.parse_chip(text)
         assert chip is not None and (chip.key, chip.op, chip.value) == (key, op, value), text
         assert search.parse_chip(chip.param) == chip, chip.param
-    for odd in (search.Chip(" k", "v"), search.Chip("k", " v "), search.Chip("k", "true"), search.Chip("=", "<")):
+    assert search.parse_chip("image.taken_at>=2024-05-01").nested  # type: ignore[union-attr]
+    assert not search.parse_chip('"a.b"=1').nested  # type: ignore[union-attr]
+    odd_chips = (search.Chip(" k", "v"), search.Chip("k", " v "), search.Chip("k", "true"), search.Chip("=", "<"))
+    for odd in (*odd_chips, search.Chip("a.b", 1), search.Chip("a..b", 1), search.Chip("x.y", 2, "<", nested=True)):
         assert search.parse_chip(odd.param) == odd, odd.param
     for bad in ("words", "=1", ">=2", '"k"', '"k" 1', "x" * 201 + "=1"):
         assert search.parse_chip(bad) is None, bad
@@ -306,3 +331,12 @@ def test_chips_make_one_filter() -> None:
     both = search.parse_chips(["tags=a", "tags=b", "tags=a"])
     assert search.filter_of(both) == {"$and": [{"tags": "a"}, {"tags": "b"}]}
     assert search.filter_of([]) is None
+    dated = search.parse_chips(["image.taken_at>=2024-05-01", "image.taken_at<2024-06-01", "kind=photo"])
+    assert search.filter_of(dated) == {
+        "image": {"taken_at": {"$gte": "2024-05-01", "$lt": "2024-06-01"}},
+        "kind": "photo",
+    }
+    two = search.parse_chips(["image.camera=x", "image.taken_at>=2024-05-01"])
+    assert search.filter_of(two) == {
+        "$and": [{"image": {"camera": "x"}}, {"image": {"taken_at": {"$gte": "2024-05-01"}}}]
+    }
