@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -22,6 +23,7 @@ from memstore_client._core import (
     RetryEvent,
     RetryPolicy,
     as_acks,
+    as_json,
     as_model,
     as_none,
     as_response,
@@ -151,6 +153,12 @@ class AsyncClient(_core.Base):
         """``/health``: ``status`` (ok, starting, degraded, unavailable) and ``reasons``; with a key,
         the database, encoder, workers and queue as extra fields. Not retried: it says how things are."""
         return await self._send(Call("GET", "/health", as_model(Health), accept=(503,), retry=False))
+
+    async def models(self) -> list[dict[str, Any]]:
+        """``GET /v1/models``: the models this server's encoder runs (the default first), each a dict
+        with its ``id`` and ``dimensions``: what a collection or a space may be created with."""
+        answer = await self._send(Call("GET", "/v1/models", as_json, read=True))
+        return list(answer["data"])
 
     # Collections.
 
@@ -376,15 +384,38 @@ class AsyncClient(_core.Base):
         after: int = 0,
         external_id: str | None = None,
         status: str | None = None,
+        filter: Mapping[str, Any] | None = None,
     ) -> ItemPage:
         """One page of items by id (``after``: the last id of the previous page; ``next`` is the next
-        page's path). ``iter_items`` walks them all."""
-        params = drop_none(limit=limit, after=after or None, external_id=external_id, status=status)
+        page's path), optionally those whose metadata matches ``filter`` (the search filter language).
+        ``iter_items`` walks them all; ``query_items`` sends a long filter in the body."""
+        params = drop_none(
+            limit=limit,
+            after=after or None,
+            external_id=external_id,
+            status=status,
+            filter=json.dumps(dict(filter)) if filter is not None else None,
+        )
         return await self._send(Call("GET", path(collection, "items"), as_model(ItemPage), params=params, read=True))
 
     async def iter_items(
-        self, collection: str, *, status: str | None = None, page_size: int = 100
+        self,
+        collection: str,
+        *,
+        status: str | None = None,
+        page_size: int = 100,
+        filter: Mapping[str, Any] | None = None,
     ) -> AsyncIterator[Item]:
+        """Every item (by id), or every one whose metadata matches ``filter`` (paged through POST .../items/list)."""
+        if filter is not None:
+            after = 0
+            while True:
+                found = await self.query_items(collection, filter=filter, status=status, after=after, limit=page_size)
+                for item in found.items:
+                    yield item
+                if found.next_after is None:
+                    return
+                after = found.next_after
         page = await self.list_items(collection, limit=page_size, status=status)
         while True:
             for item in page.items:
@@ -392,6 +423,30 @@ class AsyncClient(_core.Base):
             if not page.next:
                 return
             page = await self._send(Call("GET", page.next, as_model(ItemPage), read=True))
+
+    async def query_items(
+        self,
+        collection: str,
+        *,
+        filter: Mapping[str, Any] | None = None,
+        status: str | None = None,
+        after: int = 0,
+        limit: int = 100,
+    ) -> ItemPage:
+        """One page of the items whose metadata matches ``filter`` (POST .../items/list: a filter of any
+        length); the next page is ``after=page.next_after`` (None on the last)."""
+        body = drop_none(filter=dict(filter) if filter is not None else None, status=status, after=after, limit=limit)
+        return await self._send(
+            Call("POST", path(collection, "items", "list"), as_model(ItemPage), json=body, read=True)
+        )
+
+    async def count_items(
+        self, collection: str, *, filter: Mapping[str, Any] | None = None, status: str | None = None
+    ) -> int:
+        """How many items (with this ``status``: pending, ready, failed) match ``filter`` (exact)."""
+        body = drop_none(filter=dict(filter) if filter is not None else None, status=status)
+        answer = await self._send(Call("POST", path(collection, "items", "count"), as_json, json=body, read=True))
+        return int(answer["count"])
 
     async def update_item(
         self,

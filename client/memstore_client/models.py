@@ -123,8 +123,12 @@ class Item(_Answer):
 
 
 class ItemPage(_Answer):
+    """A page of items: ``next`` is the next page's path (a GET listing), ``next_after`` the ``after``
+    that gives it (any listing); both None on the last page."""
+
     items: list[Item]
     next: str | None = None
+    next_after: int | None = None
 
 
 class HitRanks(_Answer):
