@@ -1,4 +1,4 @@
-"""Typed metadata indexes: B-tree expression indexes on one top-level metadata field of a collection.
+"""Typed metadata indexes: B-tree expression indexes on one metadata field of a collection.
 
 An index of type ``number``, ``timestamp`` or ``keyword`` on field ``f`` is built on exactly the
 expression the filter compiler writes its comparisons on (``memstore.filter_language``)::
@@ -7,7 +7,9 @@ expression the filter compiler writes its comparisons on (``memstore.filter_lang
     timestamp  memstore_timestamp(metadata -> 'f')
     keyword    (memstore_keyword(metadata -> 'f') COLLATE "C")
 
-so the planner can answer ``{"f": {"$gte": ...}}``, ``$eq`` and ``$in`` of that type through it. The
+so the planner can answer ``{"f": {"$gte": ...}}``, ``$eq`` and ``$in`` of that type through it. A
+field inside an object is named by its path, ``["image", "taken_at"]`` (``metadata -> 'image' ->
+'taken_at'``), which is what a filter ``{"image": {"taken_at": {"$gte": ...}}}`` compares on. The
 functions return NULL for values of another type and never raise (migration 0005): an odd row can
 never make a write fail.
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import builtins
 import hashlib
+import json
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -57,30 +60,64 @@ _FUNCTIONS: dict[str, IndexType] = {
 }
 # A field that can stand in the index's name as it is; any other is hashed.
 _PLAIN_FIELD = re.compile(r"[a-z0-9][a-z0-9_]{0,19}")
-# The first column of a typed index as pg_get_indexdef prints it (standard_conforming_strings on).
-_DEFINITION = re.compile(r"(memstore_[a-z]+)\(\(metadata -> '((?:[^']|'')*)'::text\)\)")
+# The first column of a typed index as pg_get_indexdef prints it (standard_conforming_strings on):
+# the function, then the path, each key as a quoted literal (``_printed`` writes it the same way).
+_DEFINITION = re.compile(r"(memstore_[a-z]+)\((.*)\)")
+_KEY = re.compile(r"'((?:[^']|'')*)'::text")
+MAX_PATH = 8  # keys in a nested field's path
+
+# A field: a top-level key, or the path of keys to a nested one.
+FieldName = str | tuple[str, ...] | builtins.list[str]
 
 
 @dataclass(frozen=True)
 class MetadataIndex:
-    field: str
+    field: str | builtins.list[str]  # a top-level key, or the path to a nested field
     type: IndexType
     name: str  # the index on the collection's table (its parent's, for a partitioned collection)
     valid: bool  # usable: built, and for a partitioned collection every partition's attached
     size_bytes: int  # on disk, every partition's together
 
 
-def check_field(value: Any) -> str:
-    """A non-empty string of at most MAX_FIELD_LENGTH characters, without NUL."""
-    if not isinstance(value, str) or not value or len(value) > MAX_FIELD_LENGTH or "\x00" in value:
+def check_field(value: Any) -> tuple[str, ...]:
+    """A field as its path: a non-empty string of at most MAX_FIELD_LENGTH characters without NUL
+    (a top-level key), or a list of 1 to MAX_PATH such strings (the keys down to a nested field)."""
+    keys = [value] if isinstance(value, str) else value
+    if not isinstance(keys, builtins.list | tuple) or not 1 <= len(keys) <= MAX_PATH:
         raise InvalidInputError(
-            f"field must be a non-empty string of at most {MAX_FIELD_LENGTH} characters without NUL, not {value!r:.80}"
+            f"field must be a metadata key, or a list of 1 to {MAX_PATH} keys to a nested one, not {value!r:.80}"
         )
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidInputError("field contains text that is not valid Unicode (a lone surrogate)") from None
-    return value
+    for key in keys:
+        if not isinstance(key, str) or not key or len(key) > MAX_FIELD_LENGTH or "\x00" in key:
+            raise InvalidInputError(
+                f"field must be made of non-empty strings of at most {MAX_FIELD_LENGTH} characters without NUL, "
+                f"not {key!r:.80}"
+            )
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidInputError("field contains text that is not valid Unicode (a lone surrogate)") from None
+    return tuple(keys)
+
+
+def _shown(path: tuple[str, ...]) -> str | builtins.list[str]:
+    """A path as the API shows it: a top-level key as itself, a nested field as its list of keys."""
+    return path[0] if len(path) == 1 else builtins.list(path)
+
+
+def _printed(path: tuple[str, ...]) -> str:
+    """``metadata -> 'a' -> 'b'`` as pg_get_indexdef prints it."""
+    text = "metadata"
+    for key in path:
+        text = f"({text} -> '{key.replace(chr(39), chr(39) * 2)}'::text)"
+    return text
+
+
+def _value(path: tuple[str, ...]) -> sql.Composed:
+    out: sql.Composable = sql.SQL("metadata")
+    for key in path:
+        out = sql.SQL("{} -> {}").format(out, sql.Literal(key))
+    return sql.Composed([out])
 
 
 def check_type(value: Any) -> IndexType:
@@ -89,28 +126,32 @@ def check_type(value: Any) -> IndexType:
     return cast(IndexType, value)
 
 
-def index_name(c: Collection, field: str, type: IndexType, partition: int | None = None) -> str:
+def index_name(c: Collection, field: FieldName, type: IndexType, partition: int | None = None) -> str:
     """The index's name on the collection's table, or on its partition ``partition``. Distinct for
     every (collection, field, type, partition): after ``c<id>_`` comes the type code for the parent
     and ``p<n>_`` for a partition; a plain field starts with a letter or digit, a hashed one with "_"."""
     return _name(c, field, _TYPE_CODES[type], partition)
 
 
-def _name(c: Collection, field: str, code: str, partition: int | None) -> str:
-    plain = _PLAIN_FIELD.fullmatch(field)
-    slug = field if plain else "_" + hashlib.sha256(field.encode("utf-8")).hexdigest()[:16]
+def _name(c: Collection, field: FieldName, code: str, partition: int | None) -> str:
+    path = (field,) if isinstance(field, str) else tuple(field)
+    if len(path) == 1:
+        plain = _PLAIN_FIELD.fullmatch(path[0])
+        slug = path[0] if plain else "_" + hashlib.sha256(path[0].encode("utf-8")).hexdigest()[:16]
+    else:  # a nested field: always hashed (its path as JSON), so no key can pass for another path
+        slug = "_" + hashlib.sha256(json.dumps(builtins.list(path)).encode("utf-8")).hexdigest()[:16]
     owner = f"c{c.id}" if partition is None else f"c{c.id}_p{partition}"
     name = f"memstore_mx_{owner}_{code}_{slug}"
     assert len(name.encode()) <= 63, name
     return name
 
 
-def lists_index_name(c: Collection, field: str, partition: int | None = None) -> str:
+def lists_index_name(c: Collection, field: FieldName, partition: int | None = None) -> str:
     """The partial index beside a field's typed indexes: the rows whose field is a list."""
     return _name(c, field, "ls", partition)
 
 
-def create(conn: psycopg.Connection[Any], c: Collection, field: str, type: str) -> MetadataIndex:
+def create(conn: psycopg.Connection[Any], c: Collection, field: FieldName, type: str) -> MetadataIndex:
     """Build the index (or finish an interrupted build), and the field's lists index if it has none,
     and analyse the table; the index as listed. Returns at once when both exist and are valid.
 
@@ -120,10 +161,8 @@ def create(conn: psycopg.Connection[Any], c: Collection, field: str, type: str) 
     field, kind = check_field(field), check_type(type)
     name = index_name(c, field, kind)
     lists = lists_index_name(c, field)
-    definition = sql.SQL("USING btree (({}))").format(typed_expression(kind, (sql.Literal(field),)))
-    lists_definition = sql.SQL("USING btree ((1)) WHERE {}").format(
-        is_list(sql.SQL("metadata -> {}").format(sql.Literal(field)))
-    )
+    definition = sql.SQL("USING btree (({}))").format(typed_expression(kind, tuple(sql.Literal(k) for k in field)))
+    lists_definition = sql.SQL("USING btree ((1)) WHERE {}").format(is_list(_value(field)))
     with _working_on(conn, name):
         already = _find(conn, c, name)
         if already is not None and already.valid and online_ddl.index_valid(conn, lists):
@@ -145,7 +184,7 @@ def list(conn: psycopg.Connection[Any], c: Collection) -> builtins.list[Metadata
     return [index for index in _read(conn, c) if index is not None]
 
 
-def drop(conn: psycopg.Connection[Any], c: Collection, field: str, type: str) -> bool:
+def drop(conn: psycopg.Connection[Any], c: Collection, field: FieldName, type: str) -> bool:
     """Drop the index (and what an interrupted build left on the partitions); False when there was
     none."""
     field, kind = check_field(field), check_type(type)
@@ -153,7 +192,7 @@ def drop(conn: psycopg.Connection[Any], c: Collection, field: str, type: str) ->
     with _working_on(conn, name):
         existed = online_ddl.index_valid(conn, name) is not None
         _drop(conn, c, name, lambda i: index_name(c, field, kind, partition=i))
-        if not any(index.field == field for index in list(conn, c)):  # the field's last typed index
+        if not any(index.field == _shown(field) for index in list(conn, c)):  # the field's last typed index
             _drop(conn, c, lists_index_name(c, field), lambda i: lists_index_name(c, field, partition=i))
     return existed
 
@@ -213,7 +252,7 @@ def _entry(c: Collection, name: str, definition: str, valid: bool, size: int) ->
     kind = _FUNCTIONS.get(match.group(1)) if match else None
     if match is None or kind is None:
         return None
-    field = match.group(2).replace("''", "'")
-    if index_name(c, field, kind) != name:
+    path = tuple(key.replace("''", "'") for key in _KEY.findall(match.group(2)))
+    if not path or _printed(path) != match.group(2) or index_name(c, path, kind) != name:
         return None
-    return MetadataIndex(field=field, type=kind, name=name, valid=bool(valid), size_bytes=int(size))
+    return MetadataIndex(field=_shown(path), type=kind, name=name, valid=bool(valid), size_bytes=int(size))

@@ -308,7 +308,7 @@ class VectorStore:
 
     # ------------------------------------------------------------------ typed metadata indexes
 
-    def create_metadata_index(self, *, collection: str, field: str, type: str) -> MetadataIndex:
+    def create_metadata_index(self, *, collection: str, field: str | list[str], type: str) -> MetadataIndex:
         """A B-tree index on a metadata field read as ``number``, ``timestamp`` or ``keyword``, built
         online (``CREATE INDEX CONCURRENTLY``); range and equality filters on it then use it."""
         c = self.get_collection(name=collection)

@@ -330,3 +330,43 @@ def test_a_connection_inside_a_transaction_is_refused(module_store: VectorStore,
         pytest.raises(ValueError, match="autocommit"),
     ):
         metadata_indexes.create(tx, c, "price", "number")
+
+
+@pytest.mark.parametrize("partitions", [1, 2])
+def test_a_nested_field_is_indexed_by_its_path_and_serves_its_filters(
+    module_store: VectorStore, conn: psycopg.Connection[Any], partitions: int
+) -> None:
+    """A photo's date taken (``metadata.image.taken_at``, sparse): a typed index on its path serves a
+    nested range filter through the index and its lists index, and is listed by its path."""
+    c = collection(module_store, partitions)
+    conn.execute(
+        sql.SQL(
+            "INSERT INTO {} (external_id, metadata) SELECT i::text, CASE WHEN i % 50 = 0 THEN jsonb_build_object("
+            "'image', jsonb_build_object('taken_at', to_char(timestamp '2024-01-01' + i * interval '1 hour', "
+            "'YYYY-MM-DD\"T\"HH24:MI:SS'))) ELSE jsonb_build_object('n', i) END FROM generate_series(0, 9999) AS i"
+        ).format(c.table)
+    )
+    index = metadata_indexes.create(conn, c, ["image", "taken_at"], "timestamp")
+    assert (index.field, index.type, index.valid) == (["image", "taken_at"], "timestamp", True)
+    assert [i.field for i in metadata_indexes.list(conn, c)] == [["image", "taken_at"]]
+    flt = {"image": {"taken_at": {"$gte": "2024-01-05", "$lt": "2024-01-07"}}}
+    scanned = indexes_scanned(explain(conn, c, flt))
+    if partitions == 1:
+        assert scanned == {index.name, lists_index_name(c, ["image", "taken_at"])}
+    else:
+        assert scanned == {index_name(c, ["image", "taken_at"], "timestamp", partition=i) for i in range(2)} | {
+            lists_index_name(c, ["image", "taken_at"], partition=i) for i in range(2)
+        }
+    assert count(conn, c, flt) == len([i for i in range(0, 10000, 50) if 96 <= i < 144])
+    # A top-level key that merely contains a dot is another field, with another index name.
+    assert index_name(c, "image.taken_at", "timestamp") != index.name
+    assert metadata_indexes.drop(conn, c, ["image", "taken_at"], "timestamp") is True
+    assert metadata_indexes.list(conn, c) == []
+    left = conn.execute("SELECT count(*) FROM pg_class WHERE relname LIKE %s", (f"memstore_mx_c{c.id}_%",)).fetchone()
+    assert left == (0,)
+
+
+@pytest.mark.parametrize("bad", [[], ["a"] * 9, ["a", ""], ["a", 5], [["a"]]])
+def test_a_bad_path_is_refused(bad: Any) -> None:
+    with pytest.raises(InvalidInputError):
+        check_field(bad)

@@ -10,7 +10,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from memstore.collections import HNSW_MAX_DIMENSIONS, MAX_PARTITIONS
 from memstore.filters import MAX_EXTERNAL_ID_LENGTH
 from memstore.keywords import DEFAULT_LANGUAGE, MAX_TEXT_FIELDS
-from memstore.metadata_indexes import MAX_FIELD_LENGTH
 from memstore.search_query import MAX_EXAMPLES, MAX_GROUP_SIZE, MAX_K, MAX_WEIGHT, MAX_WINDOW
 
 Metric = Literal["cosine", "l2", "inner_product"]
@@ -67,17 +66,26 @@ class CollectionPatch(Strict):
 class MetadataIndexIn(Strict):
     model_config = ConfigDict(
         extra="forbid",
-        json_schema_extra={"examples": [{"field": "taken", "type": "timestamp"}, {"field": "price", "type": "number"}]},
+        json_schema_extra={
+            "examples": [
+                {"field": "taken", "type": "timestamp"},
+                {"field": "price", "type": "number"},
+                {"field": ["image", "taken_at"], "type": "timestamp"},
+            ]
+        },
     )
 
-    field: str = Field(min_length=1, max_length=MAX_FIELD_LENGTH, description="A top-level metadata field.")
+    field: str | list[str] = Field(
+        description="A top-level metadata field, or the list of keys down to a nested one "
+        '(["image", "taken_at"]); each key 1 to 128 characters.'
+    )
     type: Literal["number", "timestamp", "keyword"] = Field(
         description="How the field's values are read: JSON numbers, ISO 8601 dates, or strings."
     )
 
 
 class MetadataIndexOut(BaseModel):
-    field: str
+    field: str | list[str]
     type: str
     name: str = Field(description="The index's name: DELETE .../indexes/{name} drops it.")
     valid: bool = Field(description="Built and usable (false while a build is unfinished).")

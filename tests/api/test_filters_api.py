@@ -101,3 +101,27 @@ def test_typed_indexes_are_made_listed_used_and_dropped(
 
     assert client.delete(f"{url}/{made['name']}").status_code == 204
     assert [i["field"] for i in client.get(url).json()["indexes"]].count("taken") == 0
+
+
+def test_a_nested_field_is_indexed_by_its_path(client: httpx.Client, collection_name: str) -> None:
+    assert client.post("/v1/collections", json={"name": collection_name, "dimensions": 2}).status_code == 201
+    items = [
+        {
+            "external_id": f"p{i}",
+            "vector": [1.0, float(i)],
+            "metadata": {"image": {"taken_at": f"2024-0{1 + i % 9}-10"}},
+        }
+        for i in range(18)
+    ]
+    assert client.post(f"/v1/collections/{collection_name}/items", json={"items": items}).status_code == 201
+    url = f"/v1/collections/{collection_name}/indexes"
+    r = client.post(url, json={"field": ["image", "taken_at"], "type": "timestamp"})
+    assert r.status_code == 201, r.text
+    assert r.json()["field"] == ["image", "taken_at"] and r.json()["valid"] is True
+    assert [i["field"] for i in client.get(url).json()["indexes"]] == [["image", "taken_at"]]
+    summer = {"image": {"taken_at": {"$gte": "2024-06-01", "$lt": "2024-09-01"}}}
+    count = client.post(f"/v1/collections/{collection_name}/items/count", json={"filter": summer}).json()["count"]
+    assert count == sum(1 for i in range(18) if 6 <= 1 + i % 9 <= 8)
+    _problem(client.post(url, json={"field": [], "type": "timestamp"}), 422)
+    _problem(client.post(url, json={"field": ["a"] * 9, "type": "timestamp"}), 422)
+    _problem(client.post(url, json={"field": ["a", 5], "type": "timestamp"}), 422)
