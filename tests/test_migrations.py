@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -99,3 +102,89 @@ def test_keyword_search_reaches_collections_made_before_it(empty_database: str) 
         assert all("fastupdate=off" in options for _, _, options in rows), rows
     finally:
         engine.dispose()
+
+
+# The schema a fresh database gets from the revisions, as text: compared with tests/data/schema_snapshot.txt,
+# so that a change to an old revision (or to anything it used to import) cannot change it unseen.
+SNAPSHOT = Path(__file__).resolve().parent / "data" / "schema_snapshot.txt"
+# Set to write the snapshot afresh (after adding a revision), then review the difference and commit it.
+UPDATE_SNAPSHOT = "MEMSTORE_UPDATE_SCHEMA_SNAPSHOT"
+
+
+def catalog(conn: psycopg.Connection[Any], tables: str = "%") -> list[str]:
+    """The schema of the tables whose names are LIKE ``tables`` (the whole public schema by default):
+    tables with their columns, constraints, indexes and triggers, sequences, the ``memstore_*``
+    functions and the extensions; one line each (a function's definition on several), sorted, with no
+    oids."""
+    lines: list[str] = []
+    for name, kind, bound, key in conn.execute(
+        "SELECT c.relname, c.relkind, coalesce(pg_get_expr(c.relpartbound, c.oid), ''), "
+        "coalesce(pg_get_partkeydef(c.oid), '') FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p') AND c.relname LIKE %s",
+        (tables,),
+    ):
+        lines.append(f"table {name} kind={kind} partition_key={key!r} bound={bound!r}")
+    for table, column, type_, notnull, default, identity, generated in conn.execute(
+        "SELECT c.relname, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull, "
+        "coalesce(pg_get_expr(d.adbin, d.adrelid), ''), a.attidentity, a.attgenerated "
+        "FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum "
+        "WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p') AND c.relname LIKE %s "
+        "AND a.attnum > 0 AND NOT a.attisdropped",
+        (tables,),
+    ):
+        extra = f" default={default!r}" if default else ""
+        extra += f" identity={identity}" if identity else ""
+        extra += f" generated={generated}" if generated else ""
+        lines.append(f"column {table}.{column} {type_}{' not null' if notnull else ''}{extra}")
+    for table, name, definition in conn.execute(
+        "SELECT c.relname, k.conname, pg_get_constraintdef(k.oid) FROM pg_constraint k "
+        "JOIN pg_class c ON c.oid = k.conrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = 'public' AND c.relname LIKE %s",
+        (tables,),
+    ):
+        lines.append(f"constraint {table}.{name} {definition}")
+    for table, definition, valid, options in conn.execute(
+        "SELECT t.relname, pg_get_indexdef(i.indexrelid), i.indisvalid, coalesce(x.reloptions, '{}') "
+        "FROM pg_index i JOIN pg_class x ON x.oid = i.indexrelid JOIN pg_class t ON t.oid = i.indrelid "
+        "JOIN pg_namespace n ON n.oid = t.relnamespace WHERE n.nspname = 'public' AND t.relname LIKE %s",
+        (tables,),
+    ):
+        lines.append(f"index {table} {definition}{'' if valid else ' INVALID'} options={sorted(options)}")
+    for table, definition, enabled in conn.execute(
+        "SELECT c.relname, pg_get_triggerdef(g.oid), g.tgenabled FROM pg_trigger g "
+        "JOIN pg_class c ON c.oid = g.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = 'public' AND NOT g.tgisinternal AND c.relname LIKE %s",
+        (tables,),
+    ):
+        lines.append(f"trigger {table} {definition} enabled={enabled}")
+    for (name,) in conn.execute(
+        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = 'public' AND c.relkind = 'S' AND c.relname LIKE %s",
+        (tables,),
+    ):
+        lines.append(f"sequence {name}")
+    if tables == "%":
+        for (definition,) in conn.execute(
+            "SELECT pg_get_functiondef(p.oid) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+            "WHERE n.nspname = 'public' AND p.proname LIKE 'memstore\\_%%' AND p.prokind = 'f'"
+        ):
+            lines.append("function " + "\n    ".join(line.rstrip() for line in definition.strip().splitlines()))
+        for (name,) in conn.execute("SELECT extname FROM pg_extension"):
+            lines.append(f"extension {name}")
+    return sorted(lines)
+
+
+def fresh_catalog(server_url: str) -> list[str]:
+    """The catalog of a new database upgraded to head."""
+    with scratch_database(server_url, "memstore_schema") as url, psycopg.connect(libpq_url(url)) as conn:
+        return catalog(conn)
+
+
+def test_a_fresh_database_gets_the_snapshot_schema(server_url: str) -> None:
+    """Revisions are frozen: the schema they give a new database is the one saved in the snapshot. A
+    new revision changes it on purpose: regenerate with MEMSTORE_UPDATE_SCHEMA_SNAPSHOT=1 and review."""
+    got = "\n".join(fresh_catalog(server_url)) + "\n"
+    if os.environ.get(UPDATE_SNAPSHOT):
+        SNAPSHOT.write_text(got)
+    assert got == SNAPSHOT.read_text()
