@@ -365,3 +365,16 @@ def test_cost_benchmark_serves_another_tenant_while_searches_are_abandoned_and_b
     assert result["keyword_p50_s"] > 0 and result["keyword_p50_parsed_s"] > 0
     assert result["abandoned_still_running"] == 0
     assert set(result["statuses"]) == {"200"} and result["statuses"]["200"] > 0
+
+
+def test_api_benchmark_measures_the_client_beside_plain_httpx(database_url: str) -> None:
+    result = _run(
+        "bench.api",
+        database_url,
+        *("--database-url", database_url, "--only", "search", "--n", "1500", "--dims", "32", "--seconds", "1"),
+        *("--rounds", "2", "--client-seconds", "2", "--client-batch", "100", "--concurrency", "2"),
+    )
+    assert result["ingest_images_per_s_ratio"] is None
+    for name in ("search_qps_ratio", "client_search_ratio", "client_upload_ratio"):
+        assert result[name] > 0, name
+    assert result["client"]["search_per_s_client"] > 0 and result["client"]["upload_per_s_httpx"] > 0
