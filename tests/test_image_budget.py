@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import re
 import subprocess
 import sys
 import textwrap
@@ -16,25 +15,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from bench.cost import scan_bomb
 from encoder import decode_budget
 from encoder.errors import DecodeTimeoutError, DecompressionBombError, ImageRejectedError
 from encoder.images import ImageOptions, decode_image, probe_image
 from memstore import ocr, thumbnails
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def scan_bomb(width: int, height: int, extra_scans: int) -> bytes:
-    """A valid progressive JPEG of a flat picture, with ``extra_scans`` copies of its smallest AC
-    scan spliced in before EOI: a few bytes each, a whole decoding pass each."""
-    buf = io.BytesIO()
-    Image.new("RGB", (width, height), (120, 130, 140)).save(buf, "JPEG", progressive=True, quality=85)
-    data = buf.getvalue()
-    eoi = data.rindex(b"\xff\xd9")
-    starts = [m.start() for m in re.finditer(b"\xff\xda", data)]
-    scans = [data[a:b] for a, b in zip(starts, [*starts[1:], eoi], strict=True)]
-    ac = min((s for s in scans if s[5 + 2 * s[4]] > 0), key=len)  # spectral start Ss > 0
-    return data[:eoi] + ac * extra_scans + data[eoi:]
 
 
 def png_of(img: Image.Image) -> bytes:
