@@ -14,12 +14,15 @@ already holds and re-sending never duplicates.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,14 +39,68 @@ IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".ti
 TEXT_SUFFIXES = {".txt", ".md"}
 # Tries of one request in all: on connection errors after 1, 2, 4 ... 30 s (about a minute and a half).
 ATTEMPTS = 8
+# The metadata field that names the folder an item came from (what --sync --delete keeps to).
+SOURCE = "source"
+# --wait: how often the collection is polled, and how long OCR may read nothing before the wait ends.
+POLL_S = 0.5
+OCR_STALL_S = 60
 
 
-@dataclass(frozen=True)
+@dataclass
 class Source:
+    """One item to send: an image or a text file (``path``), or a text of a JSONL line (``text``).
+
+    A file's ``metadata`` is completed by ``file_metadata`` (its hash needs its bytes, read only when
+    needed); ``size`` and ``modified`` are the file's, as ``os.stat`` gives them."""
+
     external_id: str
+    kind: str  # image or text
     path: Path | None = None
     text: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    size: int | None = None
+    modified: str | None = None
+    sha256: str | None = None
+
+    def digest(self) -> str:
+        """The SHA-256 of the file's bytes (of the text, for a JSONL line), read once."""
+        if self.sha256 is None:
+            data = self.path.read_bytes() if self.path is not None else (self.text or "").encode()
+            self.sha256 = hashlib.sha256(data).hexdigest()
+        return self.sha256
+
+    def load_text(self) -> str:
+        """A text item's text: a file's is read when it is sent (UnicodeDecodeError: not UTF-8)."""
+        if self.text is None and self.path is not None:
+            self.text = self.path.read_text(encoding="utf-8")
+        return self.text or ""
+
+
+def _modified(st: os.stat_result) -> str:
+    """A file's modification time as ISO 8601 in UTC, to the microsecond (what date-range filters compare)."""
+    moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=st.st_mtime_ns // 1000)
+    return moment.isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def _file(rel: str, f: Path, kind: str, source: str, extra: dict[str, Any]) -> Source:
+    st = f.stat()
+    meta = {**extra, "path": rel, "filename": f.name, "source": source, "size": st.st_size, "modified": _modified(st)}
+    return Source(rel, kind, path=f, metadata=meta, size=st.st_size, modified=meta["modified"])
+
+
+def file_metadata(s: Source) -> dict[str, Any]:
+    """What a file's item records: ``path``, ``filename``, ``source``, ``size``, ``modified`` and ``sha256``
+    (a JSONL line's metadata is its own)."""
+    if s.path is None:
+        return s.metadata
+    return {**s.metadata, "sha256": s.digest()}
+
+
+def source_of(path: Path) -> str:
+    """The folder an item records it came from (``metadata.source``): a folder's absolute path; for one
+    file, the folder that holds it (so that it is the same item as when its folder is ingested)."""
+    resolved = path.resolve()
+    return str(resolved if resolved.is_dir() else resolved.parent)
 
 
 def is_image(path: Path) -> bool:
@@ -74,30 +131,41 @@ def read_text(path: Path, where: str) -> str:
         ) from None
 
 
-def walk(path: Path, ignored: list[Path] | None = None) -> Iterator[Source]:
+def walk(
+    path: Path,
+    ignored: list[Path] | None = None,
+    *,
+    source: str | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> Iterator[Source]:
     """The items PATH holds (see the module's docstring); files a folder holds that are neither
-    images nor text files are appended to ``ignored``."""
+    images nor text files are appended to ``ignored``. Files' items record ``source`` (default:
+    ``source_of(path)``) and ``metadata`` besides their own facts."""
+    src = source or source_of(path)
+    extra = dict(metadata or {})
     if path.is_dir():
         for f in sorted(path.rglob("*")):
             if not f.is_file():
                 continue
             rel = f.relative_to(path).as_posix()
             if f.suffix.lower() in IMAGE_SUFFIXES:
-                yield Source(rel, path=f, metadata={"path": rel})
+                yield _file(rel, f, "image", src, extra)
             elif f.suffix.lower() in TEXT_SUFFIXES:
-                yield Source(rel, text=read_text(f, str(f)), metadata={"path": rel})
+                yield _file(rel, f, "text", src, extra)
             elif ignored is not None:
                 ignored.append(f)
         return
     if path.suffix.lower() == ".jsonl":
-        yield from _jsonl(path)
+        yield from _jsonl(path, extra)
     elif is_image(path):
-        yield Source(path.name, path=path, metadata={"path": path.name})
+        yield _file(path.name, path, "image", src, extra)
     else:
-        yield Source(path.name, text=read_text(path, str(path)), metadata={"path": path.name})
+        item = _file(path.name, path, "text", src, extra)
+        item.text = read_text(path, str(path))
+        yield item
 
 
-def _jsonl(path: Path) -> Iterator[Source]:
+def _jsonl(path: Path, extra: dict[str, Any]) -> Iterator[Source]:
     with path.open(encoding="utf-8") as fh:
         try:
             for n, line in enumerate(fh, 1):
@@ -109,9 +177,8 @@ def _jsonl(path: Path) -> Iterator[Source]:
                     raise SystemExit(f"memstore ingest: {path}:{n}: not JSON ({exc})") from None
                 if not isinstance(row, dict) or not isinstance(row.get("text"), str):
                     raise SystemExit(f'memstore ingest: {path}:{n}: expected {{"text": ...}}')
-                yield Source(
-                    str(row.get("external_id") or f"line-{n}"), text=row["text"], metadata=row.get("metadata") or {}
-                )
+                meta = {**extra, **(row.get("metadata") or {})}
+                yield Source(str(row.get("external_id") or f"line-{n}"), "text", text=row["text"], metadata=meta)
         except UnicodeDecodeError:
             raise SystemExit(f"memstore ingest: {path} is not UTF-8 text (a .jsonl file holds JSON lines)") from None
 
@@ -121,7 +188,7 @@ def batches_of(sources: list[Source], size: int) -> list[list[Source]]:
     out: list[list[Source]] = []
     for s in sources:
         last = out[-1] if out else None
-        if last is None or len(last) >= size or (last[0].path is None) != (s.path is None):
+        if last is None or len(last) >= size or last[0].kind != s.kind:
             out.append([s])
         else:
             last.append(s)
@@ -186,29 +253,61 @@ class Client:
             return SystemExit(f"memstore ingest: cannot reach {self.api.url}: {error.cause}")
         return SystemExit(f"memstore ingest: {doing}{error}")
 
-    def ensure_collection(self) -> bool:
+    def find(self) -> memstore_client.Collection | None:
+        """The collection, or None when there is none of that name."""
         import memstore_client
 
         try:
-            self.api.get_collection(self.collection)
-            return False
+            return self.api.get_collection(self.collection)
         except memstore_client.NotFoundError:
-            pass
+            return None
         except memstore_client.MemstoreError as error:
             raise self._exit(error) from None
+
+    def ensure_collection(self) -> bool:
+        import memstore_client
+
+        if self.find() is not None:
+            return False
         try:
             self.api.create_collection(self.collection)
         except memstore_client.MemstoreError as error:
             raise self._exit(error, f"cannot create collection {self.collection!r}: ") from None
         return True
 
-    def existing(self, ids: list[str]) -> set[str]:
+    def existing(self, ids: list[str]) -> dict[str, int]:
+        """Which of these external ids the collection holds: external id -> item id."""
         import memstore_client
 
         try:
-            return set(self.api.lookup(self.collection, ids))
+            return self.api.lookup(self.collection, ids)
         except memstore_client.MemstoreError as error:
             raise self._exit(error) from None
+
+    def from_source(self, source: str, path: str | None = None) -> dict[str, memstore_client.Item]:
+        """The items that record ``source`` as the folder they came from (and ``path``, if given), by
+        external id: listed by their metadata filter, 1,000 a request; the rest of the collection is
+        never read."""
+        import memstore_client
+
+        wanted: dict[str, Any] = {SOURCE: source} if path is None else {SOURCE: source, "path": path}
+        try:
+            return {i.external_id: i for i in self.api.iter_items(self.collection, filter=wanted, page_size=1000)}
+        except memstore_client.MemstoreError as error:
+            raise self._exit(error) from None
+
+    def delete(self, source: str, paths: list[str]) -> int:
+        """Delete the items of ``source`` at these paths: the filter names the source, so an item that
+        records another is never deleted, whatever its path."""
+        import memstore_client
+
+        deleted = 0
+        try:
+            for chunk in _filter_chunks(paths):
+                deleted += self.api.delete_items(self.collection, filter={SOURCE: source, "path": {"$in": chunk}})
+        except memstore_client.MemstoreError as error:
+            raise self._exit(error, "cannot delete: ") from None
+        return deleted
 
     def stats(self) -> memstore_client.Collection:
         import memstore_client
@@ -223,15 +322,17 @@ class Client:
         import memstore_client
 
         try:
-            if batch[0].path is None:
-                items = [{"external_id": s.external_id, "text": s.text, "metadata": s.metadata} for s in batch]
+            if batch[0].kind == "text":
+                items = [
+                    {"external_id": s.external_id, "text": s.load_text(), "metadata": file_metadata(s)} for s in batch
+                ]
                 return self.api.add_items(self.collection, items)
             files = [(s.path.name, s.path.read_bytes()) for s in batch if s.path is not None]
             return self.api.upload(
                 self.collection,
                 files,
                 external_ids=[s.external_id for s in batch],
-                metadata=[s.metadata for s in batch],
+                metadata=[file_metadata(s) for s in batch],
             )
         except memstore_client.APIError as error:
             return error
@@ -239,13 +340,119 @@ class Client:
             raise self._exit(error) from None
 
 
-@click.command("ingest", short_help="upload a folder, a JSONL of texts or one file (resumable)")
+def _filter_chunks(paths: list[str], budget: int = 12_000) -> Iterator[list[str]]:
+    """Paths in lists that keep a filter within the filter language's bounds (16 KiB, 512 values)."""
+    chunk: list[str] = []
+    size = 0
+    for p in paths:
+        n = len(json.dumps(p)) + 2
+        if chunk and (size + n > budget or len(chunk) >= 500):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(p)
+        size += n
+    if chunk:
+        yield chunk
+
+
+@dataclass
+class Plan:
+    """What a run does: the items to send (new ones, changed ones, ones recorded without this folder),
+    the ones left as they are, and the paths whose items are deleted (their files are gone)."""
+
+    new: list[Source] = field(default_factory=list)
+    changed: list[Source] = field(default_factory=list)
+    adopted: list[Source] = field(default_factory=list)
+    unchanged: list[Source] = field(default_factory=list)
+    delete: list[str] = field(default_factory=list)
+
+    @property
+    def send(self) -> list[Source]:
+        return [*self.new, *self.changed, *self.adopted]
+
+
+def same_record(s: Source, stored: dict[str, Any]) -> bool:
+    """Whether an item's stored metadata already says what this file's would: the same content (by
+    its hash; a file whose size and modification time are the recorded ones is not read again) and the
+    same facts and --metadata."""
+    if s.path is None:
+        return False
+    recorded = stored.get("sha256")
+    if not isinstance(recorded, str):
+        return False
+    if stored.get("size") == s.size and stored.get("modified") == s.modified:
+        s.sha256 = recorded  # unchanged, as rsync and git judge it: not read again
+    ours = file_metadata(s)
+    return all(stored.get(k) == v for k, v in ours.items())
+
+
+def plan_sync(client: Client | None, sources: list[Source], source: str, delete: bool) -> Plan:
+    """Compare the folder with the items that record it (``client`` None: a collection not yet made)."""
+    plan = Plan()
+    # One file (not a folder to delete from) looks up its own item only.
+    only = sources[0].metadata.get("path") if len(sources) == 1 and not delete else None
+    listed = client.from_source(source, only) if client is not None else {}
+    others: list[Source] = []
+    for s in sources:
+        item = listed.get(s.external_id)
+        if item is None:
+            others.append(s)
+        elif same_record(s, item.metadata):
+            plan.unchanged.append(s)
+        else:
+            plan.changed.append(s)
+    found: dict[str, int] = {}
+    if client is not None:
+        for i in range(0, len(others), 1000):
+            found.update(client.existing([s.external_id for s in others[i : i + 1000]]))
+    for s in others:
+        (plan.adopted if s.external_id in found else plan.new).append(s)
+    if delete:
+        here = {s.external_id for s in sources}
+        plan.delete = sorted(str(item.metadata.get("path", eid)) for eid, item in listed.items() if eid not in here)
+    return plan
+
+
+def plan_resume(client: Client | None, sources: list[Source]) -> Plan:
+    """Without --sync: send what the collection does not hold yet (a run started again resumes)."""
+    plan = Plan()
+    for i in range(0, len(sources), 1000):
+        chunk = sources[i : i + 1000]
+        have = client.existing([s.external_id for s in chunk]) if client is not None else {}
+        for s in chunk:
+            (plan.unchanged if s.external_id in have else plan.new).append(s)
+    return plan
+
+
+@click.command("ingest", short_help="upload a folder, a JSONL of texts or one file (resumable, --sync)")
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--collection", required=True, metavar="NAME", help="target collection (created if missing)")
 @api_options
+@click.option(
+    "--sync",
+    is_flag=True,
+    help="also send again the files whose content changed since they were sent (by their SHA-256)",
+)
+@click.option("--delete", is_flag=True, help="with --sync: delete the items of this folder whose files are gone")
+@click.option("--dry-run", is_flag=True, help="say what would be sent and deleted; send and delete nothing")
+@click.option(
+    "--source",
+    metavar="LABEL",
+    help="what the items record as the folder they came from (metadata.source; default: the folder's "
+    "absolute path): give the same label when the folder moves",
+)
+@click.option(
+    "--metadata",
+    "extra",
+    metavar="JSON",
+    callback=lambda _c, _p, v: _json_object(v),
+    help='metadata for every item, e.g. {"tags": ["phone"]} (the file facts take precedence)',
+)
 @click.option("--batch", type=int, metavar="N", default=16, help="items per request")
 @click.option("--concurrency", type=int, metavar="N", default=2, help="requests in flight")
-@click.option("--wait", is_flag=True, help="after uploading, wait until every vector is written")
+@click.option(
+    "--wait", is_flag=True, help="after uploading, wait until every vector is written (and, with OCR on, read)"
+)
 @click.option("--no-progress", is_flag=True, help="no progress bar")
 @json_option("print the summary as JSON")
 def command(
@@ -253,6 +460,11 @@ def command(
     collection: str,
     url: str,
     key: str | None,
+    sync: bool,
+    delete: bool,
+    dry_run: bool,
+    source: str | None,
+    extra: dict[str, Any] | None,
     batch: int,
     concurrency: int,
     wait: bool,
@@ -266,7 +478,13 @@ def command(
 
     Each item's external id is its path relative to the folder (a single file: its name; a JSONL
     line: its external_id, else line-N), so a run started again skips what the server already holds
-    and sending again never duplicates.
+    and sending again never duplicates. A file's item records path, filename, source (the folder),
+    size, modified and sha256 in its metadata.
+
+    --sync makes the collection follow the folder (safe to run from cron): files whose content
+    changed are sent again, new ones sent, and with --delete the items of this folder (those whose
+    metadata.source is this folder) whose files are gone are deleted; items from elsewhere are never
+    touched. --dry-run says what it would do.
     """
     from tqdm import tqdm
 
@@ -277,76 +495,219 @@ def command(
     if not path.exists():
         click.echo(f"memstore ingest: {path} does not exist", err=True)
         return EXIT_USAGE
+    folder = path.is_dir()
+    if delete and not sync:
+        click.echo("memstore ingest: --delete goes with --sync", err=True)
+        return EXIT_USAGE
+    if sync and not folder and path.suffix.lower() == ".jsonl":
+        click.echo("memstore ingest: --sync follows a folder or a file; a .jsonl's lines are not files", err=True)
+        return EXIT_USAGE
+    if delete and not folder:
+        click.echo("memstore ingest: --delete needs a folder (its items whose files are gone are deleted)", err=True)
+        return EXIT_USAGE
+    label = source or source_of(path)
     ignored: list[Path] = []
-    sources = list(walk(path, ignored))
+    sources = list(walk(path, ignored, source=label, metadata=extra))
     client = Client(url, key, collection)
-    created = client.ensure_collection()
     started = time.monotonic()
-    todo: list[Source] = []
-    for i in range(0, len(sources), 1000):  # resume: skip what the server already holds
-        chunk = sources[i : i + 1000]
-        have = client.existing([s.external_id for s in chunk])
-        todo.extend(s for s in chunk if s.external_id not in have)
+    created = False
+    if dry_run:
+        target = client if client.find() is not None else None
+    else:
+        created = client.ensure_collection()
+        target = client
+    plan = plan_sync(target, sources, label, delete) if sync else plan_resume(target, sources)
+    withheld = ""
+    if plan.delete and not sources:
+        # An empty folder (a disk not mounted, a wrong path) never empties the collection.
+        withheld = f"the folder has no files: the {len(plan.delete)} item(s) of {label} are not deleted"
+        plan.delete = []
     counts = {"created": 0, "updated": 0, "metadata": 0, "unchanged": 0, "rejected": 0}
     errors: list[str] = []
-    batches = batches_of(todo, max(1, batch))
-    bar = tqdm(total=len(todo), unit="item", disable=no_progress, desc="upload", file=sys.stderr)
-    with ThreadPoolExecutor(max(1, concurrency)) as pool:
-        for sent, answer in zip(batches, pool.map(client.send, batches), strict=True):
-            if isinstance(answer, memstore_client.ItemsAck):
-                for item in answer.items:
-                    counts[item.change] = counts.get(item.change, 0) + 1
-            elif answer.status in (401, 403):  # the key, not the items: no other batch would pass
-                raise SystemExit(f"memstore ingest: {answer}")
-            else:
-                counts["rejected"] += len(sent)
-                rest = f" and {len(sent) - 1} more in its batch" if len(sent) > 1 else ""
-                errors.append(f"{sent[0].external_id}{rest}: {answer}")
-            bar.update(len(sent))
-    bar.close()
-    pending = 0
-    if wait:
-        pending = _wait(client, no_progress)
-    stats = client.stats()
+    deleted = 0
+    todo = plan.send
+    waited: dict[str, int | None] = {"pending": None, "ocr_pending": None}
+    if not dry_run:
+        todo = _readable(todo, errors)
+        counts["rejected"] += len(plan.send) - len(todo)
+        queued = 0  # items this run left to embed
+        images = 0  # and images among them, for OCR
+        bar = tqdm(total=len(todo), unit="item", disable=no_progress, desc="upload", file=sys.stderr)
+        batches = batches_of(todo, max(1, batch))
+        with ThreadPoolExecutor(max(1, concurrency)) as pool:
+            for sent, answer in zip(batches, pool.map(client.send, batches), strict=True):
+                if isinstance(answer, memstore_client.ItemsAck):
+                    for item in answer.items:
+                        counts[item.change] = counts.get(item.change, 0) + 1
+                        if item.status == "pending":
+                            queued += 1
+                            images += sent[0].kind == "image"
+                elif answer.status in (401, 403):  # the key, not the items: no other batch would pass
+                    raise SystemExit(f"memstore ingest: {answer}")
+                else:
+                    counts["rejected"] += len(sent)
+                    rest = f" and {len(sent) - 1} more in its batch" if len(sent) > 1 else ""
+                    errors.append(f"{sent[0].external_id}{rest}: {answer}")
+                bar.update(len(sent))
+        bar.close()
+        if plan.delete:
+            deleted = client.delete(label, plan.delete)
+        if wait:
+            waited = _wait(client, queued, images, no_progress)
+    stats = client.stats() if target is not None else None
     seconds = time.monotonic() - started
-    summary = {
+    summary: dict[str, Any] = {
         "collection": collection,
         "collection_created": created,
+        "source": label,
+        "sync": sync,
+        "dry_run": dry_run,
         "found": len(sources),
         "ignored": len(ignored),
-        "skipped": len(sources) - len(todo),
-        "sent": len(todo),
+        "skipped": len(plan.unchanged),
+        "sent": 0 if dry_run else len(todo),
+        "new": len(plan.new),
+        "changed": len(plan.changed),
+        "adopted": len(plan.adopted),
+        "deleted": len(plan.delete) if dry_run else deleted,
         **counts,
-        "pending": stats.pending if stats.pending is not None else pending,
-        "failed": stats.failed,
+        "pending": stats.pending if stats is not None else None,
+        "failed": stats.failed if stats is not None else None,
+        "ocr_pending": stats.ocr_pending if stats is not None else None,
         "seconds": round(seconds, 2),
-        "items_per_s": round(len(todo) / seconds, 2) if seconds > 0 else None,
+        "items_per_s": round(len(todo) / seconds, 2) if seconds > 0 and not dry_run else None,
         "errors": errors[:20],
     }
+    if sync or dry_run:
+        summary["paths"] = {
+            "new": [s.external_id for s in plan.new][:1000],
+            "changed": [s.external_id for s in plan.changed + plan.adopted][:1000],
+            "deleted": plan.delete[:1000],
+        }
+    if withheld:
+        summary["warning"] = withheld
     if as_json:
         print_json(summary)
     else:
-        click.echo(
-            f"{collection}: {len(todo)} sent ({counts['created']} new, {counts['updated']} changed, "
-            f"{counts['unchanged']} unchanged, {counts['rejected']} rejected), {summary['skipped']} already there; "
-            f"{summary['pending']} pending, {summary['failed']} failed in the collection; {seconds:.1f} s"
-            + (f"; ignored {len(ignored)} file(s) that are neither images nor .txt/.md" if ignored else "")
-        )
+        click.echo(_report(summary, len(ignored)))
+        if dry_run:
+            for what, ids in summary["paths"].items():
+                for eid in ids[:50]:
+                    click.echo(f"  {what:8} {eid}")
         for e in errors[:20]:
             click.echo(f"  {e}", err=True)
-    return 1 if counts["rejected"] else 0
+    if withheld:
+        click.echo(f"memstore ingest: {withheld}", err=True)
+    if waited.get("ocr_stalled"):
+        click.echo(
+            f"memstore ingest: {waited['ocr_pending']} image(s) still wait for OCR and none was read in "
+            f"{OCR_STALL_S} s: is Tesseract installed where the workers run (Debian: apt-get install "
+            "tesseract-ocr tesseract-ocr-eng)? The server's log says why.",
+            err=True,
+        )
+    return 1 if counts["rejected"] or withheld else 0
 
 
-def _wait(client: Client, quiet: bool) -> int:
+def _report(summary: dict[str, Any], ignored: int) -> str:
+    """The summary as one line: what the run did (or would do), and the collection's state."""
+    name = summary["collection"]
+    if summary["dry_run"]:
+        would = (
+            f"{name}: dry run, nothing sent or deleted: would send {summary['new']} new and "
+            f"{summary['changed'] + summary['adopted']} changed, delete {summary['deleted']}; "
+            f"{summary['skipped']} unchanged"
+        )
+        return would + (f"; ignored {ignored} file(s) that are neither images nor .txt/.md" if ignored else "")
+    sent = (
+        f"{summary['sent']} sent ({summary['created']} new, {summary['updated']} changed, "
+        f"{summary['metadata']} metadata only, {summary['unchanged']} unchanged, {summary['rejected']} rejected)"
+    )
+    if summary["sync"]:
+        head = (
+            f"{name}: sync of {summary['source']}: {summary['new']} new, {summary['changed']} changed, "
+            f"{summary['deleted']} deleted, {summary['skipped']} unchanged"
+            + (f", {summary['adopted']} recorded as this folder's" if summary["adopted"] else "")
+            + f"; {sent}"
+        )
+    else:
+        head = f"{name}: {sent}, {summary['skipped']} already there"
+    tail = f"; {summary['pending']} pending, {summary['failed']} failed in the collection"
+    if summary.get("ocr_pending"):
+        tail += f", {summary['ocr_pending']} waiting for OCR"
+    return (
+        head
+        + tail
+        + f"; {summary['seconds']:.1f} s"
+        + (f"; ignored {ignored} file(s) that are neither images nor .txt/.md" if ignored else "")
+    )
+
+
+def _json_object(value: str | None) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    try:
+        parsed = json.loads(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON ({exc})") from None
+    if not isinstance(parsed, dict):
+        raise click.BadParameter('a JSON object, e.g. {"tags": ["phone"]}')
+    return parsed
+
+
+def _readable(todo: list[Source], errors: list[str]) -> list[Source]:
+    """The items to send, less the text files that are not UTF-8 (each said in ``errors``)."""
+    out = []
+    for s in todo:
+        if s.kind == "text":
+            try:
+                s.load_text()
+            except UnicodeDecodeError:
+                errors.append(f"{s.external_id}: not UTF-8 text")
+                continue
+            except OSError as exc:
+                errors.append(f"{s.external_id}: {exc}")
+                continue
+        out.append(s)
+    return out
+
+
+def _wait(client: Client, queued: int, images: int, quiet: bool) -> dict[str, Any]:
+    """Wait until nothing is pending in the collection, then, with OCR on, until its images are read.
+
+    The bars count this run's items (``queued`` to embed, ``images`` to read) or what the collection
+    has waiting, whichever is more; OCR that reads nothing for OCR_STALL_S (no Tesseract on the
+    workers' hosts) ends the wait with ``ocr_stalled``."""
     from tqdm import tqdm
 
-    total = client.stats().pending or 0
-    bar = tqdm(total=total, unit="item", disable=quiet, desc="embed", file=sys.stderr)
-    pending = total
+    stats = client.stats()
+    pending = stats.pending or 0
+    total = max(queued, pending)
+    bar = tqdm(total=total, initial=total - pending, unit="item", disable=quiet, desc="embed", file=sys.stderr)
     while pending:
-        time.sleep(0.5)
-        pending = client.stats().pending or 0
+        time.sleep(POLL_S)
+        stats = client.stats()
+        pending = stats.pending or 0
         bar.n = max(0, total - pending)
         bar.refresh()
     bar.close()
-    return pending
+    out: dict[str, Any] = {"pending": 0, "ocr_pending": stats.ocr_pending, "ocr_stalled": False}
+    if not stats.ocr:
+        return out
+    waiting = stats.ocr_pending or 0
+    total = max(images, waiting)
+    bar = tqdm(total=total, initial=total - waiting, unit="image", disable=quiet, desc="ocr", file=sys.stderr)
+    last, since = waiting, time.monotonic()
+    while waiting:
+        time.sleep(POLL_S)
+        stats = client.stats()
+        waiting = stats.ocr_pending or 0
+        if waiting != last:
+            last, since = waiting, time.monotonic()
+        elif time.monotonic() - since > OCR_STALL_S:
+            out["ocr_stalled"] = True
+            break
+        bar.n = max(0, total - waiting)
+        bar.refresh()
+    bar.close()
+    out["ocr_pending"] = waiting
+    return out

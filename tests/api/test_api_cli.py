@@ -82,6 +82,7 @@ def test_ingest_a_folder_then_resume_without_duplicates(tmp_path, server, admin_
         assert (stats["items"], stats["ready"]) == (6, 6)
         notes = c.get(f"/v1/collections/{collection_name}/items", params={"external_id": "notes.txt"}).json()
         assert notes["items"][0]["text"] == "a text file is a text item"
+        assert notes["items"][0]["metadata"]["filename"] == "notes.txt"  # as an image's: found by its name
         item = c.get(f"/v1/collections/{collection_name}/items", params={"external_id": "sub/p3.png"}).json()
         assert item["items"][0]["metadata"]["path"] == "sub/p3.png"
 
