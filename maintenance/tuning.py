@@ -1,0 +1,165 @@
+"""Recall target: from recall measured at a ladder of ef_search values to the ef searches should use.
+A pure function (the worker measures, ``maintenance.ladder``; this decides).
+
+The choice: the smallest ef whose recall's *lower confidence bound* reaches the target, so that a
+lucky sample does not set an ef that misses the target on the queries that follow. The bound is the
+Wilson score interval's lower end on the per-neighbour hits: a probe of ``n`` queries at recall@k
+makes ``k * n`` trials (is the i-th true neighbour among the answers?) of which ``hits`` succeed.
+Wilson rather than the normal approximation because recall lives near 1, where the normal interval
+is too narrow and can pass 1; it stays inside [0, 1] and is sound for tiny samples (one query,
+ten trials, all hits: a lower bound of 0.79, not 1.0).
+
+The hits of one query are not independent (a hard query tends to miss several neighbours), so the
+k * n trials overstate the sample's information somewhat; ``design_effect`` divides the trials to
+account for that (1: none; the worker's default is 2, measured by ``python -m bench.recall_target``:
+docs/maintenance.md, "Recall target").
+
+Noise: the ladder is measured on one set of queries against one set of exact answers, so recall
+rises with ef almost always; where it does not (a rung above a passing one reads lower), the passing
+rung is not trusted, and the choice is the smallest ef from which every measured rung passes.
+
+When no rung passes, the choice is the ladder's largest ef measured (the best this graph gives) with
+``reachable`` False: a denser graph (hnsw_m, hnsw_ef_construction) is what reaches the target then.
+``sample_limited`` says the best rung's upper bound still reaches the target: more queries, not a
+denser graph, might tell.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# The ef values a tuning pass tries, in order; pgvector's hnsw.ef_search takes at most 1000.
+LADDER: tuple[int, ...] = (10, 20, 40, 80, 120, 160, 240, 320, 480, 640, 1000)
+MAX_EF = 1000
+# One-sided 95%: the target is missed by chance at most about one time in twenty.
+DEFAULT_Z = 1.645
+DEFAULT_DESIGN_EFFECT = 2.0
+
+
+@dataclass(frozen=True)
+class Point:
+    """Recall@k measured at one ef over ``queries`` queries."""
+
+    ef: int
+    recall: float
+    queries: int
+    k: int = 10
+
+    @property
+    def trials(self) -> int:
+        return self.k * self.queries
+
+    @property
+    def hits(self) -> float:
+        return self.recall * self.trials
+
+
+@dataclass(frozen=True)
+class Tuning:
+    ef: int  # the ef searches should use
+    reachable: bool  # some rung's lower bound reached the target
+    target: float
+    recall: float | None  # measured at ``ef``
+    lower: float | None  # its lower confidence bound
+    sample_limited: bool = False  # unreachable, but the best rung's upper bound reaches the target
+    reason: str = ""
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "ef": self.ef,
+            "reachable": self.reachable,
+            "target": self.target,
+            "recall": None if self.recall is None else round(self.recall, 5),
+            "lower": None if self.lower is None else round(self.lower, 5),
+            "sample_limited": self.sample_limited,
+            "reason": self.reason,
+        }
+
+
+def wilson(hits: float, trials: float, z: float = DEFAULT_Z) -> tuple[float, float]:
+    """The Wilson score interval of a proportion ``hits / trials`` at normal quantile ``z``."""
+    if trials <= 0:
+        return 0.0, 1.0
+    p = min(max(hits / trials, 0.0), 1.0)
+    z2 = z * z
+    centre = (p + z2 / (2 * trials)) / (1 + z2 / trials)
+    half = z * math.sqrt(p * (1 - p) / trials + z2 / (4 * trials * trials)) / (1 + z2 / trials)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def bounds(p: Point, *, z: float = DEFAULT_Z, design_effect: float = DEFAULT_DESIGN_EFFECT) -> tuple[float, float]:
+    """The confidence interval of ``p``'s recall, its trials divided by the design effect."""
+    trials = p.trials / max(design_effect, 1.0)
+    return wilson(p.recall * trials, trials, z)
+
+
+def passes(p: Point, target: float, *, z: float = DEFAULT_Z, design_effect: float = DEFAULT_DESIGN_EFFECT) -> bool:
+    """The rung's recall reaches ``target`` with the margin: its lower bound does."""
+    return bounds(p, z=z, design_effect=design_effect)[0] >= target
+
+
+def check_target(target: float) -> float:
+    if isinstance(target, bool) or not isinstance(target, int | float) or not 0.0 < float(target) < 1.0:
+        raise ValueError(f"a recall target lies strictly between 0 and 1, not {target!r}")
+    return float(target)
+
+
+def choose_ef(
+    points: Sequence[Point],
+    target: float,
+    *,
+    z: float = DEFAULT_Z,
+    design_effect: float = DEFAULT_DESIGN_EFFECT,
+) -> Tuning:
+    """The smallest ef from which every measured rung's lower bound reaches ``target``; else the
+    largest ef measured, flagged unreachable (see the module's docstring)."""
+    target = check_target(target)
+    if not points:
+        raise ValueError("no measured points to choose from")
+    ladder = sorted(points, key=lambda p: p.ef)
+    if len({p.ef for p in ladder}) != len(ladder):
+        raise ValueError("one point per ef")
+    ok = [passes(p, target, z=z, design_effect=design_effect) for p in ladder]
+    # The first rung from which all the rest pass (a failing rung above resets it).
+    chosen: int | None = None
+    for i in range(len(ladder) - 1, -1, -1):
+        if not ok[i]:
+            break
+        chosen = i
+    if chosen is not None:
+        p = ladder[chosen]
+        lower = bounds(p, z=z, design_effect=design_effect)[0]
+        return Tuning(
+            ef=p.ef,
+            reachable=True,
+            target=target,
+            recall=p.recall,
+            lower=lower,
+            reason=f"recall {p.recall:.3f} (at least {lower:.3f}) at ef_search {p.ef} over {p.queries} queries",
+        )
+    best = ladder[-1]
+    lower, upper = bounds(best, z=z, design_effect=design_effect)
+    limited = upper >= target
+    why = (
+        "the sample is too small to tell; more queries might"
+        if limited
+        else "a denser graph (hnsw_m, hnsw_ef_construction) is needed"
+    )
+    return Tuning(
+        ef=best.ef,
+        reachable=False,
+        target=target,
+        recall=best.recall,
+        lower=lower,
+        sample_limited=limited,
+        reason=f"target {target:g} not reached: recall {best.recall:.3f} (at least {lower:.3f}) at the largest "
+        f"ef_search tried, {best.ef}; {why}",
+    )
+
+
+def ladder_for(maximum: int = MAX_EF, ladder: Sequence[int] = LADDER) -> list[int]:
+    """The rungs up to ``maximum`` (and ``maximum`` itself as the last rung)."""
+    rungs = sorted({e for e in ladder if e < maximum} | {min(maximum, MAX_EF)})
+    return [e for e in rungs if e >= 1]

@@ -1,0 +1,107 @@
+"""Recall target: the ef chosen from a measured ladder (pure), and the worker's tuning pass."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from maintenance.tuning import LADDER, Point, bounds, choose_ef, ladder_for, passes, wilson
+
+# ------------------------------------------------------------------ the decision (no database)
+
+
+def test_wilson_stays_inside_zero_one_and_narrows_with_trials() -> None:
+    lo, hi = wilson(10, 10)
+    assert 0.0 < lo < 1.0 and hi == 1.0
+    assert wilson(0, 10)[0] == 0.0
+    assert wilson(0, 0) == (0.0, 1.0)
+    wide, narrow = wilson(95, 100), wilson(9500, 10000)
+    assert wide[0] < narrow[0] < 0.95 < narrow[1] < wide[1]
+
+
+def test_monotone_ladder_picks_the_smallest_rung_passing_with_margin() -> None:
+    recalls = {10: 0.70, 20: 0.82, 40: 0.91, 80: 0.96, 120: 0.985, 160: 0.995, 240: 0.999}
+    points = [Point(ef, r, queries=200) for ef, r in recalls.items()]
+    t = choose_ef(points, 0.95)
+    # 0.96 over 2000 trials (1000 after the design effect) has a lower bound just under 0.95.
+    assert not passes(Point(80, 0.96, 200), 0.95)
+    assert t.reachable and t.ef == 120 and t.recall == 0.985
+    assert t.lower is not None and 0.95 <= t.lower < 0.985
+    assert choose_ef(points, 0.9).ef == 80
+    assert choose_ef(points, 0.99).ef == 240
+
+
+def test_a_rung_exactly_at_the_target_does_not_pass() -> None:
+    """The margin: a point estimate equal to the target has a lower bound below it."""
+    t = choose_ef([Point(40, 0.95, 1000), Point(80, 1.0, 1000)], 0.95)
+    assert t.ef == 80
+
+
+def test_noisy_ladder_does_not_trust_a_pass_below_a_failing_rung() -> None:
+    points = [Point(10, 0.80, 100), Point(20, 0.995, 100), Point(40, 0.90, 100), Point(80, 0.999, 100)]
+    t = choose_ef(points, 0.95)
+    assert t.reachable and t.ef == 80
+    # Order of the input does not matter.
+    assert choose_ef(list(reversed(points)), 0.95).ef == 80
+
+
+def test_unreachable_target_takes_the_largest_rung_and_says_a_denser_graph_is_needed() -> None:
+    points = [Point(ef, r, 500) for ef, r in [(10, 0.5), (80, 0.80), (320, 0.86), (1000, 0.88)]]
+    t = choose_ef(points, 0.95)
+    assert not t.reachable and t.ef == 1000 and t.recall == 0.88
+    assert not t.sample_limited
+    assert "denser graph" in t.reason and "hnsw_m" in t.reason
+
+
+def test_tiny_sample_is_not_trusted_even_at_perfect_recall() -> None:
+    # One query, ten neighbours, all found: far too little evidence for 0.95.
+    t = choose_ef([Point(40, 1.0, 1), Point(80, 1.0, 1)], 0.95)
+    assert not t.reachable and t.ef == 80 and t.sample_limited
+    assert "sample" in t.reason
+    # ... but enough for a modest target.
+    assert choose_ef([Point(40, 1.0, 5)], 0.5).reachable
+
+
+def test_design_effect_widens_the_interval() -> None:
+    p = Point(80, 0.97, 100)
+    assert bounds(p, design_effect=4.0)[0] < bounds(p, design_effect=1.0)[0]
+    assert passes(p, 0.95, design_effect=1.0) and not passes(p, 0.95, design_effect=4.0)
+
+
+@pytest.mark.parametrize("bad", [0.0, 1.0, -0.1, 1.5, True, float("nan")])
+def test_targets_outside_zero_one_are_refused(bad: float) -> None:
+    with pytest.raises(ValueError):
+        choose_ef([Point(10, 0.9, 10)], bad)
+
+
+def test_no_points_or_duplicate_rungs_are_refused() -> None:
+    with pytest.raises(ValueError):
+        choose_ef([], 0.9)
+    with pytest.raises(ValueError):
+        choose_ef([Point(10, 0.9, 10), Point(10, 0.95, 10)], 0.9)
+
+
+def test_random_monotone_ladders_meet_the_target_on_the_truth() -> None:
+    """Simulated: per-query recall drawn around a true curve; the chosen ef's *true* recall reaches the
+    target in nearly every trial, and the choice is never far above the smallest true ef that does."""
+    rng = np.random.default_rng(7)
+    ladder = ladder_for()
+    true = {ef: 1 - 0.6 * np.exp(-ef / 60) for ef in ladder}
+    misses = 0
+    for _ in range(200):
+        points = []
+        for ef in ladder:
+            hits = rng.binomial(10, true[ef], size=100)  # 100 queries, k = 10
+            points.append(Point(ef, float(hits.mean() / 10), 100))
+        t = choose_ef(points, 0.95)
+        assert t.reachable
+        misses += true[t.ef] < 0.95
+        smallest = min(ef for ef in ladder if true[ef] >= 0.95)
+        assert t.ef <= ladder[ladder.index(smallest) + 1]
+    assert misses <= 10
+
+
+def test_ladder_for_caps_and_keeps_the_maximum() -> None:
+    assert ladder_for() == list(LADDER)
+    assert ladder_for(100) == [10, 20, 40, 80, 100]
+    assert ladder_for(5000)[-1] == 1000
