@@ -25,6 +25,10 @@ NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
 # pgvector indexes `vector` columns of at most 2,000 dimensions with HNSW.
 HNSW_MAX_DIMENSIONS = 2000
 MAX_PARTITIONS = 256
+# The recall a collection's searches should reach (``options``): the maintenance worker then sets its
+# default ef_search to the least that reaches it (``maintenance.tuning``), and records how in RECALL_TUNING.
+RECALL_TARGET = "recall_target"
+RECALL_TUNING = "recall_tuning"
 
 Metric = Literal["cosine", "l2", "inner_product"]
 
@@ -191,6 +195,18 @@ class Collection:
         """Text is read in the collection's images and is part of its keywords (``memstore.ocr_items``)."""
         return bool(self.options.get("ocr"))
 
+    @property
+    def recall_target(self) -> float | None:
+        """The recall@k its default searches should reach (None: a fixed ef_search)."""
+        value = self.options.get(RECALL_TARGET)
+        return None if value is None else float(value)
+
+    @property
+    def recall_tuning(self) -> dict[str, Any] | None:
+        """The last tuning of ef_search to the recall target (``maintenance.tuning.Tuning.as_json``)."""
+        value = self.options.get(RECALL_TUNING)
+        return value if isinstance(value, dict) else None
+
     def partition_tables(self) -> list[str]:
         """The tables that hold rows: the table itself, or each of its partitions."""
         if self.partitions == 1:
@@ -255,6 +271,15 @@ def validate_collection_params(
         raise InvalidInputError(f"ef_search must be between 1 and 1000, not {ef_search}")
     if not 1 <= partitions <= MAX_PARTITIONS:
         raise InvalidInputError(f"partitions must be between 1 and {MAX_PARTITIONS}, not {partitions}")
+
+
+def validate_recall_target(target: object) -> float | None:
+    """A recall target lies strictly between 0 and 1 (None: off)."""
+    if target is None:
+        return None
+    if isinstance(target, bool) or not isinstance(target, int | float) or not 0.0 < float(target) < 1.0:
+        raise InvalidInputError(f"recall_target must lie strictly between 0 and 1 (e.g. 0.95), not {target!r}")
+    return float(target)
 
 
 # The metadata filters' index (``@>`` containment), after its table.

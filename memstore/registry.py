@@ -132,6 +132,15 @@ def set_option(conn: psycopg.Connection[Any], c: Collection, key: str, value: An
     return replace(c, options={**c.options, key: value})
 
 
+def set_default_ef_search(conn: psycopg.Connection[Any], c: Collection, ef_search: int) -> Collection:
+    """Change the ef_search of searches that name none (what the recall target's tuning sets); other
+    processes see it within CACHE_SECONDS."""
+    if isinstance(ef_search, bool) or not isinstance(ef_search, int) or not 1 <= ef_search <= 1000:
+        raise ValueError(f"ef_search must be an integer between 1 and 1000, not {ef_search!r}")
+    conn.execute("UPDATE memstore_collections SET default_ef_search = %s WHERE id = %s", (ef_search, c.id))
+    return replace(c, default_ef_search=ef_search)
+
+
 def clear_option(conn: psycopg.Connection[Any], c: Collection, key: str) -> Collection:
     """Remove ``options[key]``; other processes see it within CACHE_SECONDS."""
     conn.execute("UPDATE memstore_collections SET options = options - %s WHERE id = %s", (key, c.id))

@@ -40,11 +40,13 @@ from memstore import (
 )
 from memstore import items as item_sql
 from memstore.collections import (
+    RECALL_TARGET,
     Collection,
     Space,
     create_table_statements,
     validate_collection_params,
     validate_name,
+    validate_recall_target,
 )
 from memstore.compact import search as compact_search
 from memstore.compact import spec as compact_spec
@@ -64,6 +66,7 @@ from memstore.models import CollectionStats, DuplicatePair, Item, ItemIn, Origin
 from memstore.registry import (
     CACHE_SECONDS,
     Registry,
+    clear_option,
     deregister,
     read_collection,
     register,
@@ -124,11 +127,13 @@ class VectorStore:
         language: str = keywords.DEFAULT_LANGUAGE,
         text_fields: Sequence[str] = (),
         ocr: bool = False,
+        recall_target: float | None = None,
     ) -> Collection:
         """A new, empty collection. ``representation`` picks what its HNSW index holds (see
         ``memstore.compact``); ``lowrank`` needs rows to fit on, so it starts with the full index and
         is switched to by ``maintain_compact_index`` once enough vectors are stored. ``ocr``: read the
-        text in its images (``memstore.ocr_items``)."""
+        text in its images (``memstore.ocr_items``). ``recall_target``: the recall@k its default
+        searches should reach (0 < t < 1): the maintenance worker tunes its ef_search to it."""
         validate_name(name)
         s = self.settings
         m = hnsw_m if hnsw_m is not None else s.default_hnsw_m
@@ -154,6 +159,8 @@ class VectorStore:
         options: dict[str, Any] = {compact_spec.OPTIONS_KEY: index.to_json()}
         if ocr:
             options[ocr_items.OPTION] = True
+        if (target := validate_recall_target(recall_target)) is not None:
+            options[RECALL_TARGET] = target
         fields = keywords.check_text_fields(list(text_fields))
         with self.db.write() as conn:
             keywords.check_language(conn, language)
@@ -1088,6 +1095,21 @@ class VectorStore:
     def forget_collection(self, name: str) -> None:
         """Drop a cached registry row (dropped, switched, or its table turned out to be gone)."""
         self.registry.forget(name)
+
+    def set_recall_target(self, *, collection: str, target: float | None) -> Collection:
+        """The recall@k the collection's default searches should reach (0 < target < 1; None: off, the
+        ef_search stays where the last tuning left it). The maintenance worker's next pass that
+        measures recall sets its ef_search (docs/maintenance.md, "Recall target")."""
+        checked = validate_recall_target(target)
+        c = self.get_collection(name=collection, fresh=True)
+        with self.db.write() as conn:
+            c = read_collection(conn, id=c.id)
+            if checked is None:
+                clear_option(conn, c, RECALL_TARGET)
+            else:
+                set_option(conn, c, RECALL_TARGET, checked)
+        self.forget_collection(collection)
+        return self.get_collection(name=collection, fresh=True)
 
     def set_index_representation(
         self,

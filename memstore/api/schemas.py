@@ -51,6 +51,13 @@ class CollectionCreate(Strict):
         description="Metadata fields whose values are keywords too (besides the text and the file name).",
     )
     ocr: bool = Field(default=False, description="Read the text in the images (docs/api.md, OCR).")
+    recall_target: float | None = Field(
+        default=None,
+        gt=0,
+        lt=1,
+        description="The recall@k default searches should reach (e.g. 0.95): the maintenance worker sets "
+        "ef_search to the least that reaches it (docs/maintenance.md, Recall target). null: off.",
+    )
 
 
 class CollectionPatch(Strict):
@@ -61,6 +68,14 @@ class CollectionPatch(Strict):
     language: str | None = Field(default=None, max_length=63)
     text_fields: list[str] | None = Field(default=None, max_length=MAX_TEXT_FIELDS)
     ocr: bool | None = Field(default=None, description="Read the text in the images (docs/api.md, OCR).")
+    recall_target: float | None = Field(
+        default=None,
+        gt=0,
+        lt=1,
+        description="The recall@k default searches should reach (e.g. 0.95): the maintenance worker sets "
+        "ef_search to the least that reaches it (docs/maintenance.md, Recall target). "
+        "null turns it off; leaving it out keeps it.",
+    )
 
 
 class MetadataIndexIn(Strict):
@@ -108,7 +123,10 @@ class CollectionOut(BaseModel):
     )
     hnsw_m: int
     hnsw_ef_construction: int
-    ef_search: int
+    ef_search: int = Field(description="The ef_search of searches that name none (tuned to recall_target when set).")
+    recall_target: float | None = Field(
+        default=None, description="The recall@k default searches should reach (null: a fixed ef_search)."
+    )
     partitions: int
     language: str
     text_fields: list[str]

@@ -36,6 +36,7 @@ def collection_out(c: Collection, stats: CollectionStats | None = None) -> Colle
         hnsw_m=c.hnsw_m,
         hnsw_ef_construction=c.hnsw_ef_construction,
         ef_search=c.default_ef_search,
+        recall_target=c.recall_target,
         partitions=c.partitions,
         language=c.language,
         text_fields=list(c.text_fields),
@@ -101,6 +102,7 @@ async def create_collection(request: Request, body: CollectionCreate, response: 
             language=body.language,
             text_fields=body.text_fields,
             ocr=body.ocr,
+            recall_target=body.recall_target,
         )
     )
     response.headers["Location"] = f"/v1/collections/{c.name}"
@@ -122,18 +124,29 @@ async def get_collection(request: Request, name: str, key: Key) -> CollectionOut
     return collection_out(stats.collection, stats)
 
 
-@router.patch("/{name}", summary="Change a collection's keyword search or OCR", response_model=CollectionOut)
+@router.patch(
+    "/{name}", summary="Change a collection's keyword search, OCR or recall target", response_model=CollectionOut
+)
 async def patch_collection(request: Request, name: str, body: CollectionPatch, key: Key) -> CollectionOut:
     """``language`` and ``text_fields`` of keyword search, and ``ocr`` (read the text in the images:
     the images already stored are read in the background, ``ocr_pending`` counts those waiting). The
     keyword index is rebuilt online (searches and writes go on; the answer comes once the new index
-    serves, which on a large collection takes as long as building a GIN index over it)."""
+    serves, which on a large collection takes as long as building a GIN index over it).
+    ``recall_target``: the recall@k default searches should reach (null turns it off); the maintenance
+    worker's next pass that measures recall sets ``ef_search`` to it."""
     validate_name(name)
     require(key, "admin", name)
     store = runtime(request).store
-    c = await run_in_threadpool(
-        lambda: store.set_keywords(collection=name, language=body.language, text_fields=body.text_fields, ocr=body.ocr)
-    )
+    sent = body.model_fields_set
+    c = None
+    if "recall_target" in sent:
+        c = await run_in_threadpool(lambda: store.set_recall_target(collection=name, target=body.recall_target))
+    if c is None or sent & {"language", "text_fields", "ocr"}:
+        c = await run_in_threadpool(
+            lambda: store.set_keywords(
+                collection=name, language=body.language, text_fields=body.text_fields, ocr=body.ocr
+            )
+        )
     return collection_out(c)
 
 
