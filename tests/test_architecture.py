@@ -2,7 +2,8 @@
 
 - ``memstore.api`` never imports ``maintenance`` (commands compose the two);
 - the core and the services import neither FastAPI nor torch (nor open_clip);
-- the data the tests and benchmarks load lives in the repository (a user's clone has nothing beside it).
+- the data the tests and benchmarks load lives in the repository (a user's clone has nothing beside it);
+- migration revisions are frozen: they import nothing from the project's own packages.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ CORE = sorted(
     if path.name not in ("__init__.py", "cli.py")
 )
 HEAVY = ("fastapi", "starlette", "torch", "open_clip", "maintenance")
+REVISIONS = sorted((ROOT / "migrations" / "versions").glob("*.py"))
+# The project's own packages: code that changes after a revision is written.
+LIVE = ("memstore", "encoder", "maintenance")
 
 
 def _imports(path: Path) -> set[str]:
@@ -193,3 +197,49 @@ def test_the_torch_pins_outside_pyproject_are_pyproject_s() -> None:
         for pin in pins:
             assert pin in text, f"{name} does not install {pin}"
         assert len(re.findall(r"torch(?:vision)?==", text)) == len(pins), f"{name} names other torch versions"
+
+
+def _live_imports(path: Path) -> list[str]:
+    """Every import of the project's own packages in the file, at any depth (inside functions too),
+    relative imports and ``importlib.import_module``/``__import__`` of a literal name included."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        line = getattr(node, "lineno", 0)
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                found.append((line, "relative import"))
+                continue
+            names = [node.module or ""]
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if called in ("import_module", "__import__") and isinstance(node.args[0].value, str):
+                names = [node.args[0].value]
+        found += [(line, n) for n in names if n.split(".")[0] in LIVE]
+    return [f"line {line}: {what}" for line, what in sorted(found)]
+
+
+def test_migration_revisions_import_no_live_code() -> None:
+    """A revision is frozen: it carries the DDL it runs. Code it imported from the core could change
+    after it was written, and with it what the revision does to a database that has not run it yet."""
+    assert ROOT / "migrations" / "versions" / "0001_registry.py" in REVISIONS, REVISIONS
+    offenders = {str(p.relative_to(ROOT)): found for p in REVISIONS if (found := _live_imports(p))}
+    assert offenders == {}, f"revisions must write their DDL out, not import it: {offenders}"
+
+
+def test_the_live_import_check_sees_imports_anywhere(tmp_path: Path) -> None:
+    revision = tmp_path / "0099_example.py"
+    revision.write_text(
+        "import alembic\nimport psycopg\nfrom sqlalchemy import text\n"
+        "def upgrade():\n    from memstore import ocr_items\n"
+        "def downgrade():\n    import encoder.models\n    from .helpers import x\n"
+        "    import importlib\n    importlib.import_module('maintenance.config')\n"
+    )
+    assert _live_imports(revision) == [
+        "line 5: memstore",
+        "line 7: encoder.models",
+        "line 8: relative import",
+        "line 10: maintenance.config",
+    ]

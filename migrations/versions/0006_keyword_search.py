@@ -8,23 +8,50 @@ Create Date: 2026-12-01
 The index is on an expression, not on a stored column (see ``memstore.keywords``), so existing rows
 are never rewritten: each collection's index is built ``CONCURRENTLY`` (partition by partition),
 outside the migration's transaction, while searches and writes go on.
+
+Frozen: this revision imports nothing from ``memstore``; the DDL it runs and the little online-DDL
+logic it needs (a short lock timeout with retries, the ``ON ONLY`` recipe for partitioned tables) are
+written here, as they were when it was made.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import psycopg
 from alembic import op
 from psycopg import sql
 
-from memstore import online_ddl
-from memstore.collections import Collection
-
 revision = "0006"
 down_revision = "0005"
 branch_labels = None
 depends_on = None
+
+# Every statement that takes a lock readers or writers could queue behind waits at most this long and
+# is retried (it changed nothing), so the migration costs searches at most that wait.
+LOCK_TIMEOUT = "500ms"
+LOCK_RETRIES = 120
+
+
+class _Collection(NamedTuple):
+    """What this revision reads of a collection."""
+
+    table_name: str
+    partitions: int
+    language: str
+    text_fields: list[str]
+
+    @property
+    def table(self) -> sql.Identifier:
+        return sql.Identifier(self.table_name)
+
+    def partition_tables(self) -> list[str]:
+        """The tables that hold rows: the table itself, or each of its partitions."""
+        if self.partitions == 1:
+            return [self.table_name]
+        return [f"{self.table_name}_p{i}" for i in range(self.partitions)]
 
 
 def upgrade() -> None:
@@ -54,7 +81,7 @@ def upgrade() -> None:
     conn = _psycopg(op.get_bind())
     collections = _collections(conn)
     with op.get_context().autocommit_block():
-        online_ddl.set_lock_timeout(conn)
+        _set_lock_timeout(conn)
         for c in collections:
             _build_index(conn, c)
             _no_pending_list(conn, c)
@@ -64,24 +91,24 @@ def downgrade() -> None:
     conn = _psycopg(op.get_bind())
     collections = _collections(conn)
     with op.get_context().autocommit_block():
-        online_ddl.set_lock_timeout(conn)
+        _set_lock_timeout(conn)
         for c in collections:
             for part in c.partition_tables() if c.partitions > 1 else []:
-                online_ddl.drop_index(conn, f"{part}_keywords", partitioned=False)
-            online_ddl.drop_index(conn, f"{c.table_name}_keywords", partitioned=c.partitions > 1)
+                _drop_index(conn, f"{part}_keywords", partitioned=False)
+            _drop_index(conn, f"{c.table_name}_keywords", partitioned=c.partitions > 1)
     op.execute("DROP FUNCTION IF EXISTS memstore_keywords(text, jsonb, text[], regconfig) CASCADE")
     op.execute("ALTER TABLE memstore_collections DROP COLUMN IF EXISTS text_fields")
     op.execute("ALTER TABLE memstore_collections DROP COLUMN IF EXISTS language")
 
 
-def _build_index(conn: psycopg.Connection[Any], c: Collection) -> None:
+def _build_index(conn: psycopg.Connection[Any], c: _Collection) -> None:
     """The keyword index as this revision defined it: GIN on the keywords expression (revision 0012
     replaced it with stored keywords)."""
     words = sql.SQL("memstore_keywords(text, metadata, {fields}::text[], {cfg}::regconfig)").format(
         fields=sql.Literal(list(c.text_fields)), cfg=sql.Literal(c.language)
     )
     parts = c.partition_tables()
-    online_ddl.build_index(
+    _build_online(
         conn,
         c,
         f"{c.table_name}_keywords",
@@ -90,7 +117,7 @@ def _build_index(conn: psycopg.Connection[Any], c: Collection) -> None:
     )
 
 
-def _no_pending_list(conn: psycopg.Connection[Any], c: Collection) -> None:
+def _no_pending_list(conn: psycopg.Connection[Any], c: _Collection) -> None:
     """The metadata index without GIN's pending list, as new collections have it (see
     ``memstore.keywords``): a quick catalog change, then the list merged into the tree."""
     for (index,) in conn.execute(
@@ -99,25 +126,98 @@ def _no_pending_list(conn: psycopg.Connection[Any], c: Collection) -> None:
         "AND i.indrelid = ANY(%s::regclass[])",
         (c.partition_tables(),),
     ).fetchall():
-        online_ddl.execute(conn, sql.SQL("ALTER INDEX {} SET (fastupdate = off)").format(sql.SQL(index)))
+        _execute(conn, sql.SQL("ALTER INDEX {} SET (fastupdate = off)").format(sql.SQL(index)))
         conn.execute("SELECT gin_clean_pending_list(%s::regclass)", (index,))
 
 
-def _collections(conn: psycopg.Connection[Any]) -> list[Collection]:
+def _collections(conn: psycopg.Connection[Any]) -> list[_Collection]:
     """The collections as this revision knows them (its own column list: a later revision's columns
     do not exist yet when this one runs)."""
     rows = conn.execute(
-        "SELECT id, name, table_name, dimensions, metric, hnsw_m, hnsw_ef_construction, default_ef_search, "
-        "partitions, language, text_fields FROM memstore_collections ORDER BY id"
+        "SELECT table_name, partitions, language, text_fields FROM memstore_collections ORDER BY id"
     ).fetchall()
-    return [
-        Collection(
-            id=r[0], name=r[1], table_name=r[2], dimensions=r[3], metric=r[4], hnsw_m=r[5],
-            hnsw_ef_construction=r[6], default_ef_search=r[7], partitions=r[8], language=r[9], text_fields=r[10],
-        )
-        for r in rows
-    ]  # fmt: skip
+    return [_Collection(table_name=r[0], partitions=r[1], language=r[2], text_fields=list(r[3])) for r in rows]
 
 
 def _psycopg(bind: Any) -> psycopg.Connection[Any]:
-    return bind.connection.driver_connection
+    conn: psycopg.Connection[Any] = bind.connection.driver_connection
+    return conn
+
+
+# Online DDL as this revision runs it, on the autocommit connection of ``autocommit_block``.
+
+
+def _set_lock_timeout(conn: psycopg.Connection[Any]) -> None:
+    conn.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT)))
+
+
+def _execute(conn: psycopg.Connection[Any], statement: sql.Composed) -> None:
+    """Run one statement, again after a pause (doubling from 50 ms, at most 2 s) each time it gave up
+    waiting for its lock (it changed nothing)."""
+    pause = 0.05
+    for attempt in range(LOCK_RETRIES):
+        try:
+            conn.execute(statement)
+            return
+        except psycopg.errors.LockNotAvailable:
+            if attempt == LOCK_RETRIES - 1:
+                raise
+            time.sleep(pause)
+            pause = min(pause * 2, 2.0)
+
+
+def _build_online(
+    conn: psycopg.Connection[Any],
+    c: _Collection,
+    name: str,
+    definition: sql.Composable,
+    *,
+    partition_name: Callable[[int], str],
+) -> None:
+    """``CREATE INDEX name ON <table> <definition>`` without stalling readers or writers: concurrently
+    on a plain table; on a partitioned one, ``ON ONLY`` the parent, each partition's concurrently and
+    attached (the parent's becomes valid with the last). Re-runnable: an invalid index left by an
+    interrupted build is dropped and built again."""
+    if c.partitions == 1:
+        _build_table_index(conn, name, c.table, definition)
+        return
+    _execute(
+        conn,
+        sql.SQL("CREATE INDEX IF NOT EXISTS {i} ON ONLY {t} {d}").format(
+            i=sql.Identifier(name), t=c.table, d=definition
+        ),
+    )
+    for i, part in enumerate(c.partition_tables()):
+        child = partition_name(i)
+        _build_table_index(conn, child, sql.Identifier(part), definition)
+        attached = conn.execute(
+            "SELECT 1 FROM pg_inherits WHERE inhparent = to_regclass(%s) AND inhrelid = to_regclass(%s)",
+            (sql.Identifier(name).as_string(conn), sql.Identifier(child).as_string(conn)),
+        ).fetchone()
+        if attached is None:
+            _execute(
+                conn, sql.SQL("ALTER INDEX {} ATTACH PARTITION {}").format(sql.Identifier(name), sql.Identifier(child))
+            )
+
+
+def _build_table_index(
+    conn: psycopg.Connection[Any], name: str, table: sql.Composable, definition: sql.Composable
+) -> None:
+    row = conn.execute(
+        "SELECT x.indisvalid FROM pg_index x WHERE x.indexrelid = to_regclass(%s)",
+        (sql.Identifier(name).as_string(conn),),
+    ).fetchone()
+    if row is not None and row[0]:
+        return
+    if row is not None:  # an interrupted concurrent build leaves an invalid index behind
+        _drop_index(conn, name, partitioned=False)
+    _execute(
+        conn,
+        sql.SQL("CREATE INDEX CONCURRENTLY {i} ON {t} {d}").format(i=sql.Identifier(name), t=table, d=definition),
+    )
+
+
+def _drop_index(conn: psycopg.Connection[Any], name: str, *, partitioned: bool) -> None:
+    """A partitioned index cannot be dropped concurrently; the short lock timeout bounds the stall."""
+    concurrently = sql.SQL("") if partitioned else sql.SQL("CONCURRENTLY ")
+    _execute(conn, sql.SQL("DROP INDEX {}IF EXISTS {}").format(concurrently, sql.Identifier(name)))

@@ -1,9 +1,14 @@
-"""The web pages: sessions, maintenance requests, and a thumbnail column on every collection table
-(backfilled).
+"""The web pages: sessions, maintenance requests, and a thumbnail column on every collection table.
 
 Revision ID: 0007
 Revises: 0006
 Create Date: 2026-12-01
+
+The column is added empty. This revision once also made the thumbnails of the images already stored,
+decoding each with the thumbnail code of the day; a revision is frozen (it imports nothing from
+``memstore``, and so cannot decode images), so it adds the column only and the runtime fills it: the
+ingest worker makes the thumbnail of every new image, and ``memstore.thumbnails.read`` makes and
+stores a missing one the first time a ready image is viewed.
 """
 
 from __future__ import annotations
@@ -13,8 +18,6 @@ from typing import Any
 import psycopg
 from alembic import op
 from psycopg import sql
-
-from memstore.thumbnails import backfill_table
 
 revision = "0007"
 down_revision = "0006"
@@ -55,12 +58,6 @@ def upgrade() -> None:
         # Nullable without a default: a catalogue change, no table rewrite; on a partitioned table
         # it reaches every partition.
         conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS thumbnail bytea").format(sql.Identifier(table)))
-    # The thumbnails of the image items already stored, in batches each committed on its own (the
-    # column is committed first): no transaction holds every image row, and a backfill cut short
-    # resumes on the next upgrade, since it only makes the thumbnails still missing.
-    with op.get_context().autocommit_block():
-        for table in tables:
-            backfill_table(conn, table)
 
 
 def downgrade() -> None:

@@ -1,4 +1,5 @@
-"""Thumbnails: how they are made, made up for on first view, and backfilled by the migration."""
+"""Thumbnails: how they are made, made up for on first view (the migration adds the column empty), and
+backfilled."""
 
 from __future__ import annotations
 
@@ -102,7 +103,10 @@ def _column_exists(engine: sa.Engine, table: str) -> bool:
     return found is not None
 
 
-def test_the_migration_adds_the_column_and_backfills_existing_images(scratch_url: str, settings) -> None:
+def test_the_migration_adds_the_column_and_first_views_fill_it(scratch_url: str, settings) -> None:
+    """Revision 0007 adds the column to every collection table (each partition's too) and makes no
+    thumbnail (it is frozen: it cannot decode images with the code of the day); the first view of a
+    ready image makes and stores its thumbnail, a broken image and a text item get none."""
     migrate.upgrade(scratch_url)
     engine = create_engine(scratch_url)
     try:
@@ -123,7 +127,12 @@ def test_the_migration_adds_the_column_and_backfills_existing_images(scratch_url
         for c, ids in made.values():
             assert all(_column_exists(engine, t) for t in c.partition_tables())
             shown = thumbnails.previews(engine, c, ids)
-            assert [shown[i].has_thumbnail for i in ids] == [True, True, True, False, False]
+            assert [shown[i].has_thumbnail for i in ids] == [False] * 5  # the column comes empty
+            first = [thumbnails.read(engine, c, i) for i in ids]
+            assert [_decoded(t).format for t in first[:3]] == ["WEBP"] * 3
+            assert first[3:] == [None, None]
+            shown = thumbnails.previews(engine, c, ids)
+            assert [shown[i].has_thumbnail for i in ids] == [True, True, True, False, False]  # stored
     finally:
         engine.dispose()
 
