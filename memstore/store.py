@@ -573,9 +573,14 @@ class VectorStore:
         external_id: str | None = None,
         status: str | None = None,
         filter: dict[str, Any] | None = None,
+        order_by: str | Sequence[str] | None = None,
+        order_type: str = "timestamp",
+        descending: bool = False,
+        after_key: str | None = None,
     ) -> list[Item]:
         """Items in id order, ``limit`` at a time after ``after_id`` (keyset paging), those matching
-        ``filter`` (the search filter language) when given."""
+        ``filter`` (the search filter language) when given; with ``order_by``, in the order of that
+        metadata field (``page_items_ordered``), paged by ``after_key``."""
         return self.page_items(
             collection=collection,
             after_id=after_id,
@@ -583,6 +588,10 @@ class VectorStore:
             external_id=external_id,
             status=status,
             filter=filter,
+            order_by=order_by,
+            order_type=order_type,
+            descending=descending,
+            after_key=after_key,
         )[0]
 
     def page_items(
@@ -594,10 +603,31 @@ class VectorStore:
         external_id: str | None = None,
         status: str | None = None,
         filter: dict[str, Any] | None = None,
+        order_by: str | Sequence[str] | None = None,
+        order_type: str = "timestamp",
+        descending: bool = False,
+        after_key: str | None = None,
     ) -> tuple[list[Item], bool]:
         """``list_items`` and whether more items follow (one row more is read to know, so a last page
         that is exactly full links to no empty page). Runs as a search does (its connection, its
-        statement timeout): a filter that matches few items may walk many rows to fill a page."""
+        statement timeout): a filter that matches few items may walk many rows to fill a page.
+        With ``order_by`` (or ``after_key``), ``page_items_ordered``'s page: its next ``after_key`` is
+        what that method returns."""
+        if order_by is not None or after_key is not None:
+            if after_id:
+                raise InvalidInputError("after pages the listing in id order; an ordered listing pages by its cursor")
+            items, cursor = self.page_items_ordered(
+                collection=collection,
+                order_by=order_by,
+                order_type=order_type,
+                descending=descending,
+                after_key=after_key,
+                limit=limit,
+                external_id=external_id,
+                status=status,
+                filter=filter,
+            )
+            return items, cursor is not None
         c = self.get_collection(name=collection)
         if not 1 <= limit <= MAX_K:
             raise InvalidInputError(f"limit must be between 1 and {MAX_K}, not {limit}")
@@ -608,6 +638,200 @@ class VectorStore:
         ).format(t=c.table, w=where)
         rows = self.db.run_search(lambda conn: conn.cursor(row_factory=dict_row).execute(query, params).fetchall())
         return [item_sql.item_from_row(r) for r in rows[:limit]], len(rows) > limit
+
+    def page_items_ordered(
+        self,
+        *,
+        collection: str,
+        order_by: str | Sequence[str] | None,
+        order_type: str = "timestamp",
+        descending: bool = False,
+        after_key: str | None = None,
+        limit: int = 100,
+        external_id: str | None = None,
+        status: str | None = None,
+        filter: dict[str, Any] | None = None,
+    ) -> tuple[list[Item], str | None]:
+        """A page of items in the order of a metadata field and the cursor of the next page (None
+        after the last). ``order_by`` is a top-level key or the path to a nested field
+        (``["image", "taken_at"]``), read as ``order_type`` (timestamp, number or keyword) with the
+        functions filters compare with (``filter_language.typed_expression``), so a typed metadata
+        index of that field and type serves the order (an index scan, backward when ``descending``).
+        Ties go by id, in the same direction; items whose field is missing or not of that type (a
+        list included) come last in either direction, by id. ``after_key`` is the cursor a page
+        returned (opaque: the last item's value and id); one that is not, or that belongs to another
+        order, is refused (InvalidInputError). Keyset paging: a page reads only its own rows."""
+        from memstore import filter_language
+
+        if order_by is None:
+            raise InvalidInputError("a cursor pages a listing ordered by a metadata field: give order_by")
+        c = self.get_collection(name=collection)
+        if not 1 <= limit <= MAX_K:
+            raise InvalidInputError(f"limit must be between 1 and {MAX_K}, not {limit}")
+        path = metadata_indexes.check_field(order_by)
+        kind = metadata_indexes.check_type(order_type)
+        if not isinstance(descending, bool):
+            raise InvalidInputError("descending must be true or false")
+        tag = self._order_tag(path, kind, descending)
+        where, params = self._item_conditions(external_id=external_id, status=status, filter=filter)
+        fields: list[sql.Composable] = []
+        for i, key in enumerate(path):
+            # As the filter compiler writes a field (a literal, so an index on it matches), except a
+            # key holding "%", which psycopg would read as a placeholder in the query's text.
+            if "%" in key:
+                params[f"order_field_{i}"] = key
+                fields.append(sql.Placeholder(f"order_field_{i}"))
+            else:
+                fields.append(sql.Literal(key))
+        typed = filter_language.typed_expression(kind, tuple(fields))
+        value, after = (None, None) if after_key is None else self._read_order_cursor(after_key, kind, tag)
+        direction = sql.SQL("DESC" if descending else "ASC")
+        beyond = sql.SQL("<" if descending else ">")
+        params.update(order_id=after, order_value=value, order_limit=limit + 1)
+        columns = "SELECT " + item_sql.ITEM_COLUMNS + ", {key} AS order_key FROM {t} WHERE "
+        valued: sql.Composed | None = None
+        if value is not None or after is None:  # the items that have a value, unless the cursor is past them
+            keyset: sql.Composable = sql.SQL("")
+            if value is not None:
+                # The first bound is the index's to use; the second breaks ties by id.
+                keyset = sql.SQL(" AND {v} {at} {bound} AND ({v} {beyond} {bound} OR id {beyond} %(order_id)s)").format(
+                    v=typed,
+                    at=sql.SQL("<=" if descending else ">="),
+                    beyond=beyond,
+                    bound=self._order_bound(kind),
+                )
+            valued = sql.SQL(
+                columns + "{v} IS NOT NULL AND {w}{keyset} ORDER BY {v} {d}, id {d} LIMIT %(order_limit)s"
+            ).format(key=self._order_text(kind, typed), t=c.table, v=typed, w=where, keyset=keyset, d=direction)
+        unvalued = sql.SQL(columns + "{v} IS NULL AND {w}{keyset} ORDER BY id {d} LIMIT %(order_rest)s").format(
+            key=sql.SQL("NULL::text"),
+            t=c.table,
+            v=typed,
+            w=where,
+            keyset=sql.SQL(" AND id {} %(order_id)s").format(beyond)
+            if value is None and after is not None
+            else sql.SQL(""),
+            d=direction,
+        )
+
+        def run(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
+            cur = conn.cursor(row_factory=dict_row)
+            rows = cur.execute(valued, params).fetchall() if valued is not None else []
+            if len(rows) <= limit:
+                rows += cur.execute(unvalued, {**params, "order_rest": limit + 1 - len(rows)}).fetchall()
+            return rows
+
+        rows = self.db.run_search(run)
+        keys = [(r.pop("order_key"), int(r["id"])) for r in rows]
+        items = [item_sql.item_from_row(r) for r in rows[:limit]]
+        cursor = self._order_cursor(keys[limit - 1], tag) if len(rows) > limit else None
+        return items, cursor
+
+    MAX_ORDER_CURSOR = 8192  # characters
+
+    @staticmethod
+    def _order_tag(path: tuple[str, ...], kind: str, descending: bool) -> str:
+        """What a cursor carries of its order, so one of another order is refused."""
+        import hashlib
+        import json
+
+        text = json.dumps([list(path), kind, descending], ensure_ascii=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    @staticmethod
+    def _order_text(kind: str, typed: sql.Composable) -> sql.Composable:
+        """The typed value as the cursor keeps it, exactly and whatever the session's settings: a
+        timestamp as its microseconds from 1970, a number or a keyword as its text."""
+        if kind == "timestamp":
+            return sql.SQL("(extract(epoch FROM {}) * 1000000)::bigint::text").format(typed)
+        return sql.SQL("({})::text").format(typed)
+
+    @staticmethod
+    def _order_bound(kind: str) -> sql.Composable:
+        """The cursor's value (``%(order_value)s``, text) back as the typed value, exactly."""
+        if kind == "timestamp":
+            # timestamp + interval is plain arithmetic (no time zone's calendar); the seconds part
+            # stays below a day, so the double precision of make_interval is exact to the microsecond.
+            return sql.SQL(
+                "((timestamp '1970-01-01' + make_interval("
+                "days => div(%(order_value)s::bigint, 86400000000)::integer, "
+                "secs => mod(%(order_value)s::bigint, 86400000000)::float8 / 1000000)) AT TIME ZONE 'UTC')"
+            )
+        if kind == "number":
+            return sql.SQL("%(order_value)s::numeric")
+        return sql.SQL("%(order_value)s::text")
+
+    @classmethod
+    def _order_cursor(cls, key: tuple[str | None, int], tag: str) -> str:
+        import base64
+        import json
+
+        text = json.dumps([key[0], key[1], tag], separators=(",", ":"), ensure_ascii=True)
+        return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+    @classmethod
+    def _read_order_cursor(cls, cursor: Any, kind: str, tag: str) -> tuple[str | None, int]:
+        """A cursor's (value, id), checked whole: anything but a cursor of this order is refused."""
+        import base64
+        import json
+        import re
+
+        from memstore.filter_language import MAX_KEYWORD_LENGTH
+
+        refused = InvalidInputError("cursor: not a cursor of this listing's order; start again without one")
+        if (
+            not isinstance(cursor, str)
+            or len(cursor) > cls.MAX_ORDER_CURSOR
+            or not re.fullmatch(r"[A-Za-z0-9_-]+", cursor)
+        ):
+            raise refused
+        try:
+            raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+            decoded = json.loads(raw.decode("ascii"))
+        except (ValueError, RecursionError):
+            raise refused from None
+        if cls._order_cursor_text(decoded) != cursor:  # the one encoding a page hands out
+            raise refused
+        value, item_id, its_tag = decoded
+        if its_tag != tag or type(item_id) is not int or not 1 <= item_id <= 2**63 - 1:
+            raise refused
+        if value is None:
+            return None, item_id
+        if not isinstance(value, str):
+            raise refused
+        if kind == "timestamp":
+            # Microseconds from 1970 within years 1 to 9999, and a day either side (an offset can
+            # move a date just beyond them).
+            low, high = -62_135_596_800_000_000 - 86_400_000_000, 253_402_300_800_000_000 + 86_400_000_000
+            if not re.fullmatch(r"-?[0-9]{1,18}", value) or not low <= int(value) <= high:
+                raise refused
+        elif kind == "number":
+            if not re.fullmatch(r"-?[0-9]+(?:\.[0-9]+)?", value):
+                raise refused
+        elif len(value) > MAX_KEYWORD_LENGTH or "\x00" in value:
+            raise refused
+        else:
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:  # a lone surrogate
+                raise refused from None
+        return value, item_id
+
+    @classmethod
+    def _order_cursor_text(cls, decoded: Any) -> str | None:
+        import base64
+        import json
+
+        if not isinstance(decoded, list) or len(decoded) != 3:
+            return None
+        try:
+            return (
+                base64.urlsafe_b64encode(json.dumps(decoded, separators=(",", ":"), ensure_ascii=True).encode())
+                .decode()
+                .rstrip("=")
+            )
+        except (ValueError, TypeError):
+            return None
 
     def count_items(
         self,
