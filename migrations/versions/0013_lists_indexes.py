@@ -59,7 +59,8 @@ def downgrade() -> None:
         op.get_bind()
         .exec_driver_sql(
             "SELECT i.relname FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid "
-            "JOIN pg_class t ON t.oid = x.indrelid WHERE i.relname ~ '^memstore_mx_c[0-9]+_ls_' AND NOT t.relispartition"
+            "JOIN pg_class t ON t.oid = x.indrelid "
+            "WHERE i.relname ~ '^memstore_mx_c[0-9]+_ls_' AND NOT t.relispartition"
         )
         .fetchall()
     ):
