@@ -222,19 +222,49 @@ class ItemPage(BaseModel):
     items: list[ItemOut]
     next: str | None = Field(default=None, description="URL of the next page, if any (GET).")
     next_after: int | None = Field(
-        default=None, description="The `after` that gives the next page, if any (GET and POST)."
+        default=None, description="The `after` that gives the next page, if any (GET and POST), in id order."
+    )
+    next_cursor: str | None = Field(
+        default=None,
+        description="The `cursor` that gives the next page of a listing ordered by `order_by`, if any (GET and POST).",
     )
 
 
-class ItemQuery(Strict):
-    """``POST .../items/list``: a listing by filter, for filters too long for a URL."""
+ORDER_CURSOR_MAX = 8192
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"filter": {"tags": "cat"}}]})
+
+class ItemQuery(Strict):
+    """``POST .../items/list``: a listing by filter, for filters too long for a URL; in id order, or in
+    the order of a metadata field (``order_by``) paged by ``cursor``."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"filter": {"tags": "cat"}},
+                {"order_by": ["image", "taken_at"], "order": "desc", "limit": 50},
+            ]
+        },
+    )
 
     filter: dict[str, Any] | None = None
     status: Literal["pending", "ready", "failed"] | None = None
     after: int = Field(default=0, ge=0, le=2**63 - 1)
     limit: int = Field(default=100, ge=1, le=1000)
+    order_by: str | list[str] | None = Field(
+        default=None,
+        description="A metadata field to order by: a top-level key, or the list of keys to a nested one "
+        '(["image", "taken_at"]). Items without it (or with a value of another type) come last.',
+    )
+    order_type: Literal["timestamp", "number", "keyword"] = Field(
+        default="timestamp", description="How the field is read (as filters compare it)."
+    )
+    order: Literal["asc", "desc"] = Field(default="asc", description="The direction of order_by (ties: by id).")
+    cursor: str | None = Field(
+        default=None,
+        max_length=ORDER_CURSOR_MAX,
+        description="The next_cursor of the previous page of the same ordered listing.",
+    )
 
 
 class CountQuery(Strict):

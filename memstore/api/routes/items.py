@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
 from fastapi import APIRouter, Path, Query, Request, Response
@@ -17,6 +18,7 @@ from memstore.api.ingest import check_encodable, check_text, enqueue, outcome, s
 from memstore.api.problems import ERROR_RESPONSES, Problem
 from memstore.api.runtime import Runtime
 from memstore.api.schemas import (
+    ORDER_CURSOR_MAX,
     ContentIn,
     Counted,
     CountQuery,
@@ -193,12 +195,42 @@ async def list_items(
     filter: Annotated[
         str | None, Query(max_length=MAX_FILTER_BYTES, description="A metadata filter as JSON (docs/search.md).")
     ] = None,
+    order_by: Annotated[
+        str | None,
+        Query(
+            max_length=2048,
+            description="A metadata field to order by: a top-level key (taken_at), or as JSON the list of keys "
+            'to a nested one (["image","taken_at"]) or a key as a JSON string. Items without it come last.',
+        ),
+    ] = None,
+    order_type: Annotated[
+        Literal["timestamp", "number", "keyword"], Query(description="How order_by's field is read.")
+    ] = "timestamp",
+    order: Annotated[Literal["asc", "desc"], Query(description="The direction of order_by (ties: by id).")] = "asc",
+    cursor: Annotated[
+        str | None,
+        Query(max_length=ORDER_CURSOR_MAX, description="The next_cursor of the previous page of this ordered listing."),
+    ] = None,
 ) -> ItemPage:
     rt, c = await _collection(request, name, key, "read")
     flt = _filter_parameter(filter)
-    page = await _page(rt, c, name, after=after, limit=limit, external_id=external_id, status=status, flt=flt)
-    if page.next_after is not None:
-        # Relative: the Host header is the client's to choose, so it never goes into a link.
+    order_field = _order_by_parameter(order_by)
+    page = await _page(
+        rt,
+        c,
+        name,
+        after=after,
+        limit=limit,
+        external_id=external_id,
+        status=status,
+        flt=flt,
+        order=_Order(order_field, order_type, order == "desc", cursor),
+    )
+    # Relative: the Host header is the client's to choose, so it never goes into a link.
+    if page.next_cursor is not None:
+        url = request.url.include_query_params(cursor=page.next_cursor)
+        page.next = f"{url.path}?{url.query}"
+    elif page.next_after is not None:
         url = request.url.include_query_params(after=page.next_after)
         page.next = f"{url.path}?{url.query}"
     return page
@@ -208,7 +240,15 @@ async def list_items(
 async def query_items(request: Request, name: str, body: ItemQuery, key: Key) -> ItemPage:
     rt, c = await _collection(request, name, key, "read")
     return await _page(
-        rt, c, name, after=body.after, limit=body.limit, external_id=None, status=body.status, flt=body.filter
+        rt,
+        c,
+        name,
+        after=body.after,
+        limit=body.limit,
+        external_id=None,
+        status=body.status,
+        flt=body.filter,
+        order=_Order(body.order_by, body.order_type, body.order == "desc", body.cursor),
     )
 
 
@@ -246,6 +286,32 @@ def _filter_parameter(text: str | None) -> dict[str, Any] | None:
     return value
 
 
+@dataclass(frozen=True)
+class _Order:
+    """A listing's order: ``field`` None for id order (paged by ``after``)."""
+
+    field: str | list[str] | None
+    type: str
+    descending: bool
+    cursor: str | None
+
+
+def _order_by_parameter(text: str | None) -> str | list[str] | None:
+    """The ``order_by`` query parameter: JSON when it starts with ``[`` or ``"`` (the keys to a nested
+    field, or a key that holds a dot or starts so), else a top-level key as it is."""
+    if text is None or not text.startswith(("[", '"')):
+        return text
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        raise InvalidInputError(
+            'order_by: is not valid JSON; send a key (taken_at) or a list of keys (["image","taken_at"])'
+        ) from None
+    if not isinstance(value, str | list):
+        raise InvalidInputError("order_by: must be a key or a JSON list of keys")
+    return value
+
+
 async def _page(
     rt: Runtime,
     c: Collection,
@@ -256,15 +322,39 @@ async def _page(
     external_id: str | None,
     status: str | None,
     flt: dict[str, Any] | None,
+    order: _Order,
 ) -> ItemPage:
-    items, more = await rt.off_loop(
-        lambda: rt.store.page_items(
-            collection=name, after_id=after, limit=limit, external_id=external_id, status=status, filter=flt
+    next_cursor: str | None = None
+    if order.field is None and order.cursor is None:
+        items, more = await rt.off_loop(
+            lambda: rt.store.page_items(
+                collection=name, after_id=after, limit=limit, external_id=external_id, status=status, filter=flt
+            )
         )
-    )
+    else:
+        if after:
+            raise InvalidInputError("after pages the listing in id order; an ordered listing pages by its cursor")
+        items, next_cursor = await rt.off_loop(
+            lambda: rt.store.page_items_ordered(
+                collection=name,
+                order_by=order.field,
+                order_type=order.type,
+                descending=order.descending,
+                after_key=order.cursor,
+                limit=limit,
+                external_id=external_id,
+                status=status,
+                filter=flt,
+            )
+        )
+        more = False
     unsettled = [i.id for i in items if i.status != "ready"]
     attempts = await run_in_threadpool(queue.attempts_of, rt.engine, c, unsettled) if unsettled else {}
-    return ItemPage(items=[item_out(name, i, attempts) for i in items], next_after=items[-1].id if more else None)
+    return ItemPage(
+        items=[item_out(name, i, attempts) for i in items],
+        next_after=items[-1].id if more else None,
+        next_cursor=next_cursor,
+    )
 
 
 @router.post("/lookup", summary="Which of these external ids exist", response_model=LookupOut)
