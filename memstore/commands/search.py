@@ -70,6 +70,21 @@ def command(
     return 0
 
 
+# What ``memstore ingest`` records to follow a folder (memstore.commands.ingest): left out of the table.
+BOOKKEEPING = ("sha256", "size", "source")
+
+
+def shown_metadata(external_id: str, metadata: dict[str, Any]) -> dict[str, Any]:
+    """The metadata a table line shows: without the ingest's bookkeeping, nor a ``path`` or
+    ``filename`` that the external id already says."""
+    out = {k: v for k, v in metadata.items() if k not in BOOKKEEPING}
+    if out.get("path") == external_id:
+        del out["path"]
+    if out.get("filename") == external_id.rsplit("/", 1)[-1]:
+        del out["filename"]
+    return out
+
+
 def table(hits: list[dict[str, Any]], offset: int, width: int) -> str:
     """One line per hit: rank, score, the two lists' ranks, external id and the metadata, cut to ``width``."""
     if not hits:
@@ -79,7 +94,7 @@ def table(hits: list[dict[str, Any]], offset: int, width: int) -> str:
         ranks = h.get("ranks") or {}
         vr = "-" if ranks.get("vector") is None else str(ranks["vector"])
         kr = "-" if ranks.get("keyword") is None else str(ranks["keyword"])
-        meta = json.dumps(h.get("metadata") or {}, ensure_ascii=False)
+        meta = json.dumps(shown_metadata(h["external_id"], h.get("metadata") or {}), ensure_ascii=False)
         line = f"{i:>4}  {h['score']:>8.4f}  {vr:>6}  {kr:>7}  {h['external_id']}  {meta}"
         lines.append(line if len(line) <= width else line[: max(width - 1, 40)] + "…")
     return "\n".join(lines)

@@ -139,6 +139,13 @@ def test_sync_follows_edits_and_deletions_of_a_folder(tmp_path, server, admin_ke
     assert _words(api, collection_name, "apples") == []
     assert _words(api, collection_name, "parking") == ["budget.txt"]  # from elsewhere: never deleted
 
+    # memstore search shows the hit without the ingest's bookkeeping (--json gives it all).
+    assert (
+        main(["search", collection_name, "bananas", "--mode", "keyword", "--url", server.url, "--key", admin_key]) == 0
+    )
+    shown = capsys.readouterr().out
+    assert "groceries.txt" in shown and '"tags": ["home"]' in shown and "sha256" not in shown, shown
+
     # Filters on what the items record: the tag given with --metadata, a range of modification dates.
     assert set(_words(api, collection_name, "holiday", filter={"tags": "home"})) == {"holiday-1.jpg", "holiday-2.jpg"}
     listed = api.post(
