@@ -76,6 +76,27 @@ class MaintenanceConfig(BaseSettings):
         default=10.0, gt=0, description="Stop adding queries to a probe past this many seconds (min 5 queries)."
     )
 
+    # --- recall target (see maintenance.tuning) ---
+    tune_sample: int = Field(
+        default=100,
+        ge=5,
+        le=1000,
+        description="Queries of a recall-target tuning (its ladder of ef_search values shares one exact scan).",
+    )
+    tune_z: float = Field(
+        default=1.645,
+        gt=0,
+        description="Normal quantile of the tuning's margin: the chosen ef_search's recall must reach the target "
+        "at this one-sided confidence (1.645: 95%).",
+    )
+    tune_design_effect: float = Field(
+        default=2.0,
+        ge=1,
+        description="The per-neighbour trials (k x queries) are divided by this: the misses of one query come "
+        "together, so the trials are not independent.",
+    )
+    tune_max_ef: int = Field(default=1000, ge=1, le=1000, description="The largest ef_search a tuning may set.")
+
     # --- safety ---
     lock_timeout_ms: int = Field(default=2000, ge=1, description="lock_timeout of every maintenance statement.")
     ddl_retries: int = Field(default=5, ge=0, description="Retries of a statement that hit the lock timeout.")

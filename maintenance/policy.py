@@ -10,6 +10,9 @@ Why these rules (measurements in docs/maintenance.md):
   entries have waited long (their repair touches little of the graph).
 - A verdict that rests on recall alone is taken on two independent samples (the worker confirms a low
   first reading before it pays for a rebuild).
+- A collection with a recall target has its ef_search tuned to it (``maintenance.tuning``): the
+  floor is then the target less ``recall_drop`` where that is lower, so a target under the floor does
+  not make every tuned index look worn; a deeper search, not a rebuild, is the first remedy.
 - No action is chosen that cannot change the figure it answers: VACUUM never shrinks an HNSW index
   nor rebuilds its graph, so on a small index (never rebuilt) a size or recall verdict with no dead
   entries to remove is "nothing", not the same VACUUM on every pass.
@@ -64,11 +67,14 @@ def decide(p: Probe, config: MaintenanceConfig) -> Decision:
         )
 
     recall = p.recall_value
+    floor = config.recall_floor
+    if p.recall_target is not None:
+        floor = min(floor, p.recall_target - config.recall_drop)
     if recall is not None:
         if p.fresh_recall is None:
             # Never rebuilt by the worker: the absolute floor; one rebuild then tells what fresh gives.
-            if recall < config.recall_floor:
-                return heavy(f"recall {recall:.3f} below {config.recall_floor:.3f}")
+            if recall < floor:
+                return heavy(f"recall {recall:.3f} below {floor:.3f}")
         elif recall < p.fresh_recall - config.recall_drop and (p.churn_since_rebuild or 0) > 0:
             # Relative to what a fresh build gave: a rebuild cannot beat that, so no rebuild loops.
             return heavy(f"recall {recall:.3f} drifted from {p.fresh_recall:.3f} after the last rebuild")

@@ -51,6 +51,7 @@ class Probe:
     fresh_recall: float | None  # recall measured right after the last rebuild
     recall_due: bool = True  # enough churn or time since the last recall measurement
     rebuild_s: float | None = None  # how long the last rebuild took (bounds the recall probe's cost)
+    recall_target: float | None = None  # the collection's recall target (its own vectors only)
     recall: RecallResult | None = None
     duration_s: float = 0.0
     taken_at: datetime = field(default_factory=lambda: datetime.now(UTC))
@@ -170,6 +171,7 @@ def probe(
         fresh_recall=fresh_recall,
         recall_due=recall_due,
         rebuild_s=None if rebuild_s is None else float(rebuild_s),
+        recall_target=c.recall_target if target.space is None else None,
     )
     if with_recall:
         attach_recall(conn, target, result, config, max_scan_tuples=max_scan_tuples)

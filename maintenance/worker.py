@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -20,17 +21,19 @@ import sqlalchemy as sa
 from maintenance import history
 from maintenance.actions import Busy, Executor, Interrupted, wait_for_slo
 from maintenance.config import MaintenanceConfig
+from maintenance.ladder import Ladder, measure_ladder
 from maintenance.policy import Decision, decide
 from maintenance.probes import Probe, attach_recall, probe, record_probe
 from maintenance.progress import ProgressCallback
-from maintenance.targets import Target, every_target
+from maintenance.targets import Target, every_target, representation, targets_for
+from maintenance.tuning import Tuning, choose_ef, ladder_for
 from memstore import bulk_load, online_ddl
 from memstore import history as core_history
-from memstore.collections import Collection
+from memstore.collections import RECALL_TUNING, Collection
 from memstore.compact.maintain import maintain_compact_index
 from memstore.compact.spec import index_spec
 from memstore.db import as_database, dedicated_connection, get_database
-from memstore.registry import read_collections
+from memstore.registry import read_collection, read_collections, set_default_ef_search, set_option
 from memstore.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -263,6 +266,7 @@ class MaintenanceWorker:
         except (psycopg.Error, LookupError) as exc:
             log.error("maintenance pass failed before it started: %s", exc)
             return EXIT_FAILED
+        seen: list[tuple[Target, ActionOutcome]] = []
         for target in targets:
             if self.stop.is_set():
                 break
@@ -271,6 +275,14 @@ class MaintenanceWorker:
             except (psycopg.Error, LookupError) as exc:
                 log.error("%s: probe failed: %s", target.label, exc)
                 outcome = ActionOutcome(target.collection.name, target.table, "probe", "", "failed", error=str(exc))
+            self.last_outcomes.append(outcome)
+            seen.append((target, outcome))
+            failed |= outcome.outcome == "failed"
+        for c in {t.collection.name: t.collection for t in targets}.values():
+            own = [(t, o) for t, o in seen if t.collection.name == c.name and t.space is None]
+            if self.stop.is_set() or c.recall_target is None or not tune_due(c, [o for _, o in own]):
+                continue
+            outcome = self.tune(c, [t for t, _ in own])
             self.last_outcomes.append(outcome)
             failed |= outcome.outcome == "failed"
         for c in {t.collection.name: t.collection for t in targets}.values():
@@ -282,6 +294,118 @@ class MaintenanceWorker:
                 self.last_outcomes.append(outcome)
                 failed |= outcome.outcome == "failed"
         return EXIT_FAILED if failed else EXIT_OK
+
+    # ------------------------------------------------------------------ recall target
+
+    def tune(self, collection: Collection, targets: list[Target] | None = None) -> ActionOutcome:
+        """Set the collection's default ef_search to the least that reaches its recall target
+        (``maintenance.tuning``), from a ladder measured on each of its own tables (a partitioned
+        collection takes the largest ef its partitions need); recorded as a "tune" action when the
+        ef, the target or its reachability changed."""
+        conn = self.session()
+        t0 = time.perf_counter()
+        try:
+            c = read_collection(conn, id=collection.id)  # afresh: the target may have changed since the pass began
+        except LookupError as exc:
+            return ActionOutcome(collection.name, collection.table_name, "tune", "", "failed", error=str(exc))
+
+        def skipped(reason: str) -> ActionOutcome:
+            return ActionOutcome(c.name, c.table_name, "tune", reason, "nothing")
+
+        goal = c.recall_target
+        if goal is None:
+            return skipped("no recall target")
+        if representation(c) != "full":
+            return skipped("compact indexes are not tuned yet")
+        if targets is None:
+            targets = [t for t in targets_for(conn, c) if t.space is None]
+        targets = [t for t in targets if t.index is not None]
+        if not targets:
+            return skipped("no valid HNSW index")
+        measured: list[tuple[Tuning, Ladder]] = []
+        try:
+            for target in targets:
+                ladder = self._measure_ladder(conn, target, goal)
+                if ladder.points:
+                    tuning = choose_ef(
+                        ladder.points, goal, z=self.config.tune_z, design_effect=self.config.tune_design_effect
+                    )
+                    measured.append((tuning, ladder))
+        except psycopg.Error as exc:
+            log.error("%s: recall target tuning failed: %s", c.name, exc)
+            return ActionOutcome(c.name, c.table_name, "tune", "", "failed", error=f"{type(exc).__name__}: {exc}")
+        if not measured:
+            return skipped("no rows to measure")
+        tuning, ladder = max(measured, key=lambda m: m[0].ef)
+        reachable = all(t.reachable for t, _ in measured)
+        seconds = time.perf_counter() - t0
+        old = c.default_ef_search
+        info = tuning.as_json() | {
+            "reachable": reachable,
+            "sample_limited": any(t.sample_limited for t, _ in measured),
+            "queries": ladder.queries,
+            "source": ladder.source,
+            "seconds": round(seconds, 3),
+            "ladder": [[p.ef, round(p.recall, 5)] for p in ladder.points],
+            "measured_at": datetime.now(UTC).isoformat(),
+        }
+        previous = c.recall_tuning or {}
+        with conn.transaction():
+            if tuning.ef != old:
+                set_default_ef_search(conn, c, tuning.ef)
+            set_option(conn, c, RECALL_TUNING, info)
+        reason = f"recall target {goal:g}: ef_search {old} -> {tuning.ef}; {tuning.reason}"
+        out = ActionOutcome(
+            c.name,
+            c.table_name,
+            "tune",
+            reason,
+            "ok",
+            duration_s=seconds,
+            before={"ef_search": old, "recall_target": goal},
+            after={k: info[k] for k in ("ef", "recall", "lower", "reachable", "queries", "ladder")}
+            | {"ef_search": tuning.ef},
+        )
+        if tuning.ef != old or previous.get("target") != goal or previous.get("reachable") != reachable:
+            action_id = core_history.start_action(
+                conn,
+                collection=c.name,
+                partition_table=c.table_name,
+                index_name=c.index_name,
+                action="tune",
+                reason=reason,
+                before=out.before,
+            )
+            core_history.finish_action(conn, action_id, outcome="ok", duration_s=seconds, after=out.after)
+        log.info("tune %s: %s in %.1fs", c.name, reason, seconds)
+        return out
+
+    def _measure_ladder(self, conn: psycopg.Connection[Any], target: Target, goal: float) -> Ladder:
+        """The ladder on ``recall_session()`` (a standby with ``recall_on_replica``), on the primary when
+        the standby fails it."""
+        where = self.recall_session()
+
+        def measure(on: psycopg.Connection[Any]) -> Ladder:
+            return measure_ladder(
+                on,
+                target,
+                k=self.config.recall_k,
+                rungs=ladder_for(self.config.tune_max_ef),
+                recall_target=goal,
+                max_scan_tuples=self.settings.max_scan_tuples,
+                sample=self.config.tune_sample,
+                z=self.config.tune_z,
+                design_effect=self.config.tune_design_effect,
+            )
+
+        try:
+            return measure(where)
+        except psycopg.Error as exc:
+            if where is conn:
+                raise
+            log.warning("%s: tuning ladder failed on the replica (%s); measuring on the primary", target.label, exc)
+            where.close()
+            return measure(conn)
 
     def _finish_bulk_loads(self, conn: psycopg.Connection[Any]) -> None:
         """Build the index of any bulk load whose process died before it could (a running load holds
@@ -371,3 +495,16 @@ class MaintenanceWorker:
             except psycopg.Error as exc:  # the next look reconnects
                 log.warning("maintenance: could not read pass requests: %s", exc)
             self.stop.wait(max(0.0, min(REQUEST_POLL_S, deadline - time.monotonic())))
+
+
+def tune_due(c: Collection, outcomes: list[ActionOutcome]) -> bool:
+    """A collection's ef_search is tuned again when its target is new or changed, and on every pass
+    that measured its recall (enough rows loaded or changed, or enough time passed: the probe's own
+    schedule) or cleaned its index (VACUUM, rebuild)."""
+    previous = c.recall_tuning
+    if previous is None or previous.get("target") != c.recall_target:
+        return True
+    return any(
+        o.before.get("recall") is not None or (o.decision in ("vacuum", "rebuild") and o.outcome == "ok")
+        for o in outcomes
+    )

@@ -5,7 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from maintenance import history
 from maintenance.tuning import LADDER, Point, bounds, choose_ef, ladder_for, passes, wilson
+from memstore.errors import InvalidInputError
+from memstore.models import ItemIn
+from tests.maintenance.conftest import settle_live_count
+from tests.maintenance.maint_helpers import clustered
 
 # ------------------------------------------------------------------ the decision (no database)
 
@@ -105,3 +110,86 @@ def test_ladder_for_caps_and_keeps_the_maximum() -> None:
     assert ladder_for() == list(LADDER)
     assert ladder_for(100) == [10, 20, 40, 80, 100]
     assert ladder_for(5000)[-1] == 1000
+
+
+# ------------------------------------------------------------------ persistence and the worker's pass
+
+
+def test_store_sets_shows_and_clears_the_target(store, collection_name) -> None:
+    c = store.create_collection(name=collection_name, dimensions=8, recall_target=0.95)
+    assert c.recall_target == 0.95 and c.recall_tuning is None
+    assert store.set_recall_target(collection=collection_name, target=0.9).recall_target == 0.9
+    assert store.get_collection(name=collection_name, fresh=True).recall_target == 0.9
+    assert store.set_recall_target(collection=collection_name, target=None).recall_target is None
+    for bad in (0, 1, 1.2, -0.5, True, "0.9"):
+        with pytest.raises(InvalidInputError):
+            store.set_recall_target(collection=collection_name, target=bad)
+    with pytest.raises(InvalidInputError):
+        store.create_collection(name=collection_name + "_b", dimensions=8, recall_target=1.0)
+    assert store.get_collection(name=collection_name, fresh=True).recall_target is None
+
+
+def held_out_recall(
+    store, collection: str, data: np.ndarray, queries: np.ndarray, k: int = 10, ef: int | None = None
+) -> float:
+    """Recall@k of the collection's default searches (no ef named) against numpy's exact answers."""
+    norm = data / np.linalg.norm(data, axis=1, keepdims=True)
+    hits = 0
+    for q in queries:
+        truth = set(np.argsort(-(norm @ (q / np.linalg.norm(q))))[:k].tolist())
+        found = store.search(collection=collection, vector=q, k=k, ef_search=ef)
+        hits += sum(1 for r in found if int(r.external_id[1:]) in truth)
+    return hits / (k * len(queries))
+
+
+def test_worker_tunes_ef_search_to_the_target_and_again_after_a_load(
+    store, make_collection, make_worker, collection_name, conn, dsn
+) -> None:
+    n, dims = 3000, 32
+    make_collection(n, dims)
+    data = clustered(n, dims, seed=0)
+    store.set_recall_target(collection=collection_name, target=0.95)
+    worker = make_worker()
+    assert worker.run_once() == 0
+    tunes = [o for o in worker.last_outcomes if o.decision == "tune"]
+    assert len(tunes) == 1 and tunes[0].outcome == "ok", worker.last_outcomes
+    c = store.get_collection(name=collection_name, fresh=True)
+    tuning = c.recall_tuning
+    assert tuning is not None and tuning["reachable"] and tuning["target"] == 0.95
+    assert c.default_ef_search == tuning["ef"] and c.default_ef_search <= 1000
+    assert tuning["lower"] >= 0.95
+    # Held-out queries (not stored rows) meet the target at the tuned default, within the sample's error.
+    held_out = clustered(200, dims, seed=99)
+    assert held_out_recall(store, collection_name, data, held_out) >= 0.94
+    # The change is in the history, with the ef before and after.
+    rows = history.list_actions(conn, collection=collection_name)
+    tune_rows = [r for r in rows if r["action"] == "tune"]
+    assert tune_rows and tune_rows[0]["before"]["ef_search"] == 80
+    assert tune_rows[0]["after"]["ef_search"] == c.default_ef_search
+    # A pass with nothing new measured leaves the tuning alone.
+    assert worker.run_once() == 0
+    assert not [o for o in worker.last_outcomes if o.decision == "tune"]
+    # Load three times as many rows: the next pass measures recall again and re-tunes.
+    more = clustered(3 * n, dims, seed=5)
+    store.upsert_items(
+        collection=collection_name, items=[ItemIn(vector=v, external_id=f"e{n + i}") for i, v in enumerate(more)]
+    )
+    settle_live_count(dsn, store, c, 4 * n)
+    assert worker.run_once() == 0
+    tunes = [o for o in worker.last_outcomes if o.decision == "tune"]
+    assert len(tunes) == 1 and tunes[0].outcome == "ok", worker.last_outcomes
+    again = store.get_collection(name=collection_name, fresh=True)
+    assert again.recall_tuning is not None and again.recall_tuning["measured_at"] > tuning["measured_at"]
+    assert held_out_recall(store, collection_name, np.vstack([data, more]), held_out) >= 0.94
+
+
+def test_an_unreachable_target_keeps_the_largest_ef_and_says_so(
+    store, make_collection, make_worker, collection_name
+) -> None:
+    make_collection(2000, 32)
+    store.set_recall_target(collection=collection_name, target=0.999)
+    worker = make_worker(tune_max_ef=20, tune_sample=20)
+    assert worker.run_once() == 0
+    c = store.get_collection(name=collection_name, fresh=True)
+    assert c.recall_tuning is not None and not c.recall_tuning["reachable"]
+    assert c.default_ef_search == 20
