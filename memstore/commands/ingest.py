@@ -10,6 +10,12 @@ What PATH is decides what is sent:
 Each item's external id is its path relative to the folder (a single file: its name; a JSONL line:
 its ``external_id``, else ``line-N``), so an interrupted run started again skips what the server
 already holds and re-sending never duplicates.
+
+A file's item records ``path``, ``filename``, ``source`` (the folder it came from: its absolute path,
+or ``--source``), ``size``, ``modified`` and ``sha256`` in its metadata. ``--sync`` lists the items of
+that ``source`` (by a metadata filter) and sends again the files whose record differs; ``--delete``
+deletes, by a filter that names the source, the items whose files are gone (never those of another
+source, and nothing when the folder has no files).
 """
 
 from __future__ import annotations

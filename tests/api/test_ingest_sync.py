@@ -257,3 +257,27 @@ def test_a_wait_for_ocr_that_reads_nothing_ends(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(ingest, "OCR_STALL_S", 0.05)
     out = ingest._wait(Fake(), 2, 2, quiet=True)  # type: ignore[arg-type]
     assert out["ocr_stalled"] is True and out["ocr_pending"] == 3
+
+
+def test_one_file_a_dry_run_on_no_collection_and_what_sync_refuses(
+    tmp_path, server, admin_key, api, collection_name, capsys
+) -> None:
+    note = tmp_path / "todo.md"
+    note.write_text("water the plants")
+    common = ["--collection", collection_name, "--url", server.url, "--key", admin_key]
+    code, dry = _run(capsys, str(note), *common, "--sync", "--dry-run")
+    assert code == 0 and dry["new"] == 1 and dry["collection_created"] is False
+    assert api.get(f"/v1/collections/{collection_name}").status_code == 404  # a dry run creates nothing
+    code, first = _run(capsys, str(note), *common, "--sync", "--wait")
+    assert code == 0 and first["created"] == 1 and first["source"] == str(tmp_path.resolve())
+    note.write_text("water the plants and feed the cat")
+    code, second = _run(capsys, str(note), *common, "--sync", "--wait")
+    assert code == 0 and (second["changed"], second["updated"]) == (1, 1), second
+    assert _words(api, collection_name, "cat") == ["todo.md"]
+    lines = tmp_path / "lines.jsonl"
+    lines.write_text('{"text": "one"}\n')
+    assert main(["ingest", str(lines), *common, "--sync"]) == 2
+    assert "not files" in capsys.readouterr().err
+    assert main(["ingest", str(note), *common, "--sync", "--delete"]) == 2
+    assert "--delete needs a folder" in capsys.readouterr().err
+    assert main(["ingest", str(note), *common, "--metadata", "[1]"]) == 2
