@@ -213,6 +213,7 @@ def _status(worker: MaintenanceWorker, common: Common, *, with_recall: bool) -> 
     rows: list[dict[str, Any]] = []
     worst: dict[str, float] = {}  # the lowest fresh recall per collection (a target per partition or space)
     with worker.connect() as conn:
+        collections = {c.name: c for c in worker.list_collections(conn)}
         for p, d in worker.probe(with_recall=with_recall, record=with_recall):
             if p.fresh_recall is not None:
                 worst[p.collection] = min(p.fresh_recall, worst.get(p.collection, 1.0))
@@ -227,10 +228,14 @@ def _status(worker: MaintenanceWorker, common: Common, *, with_recall: bool) -> 
                 last_recall=(last_recall or {}).get("recall") if not with_recall else p.recall_value,
                 last_action=None if not last_action else f"{last_action['action']} {last_action['outcome']}",
             )
+            c = collections.get(p.collection)
+            if c is not None:
+                s.update(ef_search=c.default_ef_search, recall_target=c.recall_target, tuning=c.recall_tuning)
             rows.append(s)
         note = buffer_cache_note(conn)
     floor = worker.config.recall_floor
     notes = [n for c, r in worst.items() if (n := sparse_graph_note(c, r, floor))]
+    notes += [n for c in collections.values() if (n := recall_target_note(c.name, c.recall_target, c.recall_tuning))]
     if note:
         notes.append(note)
     columns = [
@@ -242,6 +247,8 @@ def _status(worker: MaintenanceWorker, common: Common, *, with_recall: bool) -> 
         "fresh",
         "ratio",
         "recall",
+        "ef_search",
+        "target",
         "owned",
         "last_action",
         "recommendation",
@@ -255,6 +262,7 @@ def _status(worker: MaintenanceWorker, common: Common, *, with_recall: bool) -> 
                 "fresh": fmt_bytes(r["fresh_bytes"]),
                 "ratio": r["size_ratio"],
                 "recall": None if r["last_recall"] is None else round(r["last_recall"], 3),
+                "target": target_cell(r.get("recall_target"), r.get("tuning")),
             }
             for r in rows
         ]
@@ -276,6 +284,31 @@ def sparse_graph_note(collection: str, fresh_recall: float | None, floor: float)
         f"memstore-maint: {collection}: a fresh build of its index reached recall {fresh_recall:.3f}, under the "
         f"floor {floor:.2f}, so no rebuild will do better. Raise the collection's ef_search, or build a denser "
         'graph (hnsw_ef_construction, hnsw_m; docs/scale.md, "What the rows ask of any HNSW graph").'
+    )
+
+
+def target_cell(target: float | None, tuning: dict[str, Any] | None) -> str | None:
+    """The recall target as the status table shows it: 0.95 (not tuned yet), 0.95 ok, 0.95 UNREACHABLE."""
+    if target is None:
+        return None
+    if tuning is None or tuning.get("target") != target:
+        return f"{target:g} (not tuned yet)"
+    return f"{target:g} {'ok' if tuning.get('reachable') else 'UNREACHABLE'}"
+
+
+def recall_target_note(collection: str, target: float | None, tuning: dict[str, Any] | None) -> str | None:
+    """A line of advice when the last tuning could not reach the collection's recall target."""
+    if target is None or tuning is None or tuning.get("target") != target or tuning.get("reachable"):
+        return None
+    if tuning.get("sample_limited"):
+        return (
+            f"memstore-maint: {collection}: recall target {target:g} not shown reached at ef_search {tuning.get('ef')} "
+            f"(recall {tuning.get('recall')}): the sample was too small to tell (MEMSTORE_MAINT_TUNE_SAMPLE)."
+        )
+    return (
+        f"memstore-maint: {collection}: recall target {target:g} not reachable with this graph: recall "
+        f"{tuning.get('recall')} at ef_search {tuning.get('ef')}, the most tried. Build a denser graph "
+        '(hnsw_m, hnsw_ef_construction; docs/scale.md, "What the rows ask of any HNSW graph") or lower the target.'
     )
 
 

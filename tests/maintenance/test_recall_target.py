@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from maintenance import history
+from maintenance.cli import main
 from maintenance.tuning import LADDER, Point, bounds, choose_ef, ladder_for, passes, wilson
 from memstore.errors import InvalidInputError
 from memstore.models import ItemIn
+from memstore.settings import get_settings
 from tests.maintenance.conftest import settle_live_count
 from tests.maintenance.maint_helpers import clustered
 
@@ -193,3 +197,39 @@ def test_an_unreachable_target_keeps_the_largest_ef_and_says_so(
     c = store.get_collection(name=collection_name, fresh=True)
     assert c.recall_tuning is not None and not c.recall_tuning["reachable"]
     assert c.default_ef_search == 20
+
+
+def test_cli_status_and_history_show_the_target_and_its_tuning(
+    store, make_collection, collection_name, database_url, monkeypatch, capsys
+) -> None:
+    monkeypatch.setenv("MEMSTORE_DATABASE_URL", database_url)
+    monkeypatch.setenv("MEMSTORE_MAINT_SMALL_INDEX_BYTES", "65536")
+    get_settings.cache_clear()
+    try:
+        make_collection(1500, 16)
+        store.set_recall_target(collection=collection_name, target=0.9)
+        assert main(["status", "--collection", collection_name]) == 0
+        assert "0.9 (not tuned yet)" in capsys.readouterr().out
+        assert main(["run", "--once", "--json", "--collection", collection_name]) == 0
+        outcomes = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        [tune] = [o for o in outcomes if o["decision"] == "tune"]
+        ef = store.get_collection(name=collection_name, fresh=True).default_ef_search
+        assert tune["outcome"] == "ok" and tune["after"]["ef_search"] == ef
+        assert main(["status", "--json", "--collection", collection_name]) == 0
+        [row] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert row["recall_target"] == 0.9 and row["ef_search"] == ef and row["tuning"]["reachable"]
+        assert main(["status", "--collection", collection_name]) == 0
+        assert "0.9 ok" in capsys.readouterr().out
+        assert main(["history", "--collection", collection_name]) == 0
+        text = capsys.readouterr().out
+        assert "tune" in text and f"ef_search 80 -> {ef}" in text
+        # An unreachable target: the status says so and points at a denser graph.
+        store.set_recall_target(collection=collection_name, target=0.9999)
+        monkeypatch.setenv("MEMSTORE_MAINT_TUNE_MAX_EF", "10")
+        assert main(["run", "--once", "--json", "--collection", collection_name]) == 0
+        capsys.readouterr()
+        assert main(["status", "--collection", collection_name]) == 0
+        out = capsys.readouterr()
+        assert "UNREACHABLE" in out.out and "denser graph" in out.err and "hnsw_m" in out.err
+    finally:
+        get_settings.cache_clear()
