@@ -16,7 +16,7 @@ from memstore.api import bodies
 from memstore.api.problems import Problem, from_exception
 from memstore.api.runtime import Runtime
 from memstore.collections import Collection
-from memstore.errors import MemstoreError
+from memstore.errors import InvalidInputError, MemstoreError
 from memstore.models import CollectionStats, SearchResult
 from memstore.ui import search
 from memstore.ui.access import collection_for, runtime
@@ -87,17 +87,24 @@ async def collection_page(
     f: Annotated[list[str], Query(max_length=32)] = [],  # noqa: B006 (FastAPI copies defaults)
     after: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
     mode: Annotated[str, Query(max_length=16)] = "hybrid",
+    sort: Annotated[str, Query(max_length=32)] = "added",
+    cursor: Annotated[str | None, Query(max_length=8192)] = None,
 ) -> Response:
     rt, identity, c = await collection_for(request, name)
     refused = search.ChipErrors()
     chips = tuple(search.parse_chips(f, refused))
     chosen = mode if mode in search.MODES else "hybrid"
-    view = search.SearchView(base_path(request), c.name, q.strip(), like, chips, chosen)
-    context = await run_in_threadpool(_search_context, rt, c, view, after)
+    order = sort if sort in search.SORTS else "added"
+    view = search.SearchView(base_path(request), c.name, q.strip(), like, chips, chosen, order)
+    if sort not in search.SORTS:  # the items in id order, and what the sorts are
+        cursor = None
+    context = await run_in_threadpool(_search_context, rt, c, view, after, cursor)
     if refused.message and "problem" not in context:
         context["problem"] = Problem("invalid-input", refused.message)
     if mode not in search.MODES and "problem" not in context:
         context["problem"] = Problem("invalid-input", f"mode is one of {', '.join(search.MODES)}, not {mode[:16]!r}")
+    if sort not in search.SORTS and "problem" not in context:
+        context["problem"] = Problem("invalid-input", f"sort is one of {', '.join(search.SORTS)}, not {sort[:32]!r}")
     return _collection_response(request, identity, c, view, context)
 
 
@@ -119,7 +126,9 @@ def _collection_response(
     )
 
 
-def _search_context(rt: Runtime, c: Collection, view: search.SearchView, after: int) -> dict[str, Any]:
+def _search_context(
+    rt: Runtime, c: Collection, view: search.SearchView, after: int, cursor: str | None = None
+) -> dict[str, Any]:
     """Results for a typed query or "more like this", else a page of the collection's items (those the
     chips match, when there are chips). A query or a chip the encoder or the store refuses is shown on
     the page, with what to do, not as an error page."""
@@ -138,7 +147,7 @@ def _search_context(rt: Runtime, c: Collection, view: search.SearchView, after: 
             if context["mode"] == "text":
                 found = {r.id: r for r in results}
         else:
-            _browse(rt, c, view, after, context)
+            _browse(rt, c, view, after, cursor, context)
             return context
     except (Problem, MemstoreError, EncoderError, QueryCanceled) as exc:
         context.update(cards=[], problem=from_exception(exc))
@@ -173,17 +182,37 @@ def _typed_search(rt: Runtime, c: Collection, view: search.SearchView, k: int) -
     return results, "text" if vector is not None else "keyword"
 
 
-def _browse(rt: Runtime, c: Collection, view: search.SearchView, after: int, context: dict[str, Any]) -> None:
-    """A page of the collection's items in id order; with chips, the items they match (the store's
-    filtered listing, under the search statement timeout)."""
+def _browse(
+    rt: Runtime, c: Collection, view: search.SearchView, after: int, cursor: str | None, context: dict[str, Any]
+) -> None:
+    """A page of the collection's items in id order, or by date taken (``view.sort``, paged by the
+    store's cursor; the undated last); with chips, the items they match (the store's filtered
+    listing, under the search statement timeout). A cursor the store refuses (forged, or of another
+    order) is the page's error, as a refused chip is."""
     flt = search.filter_of(view.chips)
-    items, more = rt.store.page_items(collection=c.name, after_id=after, limit=BROWSE_PAGE, filter=flt)
     if flt is not None:
         context["mode"] = "filtered"
+    if view.sort == "added":
+        if cursor is not None:
+            raise InvalidInputError("cursor: pages a listing sorted by date taken; this one is in the order added")
+        items, more = rt.store.page_items(collection=c.name, after_id=after, limit=BROWSE_PAGE, filter=flt)
+        following = view.url(query="", after=items[-1].id) if more and items else None
+    else:
+        if after:
+            raise InvalidInputError("after: pages the listing in the order added; a sorted one pages by its cursor")
+        items, next_cursor = rt.store.page_items_ordered(
+            collection=c.name,
+            order_by=list(search.TAKEN_FIELD),
+            order_type="timestamp",
+            descending=view.sort == "taken-desc",
+            after_key=cursor,
+            limit=BROWSE_PAGE,
+            filter=flt,
+        )
+        following = view.url(query="", cursor=next_cursor) if next_cursor is not None else None
     rows = [(i.id, i.external_id, i.metadata, None) for i in items]
     context["cards"] = search.cards(rt, c, view, rows)
-    if more and items:
-        context["next_url"] = view.url(query="", after=items[-1].id)
+    context["next_url"] = following
 
 
 @router.post("/c/{name}/search/image")

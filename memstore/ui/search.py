@@ -222,10 +222,21 @@ def check_chips(chips: Sequence[Chip]) -> None:
         compile_filter(flt)
 
 
+# The browse page's orders: the value of ``sort`` and what the page calls it. "added" is id order.
+SORTS: dict[str, str] = {
+    "added": "added",
+    "taken-desc": "newest taken first",
+    "taken-asc": "oldest taken first",
+}
+# The field the "taken" orders read: a photo's date taken (memstore.photo_facts), as a timestamp.
+TAKEN_FIELD = ("image", "taken_at")
+
+
 @dataclass(frozen=True)
 class SearchView:
     """The search a page shows, and the links that change it. ``mode``: the search form's switch for
-    a typed query (``hybrid``, the default, ``vector`` or ``keyword``)."""
+    a typed query (``hybrid``, the default, ``vector`` or ``keyword``). ``sort``: the order of a
+    listing without a query (one of SORTS; ``added``, id order, the default)."""
 
     ui: str
     collection: str
@@ -233,10 +244,15 @@ class SearchView:
     like: int | None = None
     chips: tuple[Chip, ...] = ()
     mode: str = "hybrid"
+    sort: str = "added"
 
     @property
     def page(self) -> str:
         return f"{self.ui}/c/{quote(self.collection)}"
+
+    @property
+    def sorts(self) -> list[tuple[str, str]]:
+        return list(SORTS.items())
 
     def url(
         self,
@@ -245,6 +261,7 @@ class SearchView:
         like: int | None = None,
         chips: tuple[Chip, ...] | None = None,
         after: int | None = None,
+        cursor: str | None = None,
     ) -> str:
         params: list[tuple[str, str]] = []
         q = self.query if query is None else query
@@ -255,8 +272,12 @@ class SearchView:
             if self.mode != "hybrid":
                 params.append(("mode", self.mode))
         params += [("f", c.param) for c in (self.chips if chips is None else chips)]
+        if like is None and not q and self.sort != "added":  # a listing keeps its order
+            params.append(("sort", self.sort))
         if after is not None:
             params.append(("after", str(after)))
+        if cursor is not None:
+            params.append(("cursor", cursor))
         return self.page + ("?" + urlencode(params) if params else "")
 
     def without(self, chip: Chip) -> str:

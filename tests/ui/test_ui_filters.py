@@ -340,3 +340,121 @@ def test_chips_make_one_filter() -> None:
     assert search.filter_of(two) == {
         "$and": [{"image": {"camera": "x"}}, {"image": {"taken_at": {"$gte": "2024-05-01"}}}]
     }
+
+
+TAKEN = {  # external id -> the date the photo was taken (None: no date); p2 and p4 are one instant
+    "p1": "2024-05-03T10:00:00Z",
+    "p2": "2023-01-01T00:00:00Z",
+    "p3": None,
+    "p4": "2023-01-01T01:00:00+01:00",
+    "p5": "2025-12-31",
+    "p6": "not a date",
+    "p7": "2024-01-15T08:30:00Z",
+}
+
+
+@pytest.fixture
+def photos(api: httpx.Client, ui_collection: str) -> dict[str, int]:
+    items = []
+    for i, (eid, taken) in enumerate(TAKEN.items()):
+        meta: dict[str, Any] = {"kind": "odd" if i % 2 else "even"}
+        if taken is not None:
+            meta["image"] = {"taken_at": taken}
+        items.append({"external_id": eid, "text": f"photo {eid}", "metadata": meta})
+    r = api.post(f"/v1/collections/{ui_collection}/items?wait=true", json={"items": items})
+    assert r.status_code == 201, r.text
+    return {it["external_id"]: it["id"] for it in r.json()["items"]}
+
+
+def _in_order(page: httpx.Response) -> list[int]:
+    return [int(i) for i in ROW.findall(page.text)]
+
+
+def _pages(client: httpx.Client, first: httpx.Response) -> list[list[int]]:
+    """The ids of each page, following the Next page links."""
+    pages = [_in_order(first)]
+    page = first
+    while (link := re.search(r'<a href="([^"]+)" class="button">Next page</a>', page.text)) is not None:
+        page = client.get(link[1].replace("&amp;", "&"))
+        assert page.status_code == 200, page.text[-500:]
+        pages.append(_in_order(page))
+        assert len(pages) < 20
+    return pages
+
+
+def test_the_sort_control_orders_by_date_taken(admin_page, ui_collection, photos) -> None:
+    ids = photos
+    newest = [ids[e] for e in ("p5", "p1", "p7", "p4", "p2", "p6", "p3")]  # ties by id; undated last
+    oldest = [ids[e] for e in ("p2", "p4", "p7", "p1", "p5", "p3", "p6")]
+    page = _get(admin_page, ui_collection)
+    assert 'id="sort-form"' in page.text
+    assert '<option value="added" selected>added</option>' in page.text
+    assert "newest taken first" in page.text and "oldest taken first" in page.text
+    assert _in_order(page) == sorted(ids.values())  # added: id order, as before
+    page = _get(admin_page, ui_collection, sort="taken-desc")
+    assert page.status_code == 200, page.text[-500:]
+    assert _in_order(page) == newest
+    assert '<option value="taken-desc" selected>newest taken first</option>' in page.text
+    assert '<input type="hidden" name="sort" value="taken-desc">' in page.text  # the search form keeps it
+    assert _in_order(_get(admin_page, ui_collection, sort="taken-asc")) == oldest
+    # With filter chips: the chips' items in that order; the chip links keep the order.
+    even = [i for i in newest if list(ids.values()).index(i) % 2 == 0]
+    page = _get(admin_page, ui_collection, "kind=even", sort="taken-desc")
+    assert _in_order(page) == even and "Items matching the filters" in page.text
+    remove = re.search(r'<a href="([^"]+)" aria-label="Remove filter kind: even"', page.text)
+    assert remove and "sort=taken-desc" in remove[1]
+    # A typed query ranks by relevance, whatever the sort; its links drop the sort.
+    found = _get(admin_page, ui_collection, q="photo", mode="keyword", sort="taken-desc")
+    assert found.status_code == 200 and 'id="sort-form"' not in found.text
+
+
+def test_a_sorted_listing_pages_by_its_cursor(admin_page, ui_collection, photos, monkeypatch) -> None:
+    from memstore.ui import browse
+
+    ids = photos
+    monkeypatch.setattr(browse, "BROWSE_PAGE", 2)  # the server runs in this process
+    for sort, order in (
+        ("taken-desc", ("p5", "p1", "p7", "p4", "p2", "p6", "p3")),
+        ("taken-asc", ("p2", "p4", "p7", "p1", "p5", "p3", "p6")),
+    ):
+        first = _get(admin_page, ui_collection, sort=sort)
+        pages = _pages(admin_page, first)
+        assert [i for p in pages for i in p] == [ids[e] for e in order]  # no duplicate, no gap
+        assert [len(p) for p in pages] == [2, 2, 2, 1]
+        link = re.search(r'<a href="([^"]+)" class="button">Next page</a>', first.text)
+        assert link and f"sort={sort}" in link[1] and "cursor=" in link[1] and "after=" not in link[1]
+    odd = _pages(admin_page, _get(admin_page, ui_collection, "kind=odd", sort="taken-asc"))
+    assert [i for p in odd for i in p] == [ids[e] for e in ("p2", "p4", "p6")]  # the odd ones, oldest first
+    added = _pages(admin_page, _get(admin_page, ui_collection))
+    assert [i for p in added for i in p] == sorted(ids.values())
+
+
+def test_sort_abuse_is_explained_on_the_page(admin_page, ui_collection, photos, monkeypatch) -> None:
+    from memstore.ui import browse
+
+    first = _get(admin_page, ui_collection, sort="taken-desc")
+    assert first.status_code == 200
+    evil = _get(admin_page, ui_collection, sort="<script>alert(1)</script>")
+    assert evil.status_code == 422 and "<script>alert(1)" not in evil.text
+    assert "sort is one of added, taken-desc, taken-asc" in evil.text and 'id="search-error"' in evil.text
+    assert _in_order(evil) == sorted(photos.values())  # the items, in the order added
+    for params in (
+        {"sort": "taken-desc", "cursor": "forged"},
+        {"sort": "taken-desc", "cursor": "W10"},  # base64 of []
+        {"sort": "taken-desc", "cursor": "eyJ4IjoxfQ"},  # base64 of {"x":1}
+        {"sort": "taken-desc", "cursor": "<b>x</b>"},
+        {"sort": "added", "cursor": "forged"},
+        {"sort": "taken-desc", "after": "3"},
+        {"sort": "taken-asc", "cursor": "A" * 8000},
+    ):
+        page = admin_page.get(f"/ui/c/{ui_collection}", params=params)
+        assert page.status_code == 422, (params, page.status_code, page.text[-300:])
+        assert 'id="search-error"' in page.text and "<b>x</b>" not in page.text
+    too_long = admin_page.get(f"/ui/c/{ui_collection}", params={"sort": "taken-desc", "cursor": "A" * 9000})
+    assert too_long.status_code in (404, 422) and "Traceback" not in too_long.text
+    # A cursor of one order is refused by the other.
+    monkeypatch.setattr(browse, "BROWSE_PAGE", 2)  # the server runs in this process
+    link = re.search(r"cursor=([A-Za-z0-9_-]+)", _get(admin_page, ui_collection, sort="taken-desc").text)
+    assert link
+    other = _get(admin_page, ui_collection, sort="taken-asc", cursor=link[1])
+    assert other.status_code == 422 and "cursor" in other.text
