@@ -147,3 +147,48 @@ def test_the_pages_fit_a_360_pixel_screen(site, server, ui_collection, notes) ->
     finally:
         site.set_window_size(size["width"], size["height"])
     assert _console_errors(site) == []
+
+
+def _in_order(driver: Any) -> list[int]:
+    return [int(e.get_attribute("data-item")) for e in driver.find_elements(By.CSS_SELECTOR, "#result-grid .result")]
+
+
+def test_the_sort_control_pages_by_date_taken(site, server, api, ui_collection, monkeypatch) -> None:
+    from memstore.ui import browse
+
+    taken = {"a": "2024-05-03T10:00:00Z", "b": None, "c": "2025-01-01", "d": "2023-07-07T07:07:07+02:00"}
+    items = [
+        {
+            "external_id": e,
+            "text": f"photo {e}",
+            "metadata": {"kind": "photo" if e != "c" else "scan", **({"image": {"taken_at": t}} if t else {})},
+        }
+        for e, t in taken.items()
+    ]
+    r = api.post(f"/v1/collections/{ui_collection}/items?wait=true", json={"items": items})
+    assert r.status_code == 201, r.text
+    ids = {it["external_id"]: it["id"] for it in r.json()["items"]}
+    monkeypatch.setattr(browse, "BROWSE_PAGE", 2)  # the server runs in this process
+    site.get(f"{server.url}/ui/c/{ui_collection}")
+    assert _in_order(site) == [ids["a"], ids["b"]]  # added: id order
+    Select(site.find_element(By.ID, "sort")).select_by_visible_text("newest taken first")
+    site.find_element(By.CSS_SELECTOR, "#sort-form button").click()
+    _wait(site, lambda d: "sort=taken-desc" in d.current_url)
+    assert _in_order(site) == [ids["c"], ids["a"]]
+    site.find_element(By.LINK_TEXT, "Next page").click()
+    _wait(site, lambda d: "cursor=" in d.current_url)
+    assert _in_order(site) == [ids["d"], ids["b"]]  # the undated last
+    assert not site.find_elements(By.LINK_TEXT, "Next page")
+    # A chip keeps the order; the sort control keeps the chip.
+    _add_chip(site, "kind=photo")
+    _wait(site, lambda d: "sort=taken-desc" in d.current_url and "cursor=" not in d.current_url)
+    assert _in_order(site) == [ids["a"], ids["d"]]
+    Select(site.find_element(By.ID, "sort")).select_by_visible_text("oldest taken first")
+    site.find_element(By.CSS_SELECTOR, "#sort-form button").click()
+    _wait(site, lambda d: "sort=taken-asc" in d.current_url)
+    assert _in_order(site) == [ids["d"], ids["a"]]
+    assert "kind: photo" in site.find_element(By.ID, "active-filters").text
+    # A forged cursor is explained on the page.
+    site.get(f"{server.url}/ui/c/{ui_collection}?sort=taken-desc&cursor=forged")
+    assert "cursor" in _wait(site, ec.presence_of_element_located((By.ID, "search-error"))).text
+    assert [e for e in _console_errors(site) if "422" not in e] == []
