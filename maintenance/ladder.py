@@ -71,10 +71,9 @@ def stand_ins(
     distance to its nearest other row. A stored vector itself is no fair query: the graph holds it
     as a node whose neighbour list *is* its answer, so any walk that reaches it scores 1.0 (measured
     on 3,000 clustered rows: recall 1.0 at ef_search 10 on stored vectors, 0.74 on fresh queries from
-    the same distribution). Moved by ``STAND_IN_STRETCH`` nearest-neighbour distances, a query lies
-    between rows as a new one does: on those rows the stand-ins read 0.79, 0.92 and 0.97 at ef_search
-    10, 20 and 40 where fresh queries read 0.75, 0.89 and 0.97 (one distance: 0.91, 0.95, 0.99).
-    Real queries (the API's samples) are better still, and are used first."""
+    the same distribution). Moved by ``STAND_IN_STRETCH`` nearest-neighbour distances in a random
+    direction within the span of its nearest rows, a query lies between rows as a new one does
+    (figures: docs/maintenance.md, "Recall target"). Real queries (the API's samples) are better still, and are used first."""
     if not stored:
         return []
     statement = index_search(target)
@@ -84,9 +83,9 @@ def stand_ins(
             cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         apply(cur, index_settings(ef_search=40, max_scan_tuples=max_scan_tuples))
         near = _index_answers(conn, statement, list(stored), 4)
-    # The nearest row at a distance (the vector's own row, and duplicates of it, are at about 0).
-    picks = [next((i for i, d in answer if d > 1e-6), None) for answer in near]
-    ids = sorted({i for i in picks if i is not None})
+    # The nearest rows at a distance (the vector's own row, and duplicates of it, are at about 0).
+    others = [[i for i, d in answer if d > 1e-6] for answer in near]
+    ids = sorted({i for o in others for i in o})
     rows = (
         conn.cursor(binary=True)
         .execute(
@@ -97,13 +96,17 @@ def stand_ins(
     vectors = {int(i): query_samples.as_numpy(v) for i, v in rows}
     rng = np.random.default_rng()
     out = []
-    for v, pick in zip(stored, picks, strict=True):
-        neighbour = vectors.get(pick) if pick is not None else None
-        if neighbour is None:
+    for v, near_ids in zip(stored, others, strict=True):
+        neighbours = [vectors[i] for i in near_ids if i in vectors]
+        if not neighbours:
             continue
-        direction = rng.normal(size=v.shape)
+        # A random direction in the span of the offsets to its neighbours: it stays on the data's own
+        # surface (embeddings fill few of their dimensions), where a fully random one would leave it.
+        offsets = np.stack([n - v for n in neighbours])
+        direction = rng.normal(size=len(neighbours)) @ offsets
         direction /= np.linalg.norm(direction) or 1.0
-        out.append((v + STAND_IN_STRETCH * float(np.linalg.norm(v - neighbour)) * direction).astype(np.float32))
+        d1 = float(np.linalg.norm(offsets[0]))
+        out.append((v + STAND_IN_STRETCH * d1 * direction).astype(np.float32))
     return out
 
 

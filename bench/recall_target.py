@@ -1,0 +1,133 @@
+"""Recall target: does tuning ef_search to a target reach it on new queries, and at what ef?
+
+    python -m bench.recall_target --json [--sizes 10000,100000] [--targets 0.9,0.95,0.99] [--samples]
+
+For each size, loads that many clustered synthetic 128-d vectors (``bench.churn_data.synthetic``)
+into a collection, then for each target runs the maintenance worker's tuning (``MaintenanceWorker.tune``:
+stand-in queries made from stored rows; ``--samples``: the API's kept query samples, 200 queries of
+the same distribution) and measures, on 200 held-out queries from the same distribution:
+
+- ``held_out_recall``: recall@10 of default searches at the tuned ef_search (goal: >= target - 0.01);
+- ``best_ef``: the smallest ef of a fine ladder that reaches the target on those same held-out
+  queries, against ``ef``, the tuned one (goal: ef <= 1.5 x best_ef, or best_ef + 20);
+- ``tune_s``: the tuning pass's time.
+
+The last line printed is one JSON object (``goals_met``: every size and target met both goals).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from bench.churn import sample_user_queries, setup_collection
+from bench.churn_data import synthetic
+from bench.churn_db import connect
+from maintenance.config import MaintenanceConfig
+from maintenance.ladder import measure_ladder
+from maintenance.targets import targets_for
+from maintenance.tuning import LADDER
+from maintenance.worker import MaintenanceWorker
+from memstore import migrate
+from memstore.db import get_engine, resolve_database_url
+from memstore.settings import get_settings
+from memstore.store import VectorStore
+
+NAME = "bench_recall_target"
+K = 10
+HELD_OUT = 200
+FINE = sorted(set(LADDER) | {15, 25, 30, 50, 60, 70, 90, 100, 140, 180, 200, 280, 360, 400, 560, 720, 800, 900})
+
+
+def run_size(store: VectorStore, size: int, targets: list[float], *, samples: bool, tune_sample: int) -> dict[str, Any]:
+    ds = synthetic(size + 100, queries=2 * HELD_OUT)
+    held_out, kept = list(ds.queries[:HELD_OUT]), ds.queries[HELD_OUT:]
+    t0 = time.perf_counter()
+    setup_collection(store, NAME, ds, size, seed=7)
+    load_s = time.perf_counter() - t0
+    if samples:
+        sample_user_queries(store, NAME, kept)
+    out: dict[str, Any] = {"rows": size, "dims": int(ds.base.shape[1]), "load_s": round(load_s, 1), "targets": []}
+    with connect() as conn:
+        [target] = [t for t in targets_for(conn, store.get_collection(name=NAME, fresh=True)) if t.space is None]
+        fine = measure_ladder(
+            conn,
+            target,
+            k=K,
+            rungs=FINE,
+            recall_target=0.5,
+            max_scan_tuples=store.settings.max_scan_tuples,
+            queries=held_out,
+            stop_on_pass=False,
+        )
+    curve = {p.ef: p.recall for p in fine.points}
+    out["held_out_curve"] = {str(ef): round(r, 4) for ef, r in curve.items()}
+    config = MaintenanceConfig(_env_file=None, tune_sample=tune_sample)  # type: ignore[call-arg]
+    worker = MaintenanceWorker(store.engine, settings=store.settings, config=config, collections=[NAME])
+    try:
+        for goal in targets:
+            store.set_recall_target(collection=NAME, target=goal)
+            c = store.get_collection(name=NAME, fresh=True)
+            t0 = time.perf_counter()
+            outcome = worker.tune(c)
+            tune_s = time.perf_counter() - t0
+            c = store.get_collection(name=NAME, fresh=True)
+            tuning = c.recall_tuning or {}
+            ef = c.default_ef_search
+            held = curve.get(ef)
+            reaching = [e for e, r in sorted(curve.items()) if r >= goal]
+            best = reaching[0] if reaching else None
+            recall_ok = held is not None and held >= goal - 0.01
+            ef_ok = ef <= max(1.5 * best, best + 20) if best is not None else ef == max(curve)
+            out["targets"].append(
+                {
+                    "target": goal,
+                    "ef": ef,
+                    "reachable": tuning.get("reachable"),
+                    "tuned_recall": tuning.get("recall"),
+                    "tuned_lower": tuning.get("lower"),
+                    "source": tuning.get("source"),
+                    "held_out_recall": held,
+                    "best_ef": best,
+                    "tune_s": round(tune_s, 2),
+                    "outcome": outcome.outcome,
+                    "recall_ok": recall_ok,
+                    "ef_ok": ef_ok,
+                }
+            )
+    finally:
+        worker.close()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.recall_target", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sizes", default="10000", help="comma-separated row counts (default 10000)")
+    parser.add_argument("--targets", default="0.9,0.95,0.99")
+    parser.add_argument("--samples", action="store_true", help="tune on kept query samples, not stand-ins")
+    parser.add_argument("--tune-sample", type=int, default=100, help="queries of a tuning (default 100)")
+    parser.add_argument("--json", action="store_true", help="(the last line is always the JSON result)")
+    args = parser.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    targets = [float(t) for t in args.targets.split(",") if t]
+    migrate.upgrade(resolve_database_url(get_settings()))
+    store = VectorStore(get_engine(get_settings()), settings=get_settings())
+    results = []
+    try:
+        for size in sizes:
+            results.append(run_size(store, size, targets, samples=args.samples, tune_sample=args.tune_sample))
+            if not args.json:
+                print(json.dumps(results[-1]), flush=True)
+    finally:
+        store.drop_collection(name=NAME)
+    goals = all(t["recall_ok"] and t["ef_ok"] for r in results for t in r["targets"])
+    print(json.dumps({"k": K, "held_out": HELD_OUT, "samples": args.samples, "sizes": results, "goals_met": goals}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
