@@ -73,7 +73,8 @@ def stand_ins(
     on 3,000 clustered rows: recall 1.0 at ef_search 10 on stored vectors, 0.74 on fresh queries from
     the same distribution). Moved by ``STAND_IN_STRETCH`` nearest-neighbour distances in a random
     direction within the span of its nearest rows, a query lies between rows as a new one does
-    (figures: docs/maintenance.md, "Recall target"). Real queries (the API's samples) are better still, and are used first."""
+    (figures: docs/maintenance.md, "Recall target"). Real queries (the API's samples) are better
+    still, and are used first."""
     if not stored:
         return []
     statement = index_search(target)
