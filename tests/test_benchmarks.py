@@ -378,3 +378,16 @@ def test_api_benchmark_measures_the_client_beside_plain_httpx(database_url: str)
     for name in ("search_qps_ratio", "client_search_ratio", "client_upload_ratio"):
         assert result[name] > 0, name
     assert result["client"]["search_per_s_client"] > 0 and result["client"]["upload_per_s_httpx"] > 0
+
+
+def test_recall_target_benchmark_tunes_to_each_target_on_held_out_queries(database_url: str) -> None:
+    result = _run(
+        "bench.recall_target",
+        database_url,
+        *("--sizes", "2000", "--targets", "0.9", "--tune-sample", "50"),
+    )
+    [size] = result["sizes"]
+    assert size["rows"] == 2000
+    [target] = size["targets"]
+    assert target["held_out_recall"] is not None and target["held_out_recall"] >= 0.89
+    assert target["recall_ok"] is True
