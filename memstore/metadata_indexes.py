@@ -62,7 +62,7 @@ _FUNCTIONS: dict[str, IndexType] = {
 _PLAIN_FIELD = re.compile(r"[a-z0-9][a-z0-9_]{0,19}")
 # The first column of a typed index as pg_get_indexdef prints it (standard_conforming_strings on):
 # the function, then the path, each key as a quoted literal (``_printed`` writes it the same way).
-_DEFINITION = re.compile(r"(memstore_[a-z]+)\((.*)\)")
+_DEFINITION = re.compile(r"(memstore_[a-z]+)\((.*)\)", re.DOTALL)
 _KEY = re.compile(r"'((?:[^']|'')*)'::text")
 MAX_PATH = 8  # keys in a nested field's path
 

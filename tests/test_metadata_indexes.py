@@ -251,6 +251,7 @@ def test_an_interrupted_partitioned_build_is_finished(module_store: VectorStore,
         "50% off",
         "ünïcødé 😀",
         "f" * MAX_FIELD_LENGTH,
+        "two\nlines",
     ],
 )
 def test_any_field_name_is_quoted_and_its_index_is_used(
