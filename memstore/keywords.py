@@ -164,14 +164,14 @@ def create_statements(c: Collection) -> list[sql.Composed]:
     return _statements(c, version(c), c.language, c.text_fields, c.ocr, index=True)
 
 
-def drop_statements(c: Collection) -> list[sql.Composed]:
-    """Every version's side table (the triggers go with the collection's table)."""
-    return [sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)) for name in _versions(c)]
+def drop_statements(conn: psycopg.Connection[Any], c: Collection) -> list[sql.Composed]:
+    """Every version's side table, as the catalog lists them (the triggers go with the collection's
+    table)."""
+    return [sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)) for name in _versions(c, conn)]
 
 
-def _versions(c: Collection, conn: psycopg.Connection[Any] | None = None) -> list[str]:
-    if conn is None:
-        return [table_name(c, at) for at in range(1, version(c) + 2)]
+def _versions(c: Collection, conn: psycopg.Connection[Any]) -> list[str]:
+    """The collection's side tables, the current version's and any a stopped change left."""
     rows = conn.execute(
         "SELECT relname FROM pg_class WHERE relkind = 'r' AND relname ~ %s ORDER BY relname",
         (f"^memstore_kw_c{c.id}_v[0-9]+$",),
@@ -202,7 +202,7 @@ def change(
     conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(table_name(c, at))))
     changed = record(at)
     time.sleep(grace_s)
-    promote(conn, changed)
+    drop_other_versions(conn, changed)
 
 
 def _version_of(name: str) -> int:
@@ -231,14 +231,10 @@ def _fill(conn: psycopg.Connection[Any], c: Collection, at: int, words: sql.Comp
     )
 
 
-def leftovers(conn: psycopg.Connection[Any], c: Collection) -> bool:
-    """Whether a change stopped half way left a version the registry does not name."""
-    return any(name != table_name(c) for name in _versions(c, conn))
-
-
-def promote(conn: psycopg.Connection[Any], c: Collection) -> None:
-    """Drop every version but the one the registry names: their triggers first (short locks, under
-    online_ddl's lock timeout), then their tables. Safe to run again after it stopped anywhere."""
+def drop_other_versions(conn: psycopg.Connection[Any], c: Collection) -> None:
+    """Drop every version but the one the registry names (the old one after a change is recorded,
+    or the new one a change left unrecorded): their triggers first (short locks, under online_ddl's
+    lock timeout), then their tables. Safe to run again after it stopped anywhere."""
     for name in _versions(c, conn):
         if name == table_name(c):
             continue
@@ -247,10 +243,6 @@ def promote(conn: psycopg.Connection[Any], c: Collection) -> None:
                 conn, sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(sql.Identifier(trigger), c.table)
             )
         online_ddl.execute(conn, sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
-
-
-# A change that stopped before it was recorded is undone the same way: the unnamed version dropped.
-drop_other_versions = promote
 
 
 def check_language(conn: psycopg.Connection[Any], language: Any) -> str:

@@ -308,8 +308,7 @@ class VectorStore:
     def _recover_keywords(conn: psycopg.Connection[Any], c: Collection) -> None:
         """A keyword change that stopped half way: the version the registry does not name dropped
         (the old one when the change was recorded, the new one when it was not)."""
-        if keywords.leftovers(conn, c):
-            keywords.drop_other_versions(conn, c)
+        keywords.drop_other_versions(conn, c)
         if c.options.get(keywords.PENDING):
             set_option(conn, c, keywords.PENDING, None)
 
@@ -359,7 +358,7 @@ class VectorStore:
                 conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(side)))
             for statement in spaces.drop_statements(collection):  # their registry rows cascade too
                 conn.execute(statement)
-            for statement in keywords.drop_statements(collection):  # their triggers went with the table
+            for statement in keywords.drop_statements(conn, collection):  # their triggers went with the table
                 conn.execute(statement)
         self.forget_collection(name)
 

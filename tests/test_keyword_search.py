@@ -414,24 +414,26 @@ def test_a_keyword_change_that_stopped_half_way_is_finished_or_undone(
     class Crash(Exception):
         pass
 
-    real_fill, real_promote = keywords._fill, keywords.promote
+    real_fill, real_drop = keywords._fill, keywords.drop_other_versions
 
     def fill_then_crash(*args, **kwargs):
         real_fill(*args, **kwargs)
         raise Crash
 
-    def crash(*args, **kwargs):
-        raise Crash
+    def drop_unless_recorded(conn, c):
+        if keywords.version(c) > 1:  # the change's own last step, after it recorded version 2
+            raise Crash
+        real_drop(conn, c)  # the recovery a change starts with: nothing to drop yet
 
     if stop == "before_record":
         monkeypatch.setattr(keywords, "_fill", fill_then_crash)
     else:
-        monkeypatch.setattr(keywords, "promote", crash)
+        monkeypatch.setattr(keywords, "drop_other_versions", drop_unless_recorded)
     with pytest.raises(Crash):
         store.set_keywords(collection=collection_name, text_fields=["title"], grace_s=0)
     assert len(_side_tables(engine, store.get_collection(name=collection_name, fresh=True))) == 2
     monkeypatch.setattr(keywords, "_fill", real_fill)
-    monkeypatch.setattr(keywords, "promote", real_promote)
+    monkeypatch.setattr(keywords, "drop_other_versions", real_drop)
 
     # The next change first finishes or undoes the one that stopped, then makes its own.
     changed = store.set_keywords(collection=collection_name, text_fields=["brand"], grace_s=0)
