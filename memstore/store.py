@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 from memstore import (
     bulk_load,
+    item_order,
     keywords,
     locks,
     metadata_indexes,
@@ -671,7 +672,7 @@ class VectorStore:
         kind = metadata_indexes.check_type(order_type)
         if not isinstance(descending, bool):
             raise InvalidInputError("descending must be true or false")
-        tag = self._order_tag(path, kind, descending)
+        tag = item_order.tag(path, kind, descending)
         where, params = self._item_conditions(external_id=external_id, status=status, filter=filter)
         fields: list[sql.Composable] = []
         for i, key in enumerate(path):
@@ -683,7 +684,7 @@ class VectorStore:
             else:
                 fields.append(sql.Literal(key))
         typed = filter_language.typed_expression(kind, tuple(fields))
-        value, after = (None, None) if after_key is None else self._read_order_cursor(after_key, kind, tag)
+        value, after = (None, None) if after_key is None else item_order.read_cursor(after_key, kind, tag)
         direction = sql.SQL("DESC" if descending else "ASC")
         beyond = sql.SQL("<" if descending else ">")
         params.update(order_id=after, order_value=value, order_limit=limit + 1)
@@ -697,11 +698,11 @@ class VectorStore:
                     v=typed,
                     at=sql.SQL("<=" if descending else ">="),
                     beyond=beyond,
-                    bound=self._order_bound(kind),
+                    bound=item_order.bound(kind),
                 )
             valued = sql.SQL(
                 columns + "{v} IS NOT NULL AND {w}{keyset} ORDER BY {v} {d}, id {d} LIMIT %(order_limit)s"
-            ).format(key=self._order_text(kind, typed), t=c.table, v=typed, w=where, keyset=keyset, d=direction)
+            ).format(key=item_order.text(kind, typed), t=c.table, v=typed, w=where, keyset=keyset, d=direction)
         unvalued = sql.SQL(columns + "{v} IS NULL AND {w}{keyset} ORDER BY id {d} LIMIT %(order_rest)s").format(
             key=sql.SQL("NULL::text"),
             t=c.table,
@@ -723,114 +724,8 @@ class VectorStore:
         rows = self.db.run_search(run)
         keys = [(r.pop("order_key"), int(r["id"])) for r in rows]
         items = [item_sql.item_from_row(r) for r in rows[:limit]]
-        cursor = self._order_cursor(keys[limit - 1], tag) if len(rows) > limit else None
+        cursor = item_order.cursor(keys[limit - 1], tag) if len(rows) > limit else None
         return items, cursor
-
-    MAX_ORDER_CURSOR = 8192  # characters
-
-    @staticmethod
-    def _order_tag(path: tuple[str, ...], kind: str, descending: bool) -> str:
-        """What a cursor carries of its order, so one of another order is refused."""
-        import hashlib
-        import json
-
-        text = json.dumps([list(path), kind, descending], ensure_ascii=True)
-        return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-    @staticmethod
-    def _order_text(kind: str, typed: sql.Composable) -> sql.Composable:
-        """The typed value as the cursor keeps it, exactly and whatever the session's settings: a
-        timestamp as its microseconds from 1970, a number or a keyword as its text."""
-        if kind == "timestamp":
-            return sql.SQL("(extract(epoch FROM {}) * 1000000)::bigint::text").format(typed)
-        return sql.SQL("({})::text").format(typed)
-
-    @staticmethod
-    def _order_bound(kind: str) -> sql.Composable:
-        """The cursor's value (``%(order_value)s``, text) back as the typed value, exactly."""
-        if kind == "timestamp":
-            # timestamp + interval is plain arithmetic (no time zone's calendar); the seconds part
-            # stays below a day, so the double precision of make_interval is exact to the microsecond.
-            return sql.SQL(
-                "((timestamp '1970-01-01' + make_interval("
-                "days => div(%(order_value)s::bigint, 86400000000)::integer, "
-                "secs => mod(%(order_value)s::bigint, 86400000000)::float8 / 1000000)) AT TIME ZONE 'UTC')"
-            )
-        if kind == "number":
-            return sql.SQL("%(order_value)s::numeric")
-        return sql.SQL("%(order_value)s::text")
-
-    @classmethod
-    def _order_cursor(cls, key: tuple[str | None, int], tag: str) -> str:
-        import base64
-        import json
-
-        text = json.dumps([key[0], key[1], tag], separators=(",", ":"), ensure_ascii=True)
-        return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
-
-    @classmethod
-    def _read_order_cursor(cls, cursor: Any, kind: str, tag: str) -> tuple[str | None, int]:
-        """A cursor's (value, id), checked whole: anything but a cursor of this order is refused."""
-        import base64
-        import json
-        import re
-
-        from memstore.filter_language import MAX_KEYWORD_LENGTH
-
-        refused = InvalidInputError("cursor: not a cursor of this listing's order; start again without one")
-        if (
-            not isinstance(cursor, str)
-            or len(cursor) > cls.MAX_ORDER_CURSOR
-            or not re.fullmatch(r"[A-Za-z0-9_-]+", cursor)
-        ):
-            raise refused
-        try:
-            raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-            decoded = json.loads(raw.decode("ascii"))
-        except (ValueError, RecursionError):
-            raise refused from None
-        if cls._order_cursor_text(decoded) != cursor:  # the one encoding a page hands out
-            raise refused
-        value, item_id, its_tag = decoded
-        if its_tag != tag or type(item_id) is not int or not 1 <= item_id <= 2**63 - 1:
-            raise refused
-        if value is None:
-            return None, item_id
-        if not isinstance(value, str):
-            raise refused
-        if kind == "timestamp":
-            # Microseconds from 1970 within years 1 to 9999, and a day either side (an offset can
-            # move a date just beyond them).
-            low, high = -62_135_596_800_000_000 - 86_400_000_000, 253_402_300_800_000_000 + 86_400_000_000
-            if not re.fullmatch(r"-?[0-9]{1,18}", value) or not low <= int(value) <= high:
-                raise refused
-        elif kind == "number":
-            if not re.fullmatch(r"-?[0-9]+(?:\.[0-9]+)?", value):
-                raise refused
-        elif len(value) > MAX_KEYWORD_LENGTH or "\x00" in value:
-            raise refused
-        else:
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:  # a lone surrogate
-                raise refused from None
-        return value, item_id
-
-    @classmethod
-    def _order_cursor_text(cls, decoded: Any) -> str | None:
-        import base64
-        import json
-
-        if not isinstance(decoded, list) or len(decoded) != 3:
-            return None
-        try:
-            return (
-                base64.urlsafe_b64encode(json.dumps(decoded, separators=(",", ":"), ensure_ascii=True).encode())
-                .decode()
-                .rstrip("=")
-            )
-        except (ValueError, TypeError):
-            return None
 
     def count_items(
         self,
