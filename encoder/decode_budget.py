@@ -65,7 +65,7 @@ MAX_PNG_CHUNKS = 65_536
 # GIF blocks walked while counting frames; past this the count stops (frame 0 alone is decoded).
 _MAX_GIF_BLOCKS = 500_000
 
-_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # DHT, JPG and DAC share the range
+SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # DHT, JPG and DAC share the range
 _PROGRESSIVE_SOF = frozenset({0xC2, 0xC6, 0xCA, 0xCE})
 # Between segments, as libjpeg's next_marker: skip anything up to 0xFF, fill bytes 0xFF, and 0xFF00.
 # (Written "\xff\xff*", not "\xff+": a literal first byte lets the regex engine skip ahead, 30x faster.)
@@ -116,7 +116,7 @@ def jpeg_layout(data: bytes, *, max_scans: int) -> JpegLayout:
                 f"JPEG has more than {MAX_JPEG_SEGMENTS} marker segments; the limit is {MAX_JPEG_SEGMENTS}",
                 limit=MAX_JPEG_SEGMENTS,
             )
-        if code in _SOF:
+        if code in SOF_MARKERS:
             frames += 1
             progressive = progressive or code in _PROGRESSIVE_SOF
             if pos + 7 < n:

@@ -14,8 +14,9 @@ from __future__ import annotations
 import functools
 import io
 import math
+import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -39,7 +40,7 @@ from .tiling import TilePlan, plan_tiles
 
 __all__ = ["ALLOWED_FORMATS", "ImageOptions", "ImageProbe", "ImageSpec", "decode_image", "load_views", "probe_image"]
 
-_TRANSPOSED = {5, 6, 7, 8}  # EXIF orientations that swap width and height
+TRANSPOSED = frozenset({5, 6, 7, 8})  # EXIF orientations that swap width and height
 _INTERPOLATION = {
     "bicubic": Image.Resampling.BICUBIC,
     "bilinear": Image.Resampling.BILINEAR,
@@ -173,7 +174,7 @@ def probe_image(data: bytes, options: ImageOptions) -> ImageProbe:
             )
         orientation = _orientation(data, img)
         mode = img.mode
-    if orientation in _TRANSPOSED:
+    if orientation in TRANSPOSED:
         width, height = height, width
     return ImageProbe(fmt, width, height, orientation, mode, frames, jpeg, options)
 
@@ -214,7 +215,7 @@ def decode_image(
         probe = probe_image(data, options or ImageOptions())
     opts = options or probe.options
     want = min_size(probe.width, probe.height) if callable(min_size) else min_size
-    min_raw = None if want is None else ((want[1], want[0]) if probe.orientation in _TRANSPOSED else want)
+    min_raw = None if want is None else ((want[1], want[0]) if probe.orientation in TRANSPOSED else want)
     job = DecodeJob(min_raw, probe.orientation, grey)
     if _inline(data, probe, opts):
         try:
@@ -299,3 +300,9 @@ def environment_options() -> ImageOptions:
         return EncoderSettings().image_options()
     except Exception:
         return ImageOptions()
+
+
+def stored_options(max_pixels: int) -> ImageOptions:
+    """The environment's decode budget for content already stored (thumbnails, OCR): ``max_pixels``
+    and no byte bound."""
+    return replace(environment_options(), max_pixels=max_pixels, max_bytes=sys.maxsize)

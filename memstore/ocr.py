@@ -25,13 +25,12 @@ import os
 import re
 import shutil
 import subprocess
-import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from PIL import Image
 
 from encoder.errors import DecompressionBombError, ImageRejectedError
-from encoder.images import ImageOptions, decode_image, environment_options
+from encoder.images import decode_image, stored_options
 
 # Longest side after rescaling: a 2,000 px page holds body text at the 20-30 px letter height
 # Tesseract reads best, and bounds its time on a 50-megapixel photo.
@@ -110,7 +109,7 @@ def prepare(content: bytes, settings: OcrSettings = OcrSettings()) -> Image.Imag
         return max(1, math.ceil(width * scale)), max(1, math.ceil(height * scale))
 
     try:
-        image = decode_image(content, _image_options(), min_size=needed, grey=True)
+        image = decode_image(content, stored_options(MAX_PIXELS), min_size=needed, grey=True)
     except DecompressionBombError as exc:  # too many pixels, scans or frames, or past the time limit
         raise OcrFailedError(str(exc)) from exc
     except ImageRejectedError as exc:
@@ -127,12 +126,6 @@ def prepare(content: bytes, settings: OcrSettings = OcrSettings()) -> Image.Imag
         size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
         image = image.resize(size, Image.Resampling.LANCZOS)
     return image
-
-
-def _image_options() -> ImageOptions:
-    """The encoder's decode budget (MEMSTORE_ENCODER_*), with this module's pixel bound and no byte
-    bound (the content is stored already)."""
-    return replace(environment_options(), max_pixels=MAX_PIXELS, max_bytes=sys.maxsize)
 
 
 _SPACES = re.compile(r"[ \t\f\v]+")

@@ -23,7 +23,7 @@ The facts are one object, every key left out when the picture does not say it::
 - ``width``, ``height``: from the frame header, swapped for the orientations that turn the picture
   a quarter (5 to 8).
 
-Cost and safety: JPEG's header segments are walked here (at most MAX_JPEG_SEGMENTS, stopping at the
+Cost and safety: JPEG's header segments are walked here (at most MAX_HEADER_SEGMENTS, stopping at the
 frame header); other formats are opened by Pillow, which reads their header only (a PNG's eXIf chunk
 is found by ``encoder.decode_budget.png_exif``'s walk, since Pillow's own ``getexif`` decodes the
 picture to look past the pixel data). An EXIF block over MAX_EXIF_BYTES or an XMP packet over
@@ -49,21 +49,21 @@ from typing import Any
 
 from PIL import Image
 
-from encoder.decode_budget import ALLOWED_FORMATS, png_exif
+from encoder.decode_budget import ALLOWED_FORMATS, SOF_MARKERS, png_exif
+from encoder.images import TRANSPOSED
 from memstore.errors import InvalidInputError
 from memstore.filters import check_metadata
 
 log = logging.getLogger(__name__)
 
 KEY = "image"
-FACT_KEYS = ("taken_at", "camera", "gps", "width", "height")
 # A JPEG's APP1 segment holds 64 KiB at most; a PNG's eXIf chunk or a WebP's EXIF chunk could hold
 # anything: past this, the block is not parsed.
 MAX_EXIF_BYTES = 256 * 1024
 MAX_XMP_BYTES = 256 * 1024
 # Segments walked in a JPEG's header before the frame header (a real file has tens, an ICC profile
 # split in 64 KiB parts a few more).
-MAX_JPEG_SEGMENTS = 512
+MAX_HEADER_SEGMENTS = 512
 MAX_TEXT = 128
 
 _EXIF_IFD = 0x8769
@@ -71,10 +71,7 @@ _GPS_IFD = 0x8825
 _MAKE, _MODEL, _ORIENTATION = 0x010F, 0x0110, 0x0112
 # (date, sub-seconds, offset): DateTimeOriginal, then DateTimeDigitized.
 _DATE_TAGS = ((0x9003, 0x9291, 0x9011), (0x9004, 0x9292, 0x9012))
-_TRANSPOSED = {5, 6, 7, 8}
 _XMP_HEADER = b"http://ns.adobe.com/xap/1.0/\x00"
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 
 _EXIF_DATE = re.compile(
     r"\s*([0-9]{4})[:-]([0-9]{2})[:-]([0-9]{2})[ T]([0-9]{2}):([0-9]{2})(?::([0-9]{2}))?(?:\.([0-9]+))?\s*"
@@ -151,7 +148,7 @@ def _jpeg_header(data: bytes) -> _Header:
     """The first EXIF and XMP APP1 segments and the frame's size, walking the segments up to the frame header."""
     header = _Header()
     n, pos, segments = len(data), 2, 0
-    while pos + 4 <= n and segments < MAX_JPEG_SEGMENTS:
+    while pos + 4 <= n and segments < MAX_HEADER_SEGMENTS:
         if data[pos] != 0xFF:
             break
         marker = data[pos + 1]
@@ -174,7 +171,7 @@ def _jpeg_header(data: bytes) -> _Header:
                 header.exif = header.exif or body
             elif body.startswith(_XMP_HEADER):
                 header.xmp = header.xmp or body[len(_XMP_HEADER) :]
-        elif marker in _SOF:
+        elif marker in SOF_MARKERS:
             if len(body) >= 5:
                 height, width = (body[1] << 8) | body[2], (body[3] << 8) | body[4]
                 if width and height:
@@ -223,7 +220,7 @@ def _facts(header: _Header) -> dict[str, Any]:
         facts["gps"] = gps
     if header.size is not None:
         width, height = header.size
-        if not header.oriented and _orientation(exif, xmp) in _TRANSPOSED:
+        if not header.oriented and _orientation(exif, xmp) in TRANSPOSED:
             width, height = height, width
         if width > 0 and height > 0:
             facts["width"], facts["height"] = int(width), int(height)

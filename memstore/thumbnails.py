@@ -13,17 +13,16 @@ import hashlib
 import io
 import logging
 import math
-import sys
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 from PIL import Image
 from psycopg import sql
 
-from encoder.images import ImageOptions, decode_image, environment_options
+from encoder.images import ImageOptions, decode_image, stored_options
 from memstore.collections import Collection
 from memstore.db import raw_connection
 
@@ -45,7 +44,7 @@ def make(content: bytes, options: ImageOptions | None = None) -> bytes | None:
     try:
         # JPEG decodes at 1/2, 1/4 or 1/8 scale, the largest reduction that still covers the
         # thumbnail: a 1024 x 768 photo decodes at 256 x 192, a fraction of the work.
-        small = decode_image(content, options or _options(), min_size=_box)
+        small = decode_image(content, options or stored_options(MAX_PIXELS), min_size=_box)
         # Halved by box averaging first, then resampled: as sharp at this size, a third quicker.
         small.thumbnail((SIZE, SIZE), Image.Resampling.BICUBIC, reducing_gap=2.0)
         small = small.convert("RGBA" if small.mode == "RGBA" else "RGB")
@@ -57,12 +56,6 @@ def make(content: bytes, options: ImageOptions | None = None) -> bytes | None:
     except Exception as exc:  # a corrupt, exotic or too costly file: the item simply has no thumbnail
         log.info("no thumbnail: %s: %s", type(exc).__name__, exc)
         return None
-
-
-def _options() -> ImageOptions:
-    """The encoder's decode budget (MEMSTORE_ENCODER_*), with this module's pixel bound and no byte
-    bound (the content is stored already)."""
-    return replace(environment_options(), max_pixels=MAX_PIXELS, max_bytes=sys.maxsize)
 
 
 def _box(width: int, height: int) -> tuple[int, int]:
