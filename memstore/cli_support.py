@@ -78,6 +78,23 @@ def emit(as_json: bool, payload: Any, text: Callable[[], str]) -> None:
         click.echo(text())
 
 
+def json_object_option(example: str) -> Callable[[click.Context, click.Parameter, str | None], dict[str, Any] | None]:
+    """A click callback reading an option's value as a JSON object (``example`` in the refusal)."""
+
+    def parse(_ctx: click.Context, _param: click.Parameter, value: str | None) -> dict[str, Any] | None:
+        if value is None:
+            return None
+        try:
+            parsed = json.loads(value)
+        except ValueError as exc:
+            raise click.BadParameter(f"not JSON ({exc})") from None
+        if not isinstance(parsed, dict):
+            raise click.BadParameter(f"a JSON object, e.g. {example}")
+        return parsed
+
+    return parse
+
+
 def print_json(payload: Any) -> None:
     """One JSON document on one line of stdout (times and the like as strings)."""
     click.echo(json.dumps(payload, default=str))

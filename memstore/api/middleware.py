@@ -177,6 +177,10 @@ class AuthGate:
         await self.app(scope, receive, send)
 
 
+# scope["state"] flag: the handler was cancelled because its client went away (memstore.api.search_guard).
+CLIENT_GONE = "client_gone"
+
+
 class Metrics:
     """Request counts and latencies per route template (never per raw path: bounded label sets)."""
 
@@ -210,7 +214,7 @@ class Metrics:
         try:
             await self.app(scope, receive, recording)
         finally:
-            if status == 500 and scope.get("state", {}).get("client_gone"):
+            if status == 500 and scope.get("state", {}).get(CLIENT_GONE):
                 status = 499  # no answer: the client went away and its search was cancelled (nginx's code)
             route: Any = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"
@@ -223,6 +227,30 @@ class Metrics:
                 )
             children[0].inc()
             children[1].observe(time.perf_counter() - started)
+
+
+# What every page and document this server renders carries beside its own CSP: no framing
+# (clickjacking), no content sniffing, no referrer leaks.
+SECURITY_HEADERS = {
+    b"x-content-type-options": b"nosniff",
+    b"x-frame-options": b"DENY",
+    b"referrer-policy": b"same-origin",
+    b"cross-origin-opener-policy": b"same-origin",
+}
+
+
+def with_headers(send: Send, headers: dict[bytes, bytes]) -> Send:
+    """``send`` adding each of ``headers`` that the answer does not set itself."""
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            given = list(message.get("headers", []))
+            present = {name.lower() for name, _ in given}
+            given += [(name, value) for name, value in headers.items() if name not in present]
+            message = {**message, "headers": given}
+        await send(message)
+
+    return sending
 
 
 # The API's own documents: the Swagger page, its files, the schema (and /redoc, which answers 404).
@@ -245,20 +273,4 @@ class DocsHeaders:
             await self.app(scope, receive, send)
             return
         policy = self.page_policy().encode() if path in ("/docs", "/docs/") else _DOCUMENT_POLICY
-        added = [
-            (b"content-security-policy", policy),
-            (b"x-content-type-options", b"nosniff"),
-            (b"x-frame-options", b"DENY"),
-            (b"referrer-policy", b"same-origin"),
-            (b"cross-origin-opener-policy", b"same-origin"),
-        ]
-
-        async def with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = list(message.get("headers", []))
-                present = {name.lower() for name, _ in headers}
-                headers += [(name, value) for name, value in added if name not in present]
-                message = {**message, "headers": headers}
-            await send(message)
-
-        await self.app(scope, receive, with_headers)
+        await self.app(scope, receive, with_headers(send, {b"content-security-policy": policy, **SECURITY_HEADERS}))

@@ -20,19 +20,17 @@ from __future__ import annotations
 
 import asyncio
 import re
-from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from encoder.addresses import route_path
 from memstore.api.auth import LOCAL
-from memstore.api.middleware import send_problem
+from memstore.api.middleware import CLIENT_GONE, send_problem
 from memstore.api.problems import Problem
 from memstore.keys import ApiKey
 
 SEARCH_ROUTES = re.compile(r"^/v1/collections/[^/]+/(search|search/batch|recommend|duplicates)/?$")
 RETRY_AFTER_S = 1
-CLIENT_GONE = "client_gone"  # scope["state"] flag: the handler was cancelled because the client left
 
 
 class SearchGuard:
@@ -119,7 +117,3 @@ async def run_watched(app: ASGIApp, scope: Scope, receive: Receive, send: Send) 
             listener.cancel()
         if gone and task.cancelling():  # the handler swallowed the cancellation: it is over all the same
             task.uncancel()
-
-
-def client_gone(scope: Any) -> bool:
-    return bool(scope.get("state", {}).get(CLIENT_GONE))

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import click
 import httpx
 
-from memstore.cli_support import EXIT_USAGE, json_option, print_json
+from memstore.cli_support import EXIT_USAGE, json_object_option, json_option, print_json
 from memstore.commands.api_access import api_options
 
 if TYPE_CHECKING:
@@ -451,7 +451,7 @@ def plan_resume(client: Client | None, sources: list[Source]) -> Plan:
     "--metadata",
     "extra",
     metavar="JSON",
-    callback=lambda _c, _p, v: _json_object(v),
+    callback=json_object_option('{"tags": ["phone"]}'),
     help='metadata for every item, e.g. {"tags": ["phone"]} (the file facts take precedence)',
 )
 @click.option("--batch", type=int, metavar="N", default=16, help="items per request")
@@ -646,18 +646,6 @@ def _report(summary: dict[str, Any], ignored: int) -> str:
         + f"; {summary['seconds']:.1f} s"
         + (f"; ignored {ignored} file(s) that are neither images nor .txt/.md" if ignored else "")
     )
-
-
-def _json_object(value: str | None) -> dict[str, Any] | None:
-    if value is None:
-        return None
-    try:
-        parsed = json.loads(value)
-    except ValueError as exc:
-        raise click.BadParameter(f"not JSON ({exc})") from None
-    if not isinstance(parsed, dict):
-        raise click.BadParameter('a JSON object, e.g. {"tags": ["phone"]}')
-    return parsed
 
 
 def _readable(todo: list[Source], errors: list[str]) -> list[Source]:

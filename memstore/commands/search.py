@@ -8,20 +8,8 @@ from typing import Any
 
 import click
 
-from memstore.cli_support import EXIT_USAGE, json_option, print_json
+from memstore.cli_support import EXIT_USAGE, json_object_option, json_option, print_json
 from memstore.commands.api_access import api_options, auth_headers, post
-
-
-def _filter(_ctx: click.Context, _param: click.Parameter, value: str | None) -> dict[str, Any] | None:
-    if value is None:
-        return None
-    try:
-        parsed = json.loads(value)
-    except ValueError as exc:
-        raise click.BadParameter(f"not JSON ({exc})") from None
-    if not isinstance(parsed, dict):
-        raise click.BadParameter('a JSON object, e.g. {"tag": "cat"}')
-    return parsed
 
 
 @click.command("search", short_help="search a collection by words (hybrid, keyword or vector)")
@@ -33,7 +21,13 @@ def _filter(_ctx: click.Context, _param: click.Parameter, value: str | None) -> 
     help="default: hybrid (the words embedded and matched as keywords); ask for keyword where the server "
     "cannot embed them for this collection (a collection of your own vectors, or another model's)",
 )
-@click.option("--filter", "filter_", metavar="JSON", callback=_filter, help='metadata filter, e.g. {"tag": "cat"}')
+@click.option(
+    "--filter",
+    "filter_",
+    metavar="JSON",
+    callback=json_object_option('{"tag": "cat"}'),
+    help='metadata filter, e.g. {"tag": "cat"}',
+)
 @click.option("-k", "k", type=click.IntRange(1, 1000), default=10, help="hits to show")
 @click.option("--offset", type=click.IntRange(0, 999), default=0, help="hits to skip (the next page)")
 @api_options

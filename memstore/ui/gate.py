@@ -11,12 +11,12 @@ run even if some text slipped through unescaped), no framing, no sniffing, no re
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
 from urllib.parse import quote
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from encoder.addresses import route_path
+from memstore.api import middleware
 from memstore.ui.identity import CSRF_HEADER, Identity, same_token
 
 PREFIX = "/ui"
@@ -24,13 +24,7 @@ CONTENT_SECURITY_POLICY = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' blob:; connect-src 'self'; "
     "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 )
-SECURITY_HEADERS = {
-    b"content-security-policy": CONTENT_SECURITY_POLICY.encode(),
-    b"x-content-type-options": b"nosniff",
-    b"x-frame-options": b"DENY",
-    b"referrer-policy": b"same-origin",
-    b"cross-origin-opener-policy": b"same-origin",
-}
+SECURITY_HEADERS = {b"content-security-policy": CONTENT_SECURITY_POLICY.encode(), **middleware.SECURITY_HEADERS}
 SAFE_METHODS = {"GET", "HEAD"}
 # Open without a session: the sign-in form, and the styles and scripts every page (that one too) loads.
 PUBLIC = ("/ui/signin", "/ui/static/")
@@ -84,18 +78,9 @@ class UiGate:
 
 
 def _with_security_headers(send: Send, *, static: bool) -> Send:
-    async def sending(message: Message) -> None:
-        if message["type"] == "http.response.start":
-            headers: list[Any] = list(message.get("headers", []))
-            present = {name.lower() for name, _ in headers}
-            headers += [(name, value) for name, value in SECURITY_HEADERS.items() if name not in present]
-            if b"cache-control" not in present:
-                # Pages show private data: never stored. Scripts and styles: revalidated (ETag).
-                headers.append((b"cache-control", b"no-cache" if static else b"no-store"))
-            message = {**message, "headers": headers}
-        await send(message)
-
-    return sending
+    # Pages show private data: never stored. Scripts and styles: revalidated (ETag).
+    cache = b"no-cache" if static else b"no-store"
+    return middleware.with_headers(send, {**SECURITY_HEADERS, b"cache-control": cache})
 
 
 async def _answer(send: Send, status: int, body: bytes, *, location: str | None = None) -> None:

@@ -27,7 +27,7 @@ router = APIRouter(prefix="/v1/collections", tags=["collections"], responses=ERR
 
 def collection_out(c: Collection, stats: CollectionStats | None = None) -> CollectionOut:
     # The model, size and metric searches use: the active space's (the default one until another is activated).
-    active = next((s for s in c.all_spaces() if s.name == c.active_space_name), c.default_space)
+    active = c.space()
     out = CollectionOut(
         name=c.name,
         dimensions=active.dimensions,
