@@ -9,6 +9,8 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from maintenance.tuning import DEFAULT_DESIGN_EFFECT, DEFAULT_Z, MAX_EF
+
 
 class MaintenanceConfig(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MEMSTORE_MAINT_", env_file=".env", extra="ignore")
@@ -84,18 +86,18 @@ class MaintenanceConfig(BaseSettings):
         description="Queries of a recall-target tuning (its ladder of ef_search values shares one exact scan).",
     )
     tune_z: float = Field(
-        default=1.645,
+        default=DEFAULT_Z,
         gt=0,
         description="Normal quantile of the tuning's margin: the chosen ef_search's recall must reach the target "
         "at this one-sided confidence (1.645: 95%).",
     )
     tune_design_effect: float = Field(
-        default=2.0,
+        default=DEFAULT_DESIGN_EFFECT,
         ge=1,
         description="The per-neighbour trials (k x queries) are divided by this: the misses of one query come "
         "together, so the trials are not independent.",
     )
-    tune_max_ef: int = Field(default=1000, ge=1, le=1000, description="The largest ef_search a tuning may set.")
+    tune_max_ef: int = Field(default=MAX_EF, ge=1, le=MAX_EF, description="The largest ef_search a tuning may set.")
 
     # --- safety ---
     lock_timeout_ms: int = Field(default=2000, ge=1, description="lock_timeout of every maintenance statement.")

@@ -10,9 +10,8 @@ its margin. A ladder thus costs one probe's exact scan plus a few rounds of inde
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -38,9 +37,7 @@ STAND_IN_STRETCH = 2.0
 class Ladder:
     points: list[Point]
     queries: int
-    source: str  # "query_samples", "stored" or "query_samples+stored"
-    seconds: float
-    per_rung_s: dict[int, float] = field(default_factory=dict)
+    source: str  # "query_samples", "stand_ins", "query_samples+stand_ins" or "given"
 
 
 def tuning_queries(
@@ -127,18 +124,16 @@ def measure_ladder(
 ) -> Ladder:
     """Recall@k at each of ``rungs`` (ascending), stopping after the first that passes
     ``recall_target`` with the margin (``stop_on_pass``)."""
-    t0 = time.perf_counter()
     if queries is not None:
         vectors, source = list(queries), "given"
     else:
         vectors, source = tuning_queries(conn, target, sample, max_scan_tuples=max_scan_tuples)
     rungs = sorted(set(rungs))
     if not vectors or not rungs:
-        return Ladder([], 0, source, time.perf_counter() - t0)
+        return Ladder([], 0, source)
     statement = index_search(target)
     reference = min(max(rungs), REFERENCE_EF)
     points: list[Point] = []
-    per_rung: dict[int, float] = {}
     outer = conn.info.transaction_status != TransactionStatus.IDLE
     with conn.pipeline(), conn.transaction(), conn.cursor() as cur:
         if not outer:
@@ -149,15 +144,13 @@ def measure_ladder(
         exact = exact_answers(cur, target, vectors, answers[reference], k)
         expected = sum(len(e) for e in exact)
         for ef in rungs:
-            r0 = time.perf_counter()
             found = answers.get(ef)
             if found is None:
                 apply(cur, index_settings(ef_search=ef, max_scan_tuples=max_scan_tuples))
                 found = _index_answers(conn, statement, vectors, k)
-            per_rung[ef] = time.perf_counter() - r0
             hits = sum(recall_hits(f, e) for f, e in zip(found, exact, strict=True))
             point = Point(ef, hits / expected if expected else 1.0, len(vectors), k)
             points.append(point)
             if stop_on_pass and passes(point, recall_target, z=z, design_effect=design_effect):
                 break
-    return Ladder(points, len(vectors), source, time.perf_counter() - t0, per_rung)
+    return Ladder(points, len(vectors), source)

@@ -30,6 +30,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from memstore.collections import validate_recall_target
+from memstore.errors import InvalidInputError
+
 # The ef values a tuning pass tries, in order; pgvector's hnsw.ef_search takes at most 1000.
 LADDER: tuple[int, ...] = (10, 20, 40, 80, 120, 160, 240, 320, 480, 640, 1000)
 MAX_EF = 1000
@@ -100,12 +103,6 @@ def passes(p: Point, target: float, *, z: float = DEFAULT_Z, design_effect: floa
     return bounds(p, z=z, design_effect=design_effect)[0] >= target
 
 
-def check_target(target: float) -> float:
-    if isinstance(target, bool) or not isinstance(target, int | float) or not 0.0 < float(target) < 1.0:
-        raise ValueError(f"a recall target lies strictly between 0 and 1, not {target!r}")
-    return float(target)
-
-
 def choose_ef(
     points: Sequence[Point],
     target: float,
@@ -115,7 +112,10 @@ def choose_ef(
 ) -> Tuning:
     """The smallest ef from which every measured rung's lower bound reaches ``target``; else the
     largest ef measured, flagged unreachable (see the module's docstring)."""
-    target = check_target(target)
+    checked = validate_recall_target(target)  # an InvalidInputError: a ValueError
+    if checked is None:
+        raise InvalidInputError("a recall target is needed to choose an ef_search")
+    target = checked
     if not points:
         raise ValueError("no measured points to choose from")
     ladder = sorted(points, key=lambda p: p.ef)

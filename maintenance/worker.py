@@ -278,14 +278,15 @@ class MaintenanceWorker:
             self.last_outcomes.append(outcome)
             seen.append((target, outcome))
             failed |= outcome.outcome == "failed"
-        for c in {t.collection.name: t.collection for t in targets}.values():
+        collections = {t.collection.name: t.collection for t in targets}
+        for c in collections.values():
             own = [(t, o) for t, o in seen if t.collection.name == c.name and t.space is None]
             if self.stop.is_set() or c.recall_target is None or not tune_due(c, [o for _, o in own]):
                 continue
             outcome = self.tune(c, [t for t, _ in own])
             self.last_outcomes.append(outcome)
             failed |= outcome.outcome == "failed"
-        for c in {t.collection.name: t.collection for t in targets}.values():
+        for c in collections.values():
             if self.stop.is_set():
                 break
             spec = index_spec(c)
