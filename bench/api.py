@@ -152,6 +152,21 @@ def _run_for(seconds: float, threads: int, fn: Any) -> int:
     return sum(counts)
 
 
+def _alternate(first: Any, second: Any, *, window: float, rounds: int, threads: int, warm_s: float) -> tuple[int, int]:
+    """Calls of ``first`` and ``second`` completed in ``rounds`` windows each, the two taking turns
+    (which goes first alternates by round), so a noisy machine hits both alike; both warmed first."""
+    _run_for(warm_s, threads, first)
+    _run_for(warm_s, threads, second)
+    n_first = n_second = 0
+    for r in range(rounds):
+        for side in (0, 1) if r % 2 == 0 else (1, 0):
+            if side == 0:
+                n_first += _run_for(window, threads, first)
+            else:
+                n_second += _run_for(window, threads, second)
+    return n_first, n_second
+
+
 def load_search(args: argparse.Namespace, url: str) -> VectorStore:
     store = VectorStore(create_engine(url, pool_size=args.concurrency + 2), settings=Settings(database_url=url))
     base = clustered(args.n, args.dims, seed=1)
@@ -186,16 +201,8 @@ def bench_search(args: argparse.Namespace, store: VectorStore, server: Server, k
         if status != 200:
             bad.append(status)
 
-    _run_for(1.0, args.concurrency, direct)  # warm both sides
-    _run_for(1.0, args.concurrency, api)
-    n_direct = n_api = 0
     t_side = args.seconds / (2 * args.rounds)
-    for r in range(args.rounds):
-        for side in ("direct", "api") if r % 2 == 0 else ("api", "direct"):
-            if side == "direct":
-                n_direct += _run_for(t_side, args.concurrency, direct)
-            else:
-                n_api += _run_for(t_side, args.concurrency, api)
+    n_direct, n_api = _alternate(direct, api, window=t_side, rounds=args.rounds, threads=args.concurrency, warm_s=1.0)
     if bad:
         raise RuntimeError(f"API searches failed: {sorted(set(bad))}")
     seconds = t_side * args.rounds
@@ -255,15 +262,7 @@ def bench_client(args: argparse.Namespace, server: Server, key: str) -> dict[str
         out: dict[str, Any] = {"client_batch": args.client_batch}
         window = args.client_seconds / (2 * args.rounds)
         for name, mine, theirs in (("search", search_client, search_raw), ("upload", upload_client, upload_raw)):
-            _run_for(0.5, 1, mine)  # warm both
-            _run_for(0.5, 1, theirs)
-            n_client = n_raw = 0
-            for r in range(args.rounds):
-                for side in ("client", "raw") if r % 2 == 0 else ("raw", "client"):
-                    if side == "client":
-                        n_client += _run_for(window, 1, mine)
-                    else:
-                        n_raw += _run_for(window, 1, theirs)
+            n_client, n_raw = _alternate(mine, theirs, window=window, rounds=args.rounds, threads=1, warm_s=0.5)
             seconds = window * args.rounds
             out[f"{name}_per_s_client"] = round(n_client / seconds, 1)
             out[f"{name}_per_s_httpx"] = round(n_raw / seconds, 1)
