@@ -56,16 +56,14 @@ OCR_STALL_S = 60
 class Source:
     """One item to send: an image or a text file (``path``), or a text of a JSONL line (``text``).
 
-    A file's ``metadata`` is completed by ``file_metadata`` (its hash needs its bytes, read only when
-    needed); ``size`` and ``modified`` are the file's, as ``os.stat`` gives them."""
+    A file's ``metadata`` holds its ``size`` and ``modified`` as ``os.stat`` gives them, and is
+    completed by ``file_metadata`` (its hash needs its bytes, read only when needed)."""
 
     external_id: str
     kind: str  # image or text
     path: Path | None = None
     text: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
-    size: int | None = None
-    modified: str | None = None
     sha256: str | None = None
 
     def digest(self) -> str:
@@ -91,7 +89,7 @@ def _modified(st: os.stat_result) -> str:
 def _file(rel: str, f: Path, kind: str, source: str, extra: dict[str, Any]) -> Source:
     st = f.stat()
     meta = {**extra, "path": rel, "filename": f.name, "source": source, "size": st.st_size, "modified": _modified(st)}
-    return Source(rel, kind, path=f, metadata=meta, size=st.st_size, modified=meta["modified"])
+    return Source(rel, kind, path=f, metadata=meta)
 
 
 def file_metadata(s: Source) -> dict[str, Any]:
@@ -386,7 +384,7 @@ def same_record(s: Source, stored: dict[str, Any]) -> bool:
     recorded = stored.get("sha256")
     if not isinstance(recorded, str):
         return False
-    if stored.get("size") == s.size and stored.get("modified") == s.modified:
+    if all(stored.get(k) == s.metadata.get(k) for k in ("size", "modified")):
         s.sha256 = recorded  # unchanged, as rsync and git judge it: not read again
     ours = file_metadata(s)
     return all(stored.get(k) == v for k, v in ours.items())
