@@ -68,22 +68,18 @@ def backfill_step(conn: psycopg.Connection[Any], c: Collection) -> bool:
     conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT)))
     rows = conn.execute(
         sql.SQL(
-            "SELECT id, metadata, content_type, substring(content FROM 1 FOR %s), octet_length(content) FROM {} "
+            # The header's first bytes; the whole file where facts may lie anywhere in it (WHOLE_TYPES).
+            "SELECT id, metadata, CASE WHEN content_type = ANY(%s) THEN content "
+            "ELSE substring(content FROM 1 FOR %s) END FROM {} "
             "WHERE id > %s AND id <= %s AND content IS NOT NULL AND content_type LIKE 'image/%%' "
             "AND NOT coalesce(metadata -> 'image' ? 'width', false) ORDER BY id LIMIT %s FOR UPDATE"
         ).format(c.table),
-        (HEADER_BYTES, cursor, last, STEP_IMAGES),
+        (list(WHOLE_TYPES), HEADER_BYTES, cursor, last, STEP_IMAGES),
         binary=True,  # the bytes as they are, not as hex
     ).fetchall()
     updates = []
-    for item_id, metadata, content_type, head, size in rows:
-        data = bytes(head)
-        if content_type in WHOLE_TYPES and size > len(data):
-            whole = conn.execute(
-                sql.SQL("SELECT content FROM {} WHERE id = %s").format(c.table), (item_id,), binary=True
-            ).fetchone()
-            data = bytes(whole[0]) if whole is not None and whole[0] is not None else data
-        merged = photo_facts.with_facts(metadata, data)
+    for item_id, metadata, data in rows:
+        merged = photo_facts.with_facts(metadata, bytes(data))
         if merged is not metadata:
             updates.append((Jsonb(merged), item_id))
     if updates:
