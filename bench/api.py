@@ -36,9 +36,9 @@ import psycopg
 
 from bench.data import clustered
 from bench.databases import drop_database, new_database
-from memstore import keys
-from memstore.db import create_engine, libpq_url, normalise_url
-from memstore.embedded import start_embedded_server
+from memstore.access import keys
+from memstore.db.core import create_engine, libpq_url, normalise_url
+from memstore.db.embedded import start_embedded_server
 from memstore.models import ItemIn
 from memstore.settings import Settings
 from memstore.store import VectorStore

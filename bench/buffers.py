@@ -27,8 +27,8 @@ from pgvector.psycopg import register_vector
 from tqdm import tqdm
 
 from bench.data import clustered
-from memstore.db import libpq_url
-from memstore.embedded import start_embedded_server
+from memstore.db.core import libpq_url
+from memstore.db.embedded import start_embedded_server
 
 TABLE = "bench_buffers"
 QUERY = f"SELECT id FROM {TABLE} ORDER BY embedding <=> %s LIMIT 10"

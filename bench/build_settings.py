@@ -34,8 +34,8 @@ from tqdm import tqdm
 
 from bench.data import clustered, exact_neighbours, recall_at_k
 from bench.databases import server_url
-from memstore import online_ddl
-from memstore.db import libpq_url
+from memstore.db import online_ddl
+from memstore.db.core import libpq_url
 from memstore.settings import Settings
 
 K = 10

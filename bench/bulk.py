@@ -1,4 +1,4 @@
-"""``python -m bench.bulk --json``: what chooses the bulk-load defaults (``memstore.bulk_load``).
+"""``python -m bench.bulk --json``: what chooses the bulk-load defaults (``memstore.items.bulk_load``).
 
 Two measurements on one embedded server, 128-d clustered vectors by default:
 - ``live_scaling``: rows/s of a load into a live HNSW index with 1, 2 and 4 connections inserting
@@ -25,9 +25,9 @@ import numpy as np
 from tqdm import tqdm
 
 from bench.data import clustered
-from memstore import migrate
-from memstore.db import create_engine
-from memstore.embedded import start_embedded_server
+from memstore.db import migrate
+from memstore.db.core import create_engine
+from memstore.db.embedded import start_embedded_server
 from memstore.models import ItemIn
 from memstore.settings import Settings
 from memstore.store import VectorStore

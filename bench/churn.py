@@ -38,8 +38,8 @@ from bench.churn_load import Load
 from bench.churn_plot import plot
 from maintenance.config import MaintenanceConfig
 from maintenance.worker import MaintenanceWorker
-from memstore import migrate
-from memstore.db import get_engine, resolve_database_url
+from memstore.db import migrate
+from memstore.db.core import get_engine, resolve_database_url
 from memstore.services.query_sampler import QuerySampler
 from memstore.settings import get_settings
 from memstore.store import VectorStore

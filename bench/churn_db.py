@@ -9,9 +9,9 @@ import numpy.typing as npt
 import psycopg
 from pgvector.psycopg import register_vector
 
-from memstore import online_ddl
-from memstore.db import libpq_url, resolve_database_url
-from memstore.search_sql import SearchSettings, apply, search_statement
+from memstore.db import online_ddl
+from memstore.db.core import libpq_url, resolve_database_url
+from memstore.search.statements import SearchSettings, apply, search_statement
 from memstore.settings import get_settings
 
 

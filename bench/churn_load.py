@@ -11,7 +11,7 @@ import numpy as np
 import psycopg
 
 from bench.churn_db import connect
-from memstore.search_sql import SearchSettings, apply, search_statement
+from memstore.search.statements import SearchSettings, apply, search_statement
 
 
 class Load:

@@ -36,15 +36,16 @@ from psycopg import sql
 from tqdm import tqdm
 
 from bench.data import BGE_M3_DIR, exact_neighbours, load_bge_m3, load_npz, low_rank, recall_at_k
-from memstore import migrate, search_sql
-from memstore.collections import Collection
+from memstore.catalog import index_spec as specs
+from memstore.catalog.collections import Collection
 from memstore.compact import ddl
 from memstore.compact import projection as proj
 from memstore.compact import search as compact_search
-from memstore.compact import spec as specs
-from memstore.db import create_engine, libpq_url, normalise_url
-from memstore.embedded import start_embedded_server
+from memstore.db import migrate
+from memstore.db.core import create_engine, libpq_url, normalise_url
+from memstore.db.embedded import start_embedded_server
 from memstore.models import ItemIn
+from memstore.search import statements
 from memstore.settings import Settings
 from memstore.store import VectorStore
 
@@ -143,17 +144,17 @@ def _search(conn: psycopg.Connection[Any], run: dict[str, Any], q: np.ndarray, k
     c, spec = run["collection"], run["spec"]
     params: dict[str, Any] = {"q": q, "k": k}
     efs = c.default_ef_search
-    statement: search_sql.Statement
+    statement: statements.Statement
     if spec.compact:
         params["pool"] = spec.pool(k)
         params["c"] = compact_search.compact_query(conn, spec, q)
         statement = compact_search.statement(c, spec, where=None)
         efs = min(1000, max(efs, params["pool"]))
     else:
-        statement = search_sql.search_statement(c.table_name, c.spec.operator, exact=False)
+        statement = statements.search_statement(c.table_name, c.spec.operator, exact=False)
     # The full search also runs with the compact planner settings (no sequential scan): on a small
     # table the planner would rather scan the table, and this compares index with index.
-    rows = search_sql.run_search(
+    rows = statements.run_search(
         conn, compact_search.settings(ef_search=efs, max_scan_tuples=20_000), statement, params
     )
     conn.commit()

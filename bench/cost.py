@@ -44,8 +44,8 @@ from tqdm import tqdm
 
 from bench.databases import drop_database, new_database, server_url
 from bench.peers_rest import SearchConnection, Serve
-from memstore import keys
-from memstore.db import create_engine, libpq_url
+from memstore.access import keys
+from memstore.db.core import create_engine, libpq_url
 from memstore.settings import Settings
 
 WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet")

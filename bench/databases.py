@@ -10,9 +10,9 @@ import psycopg
 import sqlalchemy as sa
 from psycopg import sql
 
-from memstore import migrate
-from memstore.db import libpq_url, normalise_url
-from memstore.embedded import start_embedded_server
+from memstore.db import migrate
+from memstore.db.core import libpq_url, normalise_url
+from memstore.db.embedded import start_embedded_server
 from memstore.settings import Settings
 
 

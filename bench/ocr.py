@@ -7,7 +7,7 @@ letter sizes, small rotations, noisy backgrounds, on a 4:3 canvas like a screens
 one image in five enlarged to a 3,000 px photo so the bounded rescale is part of the cost):
 1. embed: the encoder (memstore-tiny on CPU by default, untrained and offline, as ``bench.encoder``
    drives it) embeds them in batches: images/s;
-2. ocr: ``memstore.ocr.extract`` reads them one after another, as one worker does (one Tesseract
+2. ocr: ``memstore.media.ocr.extract`` reads them one after another, as one worker does (one Tesseract
    thread, the default): images/s; steps 1 and 2 alternate ``--repeat`` times (medians reported);
 3. the same with Tesseract's own default threads, and with one reader per CPU core: images/s.
 ``ocr_cost_ratio`` is the embedding rate over the one-reader OCR rate (the median of the
@@ -33,7 +33,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from bench import ocr_images
-from memstore import ocr
+from memstore.media import ocr
 
 
 def log(msg: str) -> None:

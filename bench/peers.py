@@ -55,8 +55,8 @@ from bench.peers_measure import (
 )
 from bench.peers_pg import MemstorePython, RawPgvector, sample_queries, server_settings
 from bench.peers_rest import HttpxSearches, MemstoreRest, Serve
-from memstore import migrate
-from memstore.db import create_engine, libpq_url
+from memstore.db import migrate
+from memstore.db.core import create_engine, libpq_url
 from memstore.settings import Settings
 from memstore.store import VectorStore
 

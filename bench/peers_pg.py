@@ -16,8 +16,8 @@ from tqdm import tqdm
 from bench.peers_measure import K
 from maintenance.config import MaintenanceConfig
 from maintenance.worker import MaintenanceWorker
-from memstore import online_ddl
-from memstore.db import libpq_url
+from memstore.db import online_ddl
+from memstore.db.core import libpq_url
 from memstore.models import ItemIn
 from memstore.services.query_sampler import QuerySampler
 from memstore.settings import Settings

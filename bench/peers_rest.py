@@ -28,8 +28,8 @@ from tqdm import tqdm
 
 from bench.peers_measure import K
 from bench.peers_pg import maintenance_pass
-from memstore import keys
-from memstore.db import create_engine
+from memstore.access import keys
+from memstore.db.core import create_engine
 from memstore.store import VectorStore
 
 REQUEST_BYTES = 48 << 20

@@ -61,14 +61,14 @@ from psycopg.types.json import Jsonb
 from tqdm import tqdm
 
 from encoder.types import EncoderInfo, Priority
-from memstore import migrate
-from memstore import queue as ingest_queue
-from memstore.db import create_engine, libpq_url, normalise_url, raw_connection
-from memstore.embedded import start_embedded_server
-from memstore.ingest_worker import IngestWorker
-from memstore.queue import IngestSettings, PendingItem
+from memstore.db import migrate
+from memstore.db.core import create_engine, libpq_url, normalise_url, raw_connection
+from memstore.db.embedded import start_embedded_server
+from memstore.queue import jobs as ingest_queue
+from memstore.queue.jobs import IngestSettings, PendingItem
 from memstore.settings import Settings
 from memstore.store import VectorStore
+from memstore.workers.ingest import IngestWorker
 
 COLLECTION = "queue_bench"
 DIMENSIONS = 64

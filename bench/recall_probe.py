@@ -27,9 +27,9 @@ from bench.churn_data import load_npz, synthetic
 from bench.churn_db import connect
 from maintenance.recall import exact_answers, exact_search, exact_settings, index_search, index_settings
 from maintenance.targets import Target, targets_for
-from memstore import migrate
-from memstore.db import get_engine, resolve_database_url
-from memstore.search_sql import apply
+from memstore.db import migrate
+from memstore.db.core import get_engine, resolve_database_url
+from memstore.search.statements import apply
 from memstore.settings import get_settings
 from memstore.store import VectorStore
 

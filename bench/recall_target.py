@@ -30,8 +30,8 @@ from maintenance.ladder import measure_ladder
 from maintenance.targets import targets_for
 from maintenance.tuning import LADDER
 from maintenance.worker import MaintenanceWorker
-from memstore import migrate
-from memstore.db import get_engine, resolve_database_url
+from memstore.db import migrate
+from memstore.db.core import get_engine, resolve_database_url
 from memstore.settings import get_settings
 from memstore.store import VectorStore
 

@@ -64,15 +64,15 @@ from bench.search_stream import SearchStream
 from encoder.engine import EmbeddingEngine
 from encoder.settings import EncoderSettings
 from encoder.types import Priority
-from memstore import queue
-from memstore.collections import Collection, Space
-from memstore.db import create_engine, libpq_url, normalise_url
-from memstore.embedded import start_embedded_server
-from memstore.ingest_worker import IngestWorker
-from memstore.queue import IngestSettings, PendingItem
+from memstore.catalog.collections import Collection, Space
+from memstore.db.core import create_engine, libpq_url, normalise_url
+from memstore.db.embedded import start_embedded_server
+from memstore.queue import jobs
+from memstore.queue.jobs import IngestSettings, PendingItem
 from memstore.services.encoder_host import EncoderChoice, open_backend
 from memstore.settings import Settings
 from memstore.store import VectorStore
+from memstore.workers.ingest import IngestWorker
 
 TINY, WIDE = "memstore-tiny", "memstore-tiny-wide"
 COLLECTION = "photos"
@@ -143,7 +143,7 @@ def store_images(store: VectorStore, conn: psycopg.Connection[Any], images: list
             PendingItem(content=b, content_type="image/jpeg", external_id=f"p{start + i:06d}")
             for i, b in enumerate(chunk)
         ]
-        queue.enqueue(store.engine, c, items)
+        jobs.enqueue(store.engine, c, items)
     ready = sql.SQL("SELECT count(*) FROM {} WHERE embedding IS NOT NULL").format(c.table)
     watch(conn, ready, len(images), "embed (default space)")
     return c

@@ -1,6 +1,6 @@
 """``python -m bench.replicas --json``: read replicas on this machine, measured in one run.
 
-The primary is the embedded server; the standby is made by ``memstore.standby`` (as
+The primary is the embedded server; the standby is made by ``memstore.db.standby`` (as
 ``memstore db replica create`` makes it), on the same machine, so on a small machine the figures
 measure what routing costs, not what a second machine would add.
 
@@ -16,7 +16,7 @@ measure what routing costs, not what a second machine would add.
 - conflicts: searches on the standby cancelled by the replay of maintenance on the primary (deletes,
   VACUUM, REINDEX CONCURRENTLY), and the longest replay wait, per standby setting: PostgreSQL's
   defaults, replay that never waits (``max_standby_streaming_delay = 0``), that with
-  ``hot_standby_feedback``, and what memstore's standbys get (``memstore.standby.SAFE_SETTINGS``).
+  ``hot_standby_feedback``, and what memstore's standbys get (``memstore.db.standby.SAFE_SETTINGS``).
 """
 
 from __future__ import annotations
@@ -41,12 +41,12 @@ from tqdm import tqdm
 from bench.api import RawClient, _run_for
 from bench.data import clustered
 from bench.databases import new_database
-from memstore import keys
-from memstore.db import Database, create_engine, libpq_url, normalise_url, parse_lsn
-from memstore.embedded import start_embedded_server
+from memstore.access import keys
+from memstore.db.core import Database, create_engine, libpq_url, normalise_url, parse_lsn
+from memstore.db.embedded import start_embedded_server
+from memstore.db.standby import Standby, embedded_socket
 from memstore.models import ItemIn
 from memstore.settings import Settings
-from memstore.standby import Standby, embedded_socket
 from memstore.store import VectorStore
 
 COLLECTION = "bench_replicas"

@@ -48,9 +48,9 @@ from bench.scale_report import fit_and_check, plot
 from maintenance.config import MaintenanceConfig
 from maintenance.progress import Progress, Watch
 from maintenance.worker import MaintenanceWorker
-from memstore import migrate, online_ddl
-from memstore.db import create_engine, libpq_url, normalise_url
-from memstore.embedded import start_embedded_server
+from memstore.db import migrate, online_ddl
+from memstore.db.core import create_engine, libpq_url, normalise_url
+from memstore.db.embedded import start_embedded_server
 from memstore.models import ItemIn
 from memstore.settings import Settings
 from memstore.store import VectorStore

@@ -34,9 +34,9 @@ import numpy as np
 from tqdm import tqdm
 
 from bench.search_corpus import Entry, build
-from memstore import migrate
-from memstore.db import create_engine, normalise_url
-from memstore.embedded import start_embedded_server
+from memstore.db import migrate
+from memstore.db.core import create_engine, normalise_url
+from memstore.db.embedded import start_embedded_server
 from memstore.models import ItemIn
 from memstore.settings import Settings
 from memstore.store import VectorStore

@@ -32,8 +32,8 @@ from pgvector.psycopg import register_vector
 from tqdm import tqdm
 
 from bench.data import clustered
-from memstore.db import libpq_url
-from memstore.embedded import start_embedded_server
+from memstore.db.core import libpq_url
+from memstore.db.embedded import start_embedded_server
 
 BATCH = 500
 

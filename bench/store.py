@@ -11,7 +11,7 @@ Measured in one run on one server. The baselines are what the same server can do
   a noisy machine hits all alike (``SELECT id ... ORDER BY embedding <=> q LIMIT k`` on the
   same table and index, ``hnsw.ef_search`` set once for the session);
 - search_pool_gain: the store's q/s over the same store's with its searches on the engine's general
-  pool (SQLAlchemy's, as before ``memstore.search_pool``), in the same turns, the pool holding the
+  pool (SQLAlchemy's, as before ``memstore.db.search_pool``), in the same turns, the pool holding the
   idle connections a load's side-by-side writers leave;
 - search_qps_store_statement_raw: the store's own search statement sent on the raw connection, in the
   same turns: between it and the store's q/s is the client's work around the statement;
@@ -39,11 +39,11 @@ from tqdm import tqdm
 from bench.data import clustered, exact_neighbours, load_npz, recall_at_k
 from bench.databases import server_url
 from bench.peers_measure import time_searches, timed
-from memstore import migrate, online_ddl
-from memstore.collections import Collection
-from memstore.db import Database, create_engine, libpq_url
+from memstore.catalog.collections import Collection
+from memstore.db import migrate, online_ddl
+from memstore.db.core import Database, create_engine, libpq_url
 from memstore.models import ItemIn
-from memstore.search_query import check_query
+from memstore.search.request import check_query
 from memstore.settings import Settings
 from memstore.store import VectorStore
 

@@ -1,6 +1,6 @@
 """`python -m encoder` / `encoder`: serve /v1/embeddings with the configured model.
 
-The program, unlike the encoder library, takes its command-line plumbing from memstore.cli_support:
+The program, unlike the encoder library, takes its command-line plumbing from encoder.cli_support:
 the three commands of the project share one framework (click), exit codes and clean-exit handling.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from memstore.cli_support import CONTEXT_SETTINGS, EXIT_USAGE, exit_cleanly_on_sigterm, run
+from encoder.cli_support import CONTEXT_SETTINGS, EXIT_USAGE, exit_cleanly_on_sigterm, run
 
 from .addresses import is_loopback
 from .errors import EncoderError

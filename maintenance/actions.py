@@ -24,8 +24,8 @@ from tenacity import RetryCallState
 from maintenance.config import MaintenanceConfig
 from maintenance.progress import Kind, ProgressCallback, Watch
 from maintenance.targets import Target, targets_for
-from memstore import locks, retrying
-from memstore.retrying import attempt_number, next_pause
+from memstore.db import locks, retrying
+from memstore.db.retrying import attempt_number, next_pause
 
 log = logging.getLogger(__name__)
 

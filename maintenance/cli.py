@@ -27,11 +27,11 @@ from typing import Any
 import click
 import psycopg
 
+from encoder.cli_support import CONTEXT_SETTINGS, emit, json_option, run, stop_on_signals
 from maintenance.config import MaintenanceConfig
 from maintenance.display import Bars, fmt_bytes, table
 from maintenance.worker import EXIT_FAILED, EXIT_OK, ActionOutcome, MaintenanceWorker
-from memstore.cli_support import CONTEXT_SETTINGS, emit, json_option, run, stop_on_signals
-from memstore.db import get_engine
+from memstore.db.core import get_engine
 from memstore.settings import Settings, get_settings
 
 log = logging.getLogger("memstore-maint")
@@ -316,7 +316,7 @@ def buffer_cache_note(conn: psycopg.Connection[Any]) -> str | None:
     """A line of advice when the database's HNSW indexes, together, outgrow the server's buffer cache:
     past it, every search reads graph pages through the kernel's cache (about twice the time a search,
     docs/scale.md)."""
-    from memstore import sqlfiles
+    from memstore.db import sqlfiles
 
     row = conn.execute(sqlfiles.text("buffer_cache")).fetchone()
     hnsw_bytes, buffer_bytes = (int(row[0]), int(row[1])) if row else (0, 0)
@@ -331,7 +331,7 @@ def buffer_cache_note(conn: psycopg.Connection[Any]) -> str | None:
 
 
 def _last_sql() -> str:
-    from memstore import sqlfiles
+    from memstore.db import sqlfiles
 
     return sqlfiles.text("last_clean")
 

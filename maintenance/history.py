@@ -1,5 +1,5 @@
 """The maintenance history: every action with its reason, duration, before/after figures and outcome
-(``memstore_maintenance_actions``, written through ``memstore.history``) and every probe
+(``memstore_maintenance_actions``, written through ``memstore.action_log``) and every probe
 (``memstore_maintenance_probes``)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import psycopg
 from psycopg.rows import dict_row
 
 from maintenance.targets import Target
-from memstore import history as core_history
-from memstore import sqlfiles
+from memstore import action_log as core_history
+from memstore.db import sqlfiles
 
 
 def start_action(

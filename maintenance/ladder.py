@@ -3,7 +3,7 @@
 One sample of queries (the API's kept query samples where there are enough, topped up with stored
 vectors), one transaction and snapshot, and one exact scan for the whole ladder: the index first
 answers every query at a reference rung, whose k-th distances bound the exact scan
-(``memstore.recall.exact_answers``); then each rung from the bottom is one pipelined round of index
+(``memstore.search.exact_answers.exact_answers``); then each rung from the bottom is one pipelined round of index
 searches scored against those same exact answers, up to the first rung that passes the target with
 its margin. A ladder thus costs one probe's exact scan plus a few rounds of index searches.
 """
@@ -22,9 +22,10 @@ from psycopg.pq import TransactionStatus
 from maintenance.recall import _index_answers, exact_answers, exact_settings, index_search, index_settings
 from maintenance.targets import Target
 from maintenance.tuning import DEFAULT_DESIGN_EFFECT, DEFAULT_Z, Point, passes
-from memstore import query_samples, sqlfiles
-from memstore.recall import recall_hits
-from memstore.search_sql import apply
+from memstore.db import sqlfiles
+from memstore.search import query_samples
+from memstore.search.exact_answers import recall_hits
+from memstore.search.statements import apply
 
 # The rung whose answers bound the exact scan: deep enough that its k-th distances are close to the
 # true ones (a tight bound returns few rows), shallow enough to cost little on a large graph.

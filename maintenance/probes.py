@@ -17,7 +17,7 @@ from maintenance.config import MaintenanceConfig
 from maintenance.recall import RecallResult, measure_recall
 from maintenance.sizing import estimate_index_bytes, fresh_bytes
 from maintenance.targets import Target, representation
-from memstore import sqlfiles
+from memstore.db import sqlfiles
 
 COUNTERS = ("n_tup_ins", "n_tup_upd", "n_tup_hot_upd", "n_tup_del")
 

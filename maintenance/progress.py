@@ -11,7 +11,7 @@ from typing import Any, Literal
 import psycopg
 from psycopg.rows import dict_row
 
-from memstore import sqlfiles
+from memstore.db import sqlfiles
 
 Kind = Literal["create_index", "vacuum"]
 

@@ -19,10 +19,11 @@ import psycopg
 from psycopg.pq import TransactionStatus
 
 from maintenance.targets import Target
-from memstore import query_samples, sqlfiles
-from memstore.recall import exact_answers as core_exact_answers
-from memstore.recall import recall_hits
-from memstore.search_sql import SearchSettings, Statement, apply, search_statement
+from memstore.db import sqlfiles
+from memstore.search import query_samples
+from memstore.search.exact_answers import exact_answers as core_exact_answers
+from memstore.search.exact_answers import recall_hits
+from memstore.search.statements import SearchSettings, Statement, apply, search_statement
 
 MIN_QUERIES = 5
 
@@ -174,7 +175,7 @@ def exact_answers(
     found: Sequence[Sequence[tuple[int, float]]],
     k: int,
 ) -> list[list[tuple[int, float]]]:
-    """``memstore.recall.exact_answers`` on one target (a collection's table or one partition)."""
+    """``memstore.search.exact_answers.exact_answers`` on one target (a collection's table or one partition)."""
     s = target.vectors
     return core_exact_answers(
         cur, table=target.table, operator=s.spec.operator, dimensions=s.dimensions, queries=queries, found=found, k=k

@@ -1,6 +1,6 @@
 """What maintenance works on: one target per table that holds vectors (a plain collection's table,
 each partition of a partitioned one, and the side table of each of its other embedding spaces,
-``memstore.spaces``) with its HNSW index and any INVALID leftovers."""
+``memstore.spaces.lifecycle``) with its HNSW index and any INVALID leftovers."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from memstore import locks, sqlfiles
-from memstore.collections import Collection, Space
+from memstore.catalog.collections import Collection, Space
+from memstore.db import locks, sqlfiles
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ def representation(c: Collection) -> str:
     """How the collection's index stores vectors: ``full`` (the ``embedding`` column itself) or a
     compact form (``halfvec``, ``binary``, ``lowrank``) when the core supports those."""
     try:  # looked up at run time: the core's compact indexes are optional to maintenance
-        spec = importlib.import_module("memstore.compact.spec")
+        spec = importlib.import_module("memstore.catalog.index_spec")
     except ImportError:
         return "full"
     return str(spec.index_spec(c).representation)

@@ -30,7 +30,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from memstore.collections import validate_recall_target
+from memstore.catalog.collections import validate_recall_target
 from memstore.errors import InvalidInputError
 
 # The ef values a tuning pass tries, in order; pgvector's hnsw.ef_search takes at most 1000.

@@ -20,6 +20,7 @@ import sqlalchemy as sa
 
 from maintenance import history
 from maintenance.actions import Busy, Executor, Interrupted, wait_for_slo
+from maintenance.compact_index import maintain_compact_index
 from maintenance.config import MaintenanceConfig
 from maintenance.ladder import Ladder, measure_ladder
 from maintenance.policy import Decision, decide
@@ -27,13 +28,13 @@ from maintenance.probes import Probe, attach_recall, probe, record_probe
 from maintenance.progress import ProgressCallback
 from maintenance.targets import Target, every_target, representation, targets_for
 from maintenance.tuning import Tuning, choose_ef, ladder_for
-from memstore import bulk_load, online_ddl
-from memstore import history as core_history
-from memstore.collections import RECALL_TUNING, Collection
-from memstore.compact.maintain import maintain_compact_index
-from memstore.compact.spec import index_spec
-from memstore.db import as_database, dedicated_connection, get_database
-from memstore.registry import read_collection, read_collections, set_default_ef_search, set_option
+from memstore import action_log as core_history
+from memstore.catalog.collections import RECALL_TUNING, Collection
+from memstore.catalog.index_spec import index_spec
+from memstore.catalog.registry import read_collection, read_collections, set_default_ef_search, set_option
+from memstore.db import online_ddl
+from memstore.db.core import as_database, dedicated_connection, get_database
+from memstore.items import bulk_load
 from memstore.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)

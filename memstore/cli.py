@@ -11,7 +11,7 @@ import click
 import psycopg
 import sqlalchemy as sa
 
-from memstore.cli_support import CONTEXT_SETTINGS, EXIT_USAGE, run
+from encoder.cli_support import CONTEXT_SETTINGS, EXIT_USAGE, run
 from memstore.errors import MemstoreError
 
 # Each module defines ``command``: a click command or group, added here under its own name.

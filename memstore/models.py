@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from memstore.collections import Collection
+from memstore.catalog.collections import Collection
 
 UpsertStatus = Literal["created", "updated", "unchanged"]
 
@@ -117,7 +117,7 @@ class Item:
     error: str | None = None
     created_at: Any = None
     updated_at: Any = None
-    # Text read in the image (memstore.ocr_items): status pending, done or failed; None when never asked for.
+    # Text read in the image (memstore.catalog.ocr_items): status pending, done or failed; None when never asked for.
     ocr_status: str | None = None
     ocr_text: str | None = None
     ocr_error: str | None = None

@@ -10,7 +10,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 # A size in a PostgreSQL setting, with its unit (also checked before it is written to the server's
-# configuration, memstore.embedded).
+# configuration, memstore.db.embedded).
 SERVER_SIZE = r"[1-9][0-9]*(kB|MB|GB|TB)"
 
 
@@ -69,7 +69,7 @@ class Settings(BaseSettings):
         "the search connections); past it the search is cancelled and answers 504. 0: no limit.",
     )
 
-    # Bulk loads (memstore.bulk_load): a load this large against its collection goes in without the
+    # Bulk loads (memstore.items.bulk_load): a load this large against its collection goes in without the
     # HNSW index and builds it afterwards; smaller ones go into the live index.
     bulk_min_rows: int = Field(
         default=10_000, ge=1, description="The fewest rows a load needs before it may build the index afresh."

@@ -26,21 +26,9 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from tqdm import tqdm
 
-from memstore import (
-    bulk_load,
-    item_order,
-    keywords,
-    locks,
-    metadata_indexes,
-    ocr_items,
-    online_ddl,
-    queue,
-    search_query,
-    search_sql,
-    spaces,
-)
-from memstore import items as item_sql
-from memstore.collections import (
+from memstore.catalog import index_spec as compact_spec
+from memstore.catalog import keywords, metadata_indexes, ocr_items
+from memstore.catalog.collections import (
     RECALL_TARGET,
     Collection,
     Space,
@@ -49,22 +37,8 @@ from memstore.collections import (
     validate_name,
     validate_recall_target,
 )
-from memstore.compact import search as compact_search
-from memstore.compact import spec as compact_spec
-from memstore.db import Database, as_database
-from memstore.errors import (
-    CollectionNotFoundError,
-    ConflictError,
-    InvalidInputError,
-    ItemNotFoundError,
-    NotFoundError,
-    SpaceNotFoundError,
-)
-from memstore.filter_language import CompiledFilter, compile_filter
-from memstore.filters import check_external_id, check_item_text, check_metadata
-from memstore.metadata_indexes import MetadataIndex
-from memstore.models import CollectionStats, DuplicatePair, Item, ItemIn, Original, SearchResult, UpsertResult
-from memstore.registry import (
+from memstore.catalog.metadata_indexes import MetadataIndex
+from memstore.catalog.registry import (
     CACHE_SECONDS,
     Registry,
     clear_option,
@@ -74,10 +48,29 @@ from memstore.registry import (
     set_keywords,
     set_option,
 )
-from memstore.search_query import MAX_K, SearchQuery, Weights, check_query
-from memstore.search_sql import SearchSettings
+from memstore.compact import search as compact_search
+from memstore.db import locks, online_ddl
+from memstore.db.core import Database, as_database
+from memstore.errors import (
+    CollectionNotFoundError,
+    ConflictError,
+    InvalidInputError,
+    ItemNotFoundError,
+    NotFoundError,
+    SpaceNotFoundError,
+)
+from memstore.inputs import check_external_id, check_item_text, check_metadata
+from memstore.items import bulk_load, ordering
+from memstore.items import writes as item_sql
+from memstore.items.vectors import as_matrix, as_vector
+from memstore.models import CollectionStats, DuplicatePair, Item, ItemIn, Original, SearchResult, UpsertResult
+from memstore.queue import jobs
+from memstore.search import request, statements
+from memstore.search.filter_language import CompiledFilter, compile_filter
+from memstore.search.request import MAX_K, SearchQuery, Weights, check_query
+from memstore.search.statements import SearchSettings
 from memstore.settings import Settings, get_settings
-from memstore.vectors import as_matrix, as_vector
+from memstore.spaces import lifecycle
 
 # Above this many items an upsert goes through COPY ... FORMAT BINARY into a staging table.
 COPY_THRESHOLD = 32
@@ -133,7 +126,7 @@ class VectorStore:
         """A new, empty collection. ``representation`` picks what its HNSW index holds (see
         ``memstore.compact``); ``lowrank`` needs rows to fit on, so it starts with the full index and
         is switched to by ``maintain_compact_index`` once enough vectors are stored. ``ocr``: read the
-        text in its images (``memstore.ocr_items``). ``recall_target``: the recall@k its default
+        text in its images (``memstore.catalog.ocr_items``). ``recall_target``: the recall@k its default
         searches should reach (0 < t < 1): the maintenance worker tunes its ef_search to it."""
         validate_name(name)
         s = self.settings
@@ -183,7 +176,7 @@ class VectorStore:
                 conn.execute(statement)
         return self.get_collection(name=name, fresh=True)
 
-    # ------------------------------------------------------------------ spaces (memstore.spaces)
+    # ------------------------------------------------------------------ spaces (memstore.spaces.lifecycle)
 
     def create_space(
         self,
@@ -202,7 +195,7 @@ class VectorStore:
         by ingest workers that run ``model`` (its progress: ``space_progress``)."""
         c = self.get_collection(name=collection, fresh=True)
         with self._ddl_connection("memstore-spaces") as conn:
-            space = spaces.create(
+            space = lifecycle.create(
                 conn,
                 c,
                 name=name,
@@ -217,18 +210,18 @@ class VectorStore:
         self.forget_collection(collection)
         return space
 
-    def space_progress(self, *, collection: str, name: str | None = None) -> spaces.Progress:
+    def space_progress(self, *, collection: str, name: str | None = None) -> lifecycle.Progress:
         """How far a space is filled (default: the active space)."""
         c = self.get_collection(name=collection, fresh=True)
         with self.db.write() as conn:  # the primary's counts: a replica may lag the queue
-            return spaces.progress(conn, c, c.space(name))
+            return lifecycle.progress(conn, c, c.space(name))
 
     def activate_space(self, *, collection: str, name: str, force: bool = False) -> Collection:
-        """Make ``name`` the space searches use when they name none (``spaces.activate`` says when it
+        """Make ``name`` the space searches use when they name none (``lifecycle.activate`` says when it
         is refused); this process sees it at once, others within the registry's cache time."""
         c = self.get_collection(name=collection, fresh=True)
         with self.db.write() as conn:
-            spaces.activate(conn, c, name, force=force)
+            lifecycle.activate(conn, c, name, force=force)
         self.forget_collection(collection)
         return self.get_collection(name=collection, fresh=True)
 
@@ -236,7 +229,7 @@ class VectorStore:
         """Drop a space searches do not use, with its vectors and index."""
         c = self.get_collection(name=collection, fresh=True)
         with self._ddl_connection("memstore-spaces") as conn:
-            spaces.delete(conn, c, name)
+            lifecycle.delete(conn, c, name)
         self.forget_collection(collection)
 
     def put_space_vectors(self, *, collection: str, name: str, vectors: dict[str, Any]) -> int:
@@ -253,7 +246,7 @@ class VectorStore:
         if missing:
             raise ItemNotFoundError(collection, missing[0])
         with self.db.write() as conn:
-            return spaces.put_vectors(conn, c, space, {ids[eid]: v for eid, v in checked.items()})
+            return lifecycle.put_vectors(conn, c, space, {ids[eid]: v for eid, v in checked.items()})
 
     def list_collections(self) -> list[Collection]:
         return self.registry.all()
@@ -271,8 +264,8 @@ class VectorStore:
         ocr: bool | None = None,
     ) -> Collection:
         """Change the collection's text-search configuration or keyword fields, or turn the reading of
-        text in its images on or off (``ocr``: part of its keywords, ``memstore.ocr_items``), online:
-        searches go on while its keyword index is rebuilt (``memstore.keywords.change``); returns the
+        text in its images on or off (``ocr``: part of its keywords, ``memstore.catalog.ocr_items``), online:
+        searches go on while its keyword index is rebuilt (``memstore.catalog.keywords.change``); returns the
         collection."""
         wanted_fields = None if text_fields is None else keywords.check_text_fields(list(text_fields))
         c = self.get_collection(name=collection, fresh=True)
@@ -357,7 +350,7 @@ class VectorStore:
                 (f"memstore_lr_c{collection.id}_v",),
             ).fetchall():
                 conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(side)))
-            for statement in spaces.drop_statements(collection):  # their registry rows cascade too
+            for statement in lifecycle.drop_statements(collection):  # their registry rows cascade too
                 conn.execute(statement)
             for statement in keywords.drop_statements(conn, collection):  # their triggers went with the table
                 conn.execute(statement)
@@ -372,7 +365,7 @@ class VectorStore:
         if spec.representation == "lowrank" and spec.version is not None:
             tables = [*tables, compact_spec.side_table(c.id, spec.version)]
         with self.db.read() as conn:
-            by_status = queue.counts(conn, c)  # no scan of the items
+            by_status = jobs.counts(conn, c)  # no scan of the items
             items, exact = _count_items(conn, c, exact_limit)
             sizes = conn.execute(item_sql.SIZES_SQL, (tables,)).fetchone()
             ocr_pending = ocr_items.pending_count(conn, c) if c.ocr else None  # through its partial index
@@ -414,7 +407,7 @@ class VectorStore:
 
         Re-sending an identical item changes nothing (no dead tuple, no index churn). When one batch
         names the same external_id twice, the last occurrence wins. A batch large against its
-        collection (``memstore.bulk_load.defers``) goes in without the HNSW index, which is built
+        collection (``memstore.items.bulk_load.defers``) goes in without the HNSW index, which is built
         again before this returns; searches meanwhile are exact scans.
         """
         c = self._collection_for_write(collection)
@@ -468,7 +461,7 @@ class VectorStore:
         """Load many items (an iterable, read lazily in batches of ``batch_rows``) and return once every
         one is searchable through the index. Large against the collection (``total`` or the length of
         ``items`` says how large; an iterable of unknown length is looked at up to the threshold), the
-        load writes without the HNSW index and builds it afterwards (``memstore.bulk_load``); else
+        load writes without the HNSW index and builds it afterwards (``memstore.items.bulk_load``); else
         ``connections`` (default ``MEMSTORE_BULK_CONNECTIONS``) insert batches into the live index
         side by side. Each batch is its own transaction: after a failure, the batches before it stay."""
         if isinstance(batch_rows, bool) or not isinstance(batch_rows, int) or not 1 <= batch_rows <= 1_000_000:
@@ -661,7 +654,7 @@ class VectorStore:
         list included) come last in either direction, by id. ``after_key`` is the cursor a page
         returned (opaque: the last item's value and id); one that is not, or that belongs to another
         order, is refused (InvalidInputError). Keyset paging: a page reads only its own rows."""
-        from memstore import filter_language
+        from memstore.search import filter_language
 
         if order_by is None:
             raise InvalidInputError("a cursor pages a listing ordered by a metadata field: give order_by")
@@ -672,7 +665,7 @@ class VectorStore:
         kind = metadata_indexes.check_type(order_type)
         if not isinstance(descending, bool):
             raise InvalidInputError("descending must be true or false")
-        tag = item_order.tag(path, kind, descending)
+        tag = ordering.tag(path, kind, descending)
         where, params = self._item_conditions(external_id=external_id, status=status, filter=filter)
         fields: list[sql.Composable] = []
         for i, key in enumerate(path):
@@ -684,7 +677,7 @@ class VectorStore:
             else:
                 fields.append(sql.Literal(key))
         typed = filter_language.typed_expression(kind, tuple(fields))
-        value, after = (None, None) if after_key is None else item_order.read_cursor(after_key, kind, tag)
+        value, after = (None, None) if after_key is None else ordering.read_cursor(after_key, kind, tag)
         direction = sql.SQL("DESC" if descending else "ASC")
         beyond = sql.SQL("<" if descending else ">")
         params.update(order_id=after, order_value=value, order_limit=limit + 1)
@@ -698,11 +691,11 @@ class VectorStore:
                     v=typed,
                     at=sql.SQL("<=" if descending else ">="),
                     beyond=beyond,
-                    bound=item_order.bound(kind),
+                    bound=ordering.bound(kind),
                 )
             valued = sql.SQL(
                 columns + "{v} IS NOT NULL AND {w}{keyset} ORDER BY {v} {d}, id {d} LIMIT %(order_limit)s"
-            ).format(key=item_order.text(kind, typed), t=c.table, v=typed, w=where, keyset=keyset, d=direction)
+            ).format(key=ordering.text(kind, typed), t=c.table, v=typed, w=where, keyset=keyset, d=direction)
         unvalued = sql.SQL(columns + "{v} IS NULL AND {w}{keyset} ORDER BY id {d} LIMIT %(order_rest)s").format(
             key=sql.SQL("NULL::text"),
             t=c.table,
@@ -724,7 +717,7 @@ class VectorStore:
         rows = self.db.run_search(run)
         keys = [(r.pop("order_key"), int(r["id"])) for r in rows]
         items = [item_sql.item_from_row(r) for r in rows[:limit]]
-        cursor = item_order.cursor(keys[limit - 1], tag) if len(rows) > limit else None
+        cursor = ordering.cursor(keys[limit - 1], tag) if len(rows) > limit else None
         return items, cursor
 
     def count_items(
@@ -792,7 +785,7 @@ class VectorStore:
             if row is not None and vector is not None:
                 # The vector given supersedes an embedding still queued for this item (a worker
                 # would overwrite it): the item row is locked by the UPDATE, then its queue row.
-                queue.unqueue(conn, c, [int(row["id"])])
+                jobs.unqueue(conn, c, [int(row["id"])])
         if row is None:
             raise ItemNotFoundError(collection, id if id is not None else str(external_id))
         return item_sql.item_from_row(row)
@@ -806,7 +799,7 @@ class VectorStore:
         filter: dict[str, Any] | None = None,
     ) -> int:
         """Delete by ids, by external ids, or every item that matches ``filter`` (the search filter
-        language, ``memstore.filter_language``); returns the count."""
+        language, ``memstore.search.filter_language``); returns the count."""
         c = self.get_collection(name=collection)
         given = [x is not None for x in (ids, external_ids, filter)]
         if sum(given) != 1:
@@ -828,7 +821,7 @@ class VectorStore:
         ).format(t=c.table, clause=clause)
         with self.db.write() as conn:
             gone = [int(r[0]) for r in conn.execute(statement, params).fetchall()]
-            queue.unqueue(conn, c, gone, deleted=True)  # then their queue rows, in the same transaction
+            jobs.unqueue(conn, c, gone, deleted=True)  # then their queue rows, in the same transaction
         return len(gone)
 
     def find_external_ids(self, *, collection: str, external_ids: Sequence[str]) -> dict[str, int]:
@@ -903,7 +896,7 @@ class VectorStore:
         score_threshold: float | None = None,
         using: str | None = None,
     ) -> list[SearchResult]:
-        """The ``k`` best items for a vector, a text or both, best first (``memstore.search_query``).
+        """The ``k`` best items for a vector, a text or both, best first (``memstore.search.request``).
 
         ``mode``: ``vector`` (the nearest to ``vector``), ``keyword`` (the best matches of ``text``'s
         words) or ``hybrid`` (both lists fused); by default hybrid when both are given, else vector.
@@ -915,7 +908,7 @@ class VectorStore:
         hits (offset + k at most 1,000); ``candidates``: how deep each list of a hybrid search goes
         (default max(50, 4 x (offset + k))); ``weights``: each list's weight in the fusion;
         ``score_threshold``: leave out hits scoring lower. ``using``: the embedding space searched
-        (``memstore.spaces``; default: the collection's active space).
+        (``memstore.spaces.lifecycle``; default: the collection's active space).
         """
         q = check_query(
             mode=mode,
@@ -938,11 +931,11 @@ class VectorStore:
         """The best ``group_size`` hits of each of the best ``groups`` groups (items sharing the value
         of the metadata field ``group_by``: the best photos per album, passages per document), groups in
         the order of their best hit. ``search`` takes ``search``'s other arguments (not k or offset)."""
-        if not 1 <= group_size <= search_query.MAX_GROUP_SIZE:
-            raise InvalidInputError(f"group_size must be between 1 and {search_query.MAX_GROUP_SIZE}")
-        window = search_query.group_window(groups, group_size)
+        if not 1 <= group_size <= request.MAX_GROUP_SIZE:
+            raise InvalidInputError(f"group_size must be between 1 and {request.MAX_GROUP_SIZE}")
+        window = request.group_window(groups, group_size)
         hits = self.search(collection=collection, k=window, **search)
-        return search_query.grouped(hits, group_by, groups, group_size, metadata=lambda h: h.metadata)
+        return request.grouped(hits, group_by, groups, group_size, metadata=lambda h: h.metadata)
 
     def duplicates(
         self,
@@ -961,9 +954,9 @@ class VectorStore:
         c = self.get_collection(name=collection)
         if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0 <= threshold < 1e30:
             raise InvalidInputError(f"threshold must be a non-negative distance, not {threshold!r}")
-        search_query.check_count("scan", scan, 1, 5000)
-        search_query.check_count("per_item", per_item, 1, 100)
-        search_query.check_count("after_id", after_id, 0, 2**63 - 1)
+        request.check_count("scan", scan, 1, 5000)
+        request.check_count("per_item", per_item, 1, 100)
+        request.check_count("after_id", after_id, 0, 2**63 - 1)
         with self.db.read() as conn:
             ids = [
                 int(r[0])
@@ -978,7 +971,7 @@ class VectorStore:
                 ef_search=max(c.default_ef_search, per_item), exact=False, max_scan_tuples=self.settings.max_scan_tuples
             )
             params = {"ids": ids, "per": per_item + 1, "threshold": float(threshold)}  # + 1: the item itself
-            rows = search_sql.run_search(conn, settings, search_sql.duplicates_statement(c), params) if ids else []
+            rows = statements.run_search(conn, settings, statements.duplicates_statement(c), params) if ids else []
         pairs = [DuplicatePair(int(r[0]), r[1], int(r[2]), r[3], float(r[4])) for r in rows]
         return pairs, (ids[-1] if len(ids) == scan else None)
 
@@ -994,7 +987,7 @@ class VectorStore:
         exact: bool = False,
     ) -> list[SearchResult]:
         """Items like the ``positive`` examples and unlike the ``negative`` ones: each example a stored
-        item's id or a vector (``search_query.recommendation`` says how they combine). The example
+        item's id or a vector (``request.recommendation`` says how they combine). The example
         items themselves are not answered. Examples and the search are in the collection's active space."""
         c = self.get_collection(name=collection)
         space = c.space()
@@ -1011,7 +1004,7 @@ class VectorStore:
                 return stored[example]
             return as_vector(example, dimensions=space.dimensions, metric=space.metric, where=where)
 
-        target = search_query.recommendation(
+        target = request.recommendation(
             [vector_of(e, f"positive[{i}]") for i, e in enumerate(positive)],
             [vector_of(e, f"negative[{i}]") for i, e in enumerate(negative)],
             space.metric,
@@ -1031,7 +1024,7 @@ class VectorStore:
     def run_search(
         self, *, collection: str, query: SearchQuery, ef_search: int | None = None, exact: bool = False
     ) -> list[SearchResult]:
-        """A search whose arguments ``search_query.check_query`` has checked (the API checks them before
+        """A search whose arguments ``request.check_query`` has checked (the API checks them before
         it spends time embedding the query)."""
         q = query
         for attempt in range(2):
@@ -1052,17 +1045,17 @@ class VectorStore:
                 self.forget_collection(collection)
                 if attempt:
                     raise CollectionNotFoundError(collection) from None
-        return search_query.results(c, q, rows)
+        return request.results(c, q, rows)
 
     def _search_rows(
         self, c: Collection, q: SearchQuery, ef_search: int | None, exact: bool, conn: psycopg.Connection[Any]
     ) -> list[tuple[Any, ...]]:
         plan = self.plan(c, q, ef_search=ef_search, exact=exact, conn=conn)
-        rows = search_sql.run_search(conn, plan.settings, plan.statement, plan.params, prepare=plan.prepare)
+        rows = statements.run_search(conn, plan.settings, plan.statement, plan.params, prepare=plan.prepare)
         again = plan.second_walk(rows)
         if again is not None:
             self.count_second_walk()
-            rows = search_sql.run_search(conn, again, plan.statement, plan.params, prepare=plan.prepare)
+            rows = statements.run_search(conn, again, plan.statement, plan.params, prepare=plan.prepare)
         return rows
 
     @property
@@ -1100,7 +1093,7 @@ class VectorStore:
                 ef_search=_ef_search(c, ef_search), exact=exact, max_scan_tuples=self.settings.max_scan_tuples
             )
             assert q.text is not None
-            statement = search_sql.keyword_statement(c, q.text, where=where)
+            statement = statements.keyword_statement(c, q.text, where=where)
             return SearchPlan(statement, settings, params, prepare=False if where is not None else None)
         # The vector list: as long as the answer in a vector search, the candidates in a hybrid one.
         depth = q.window if q.mode == "vector" else q.candidates
@@ -1116,7 +1109,7 @@ class VectorStore:
             "wk": q.weights.keyword,
         }
         assert q.text is not None
-        statement = search_sql.hybrid_statement(
+        statement = statements.hybrid_statement(
             c, q.text, nearest=nearest.statement, where=where, space=c.space(q.using)
         )
         return SearchPlan(statement, nearest.settings, params, prepare=False if where is not None else None)
@@ -1139,7 +1132,7 @@ class VectorStore:
             efs = min(1000, max(efs, depth))
         if space.side:
             return SearchPlan(
-                search_sql.space_search_statement(c, space, exact=exact, where=q.filter.where if q.filter else None),
+                statements.space_search_statement(c, space, exact=exact, where=q.filter.where if q.filter else None),
                 SearchSettings(ef_search=efs, exact=exact, max_scan_tuples=self.settings.max_scan_tuples),
                 _search_params(space, q.vector, depth, q.filter),
             )
@@ -1174,7 +1167,7 @@ class VectorStore:
 
         Without a filter, ``k`` is written into the statement and it runs prepared, on the generic
         plan PostgreSQL keeps for it; a filtered one is planned with its values every time
-        (``memstore.search_sql``).
+        (``memstore.search.statements``).
 
         ``alone``: the statement's rows are the whole answer (not one list of a hybrid search). Then an
         unfiltered index search of an unpartitioned collection whose ``k`` rows (offset included) fit
@@ -1186,11 +1179,11 @@ class VectorStore:
         partition's farther rows, and the answer would come back complete but worse."""
         efs, scan_limit = _ef_search(c, ef_search), self.settings.max_scan_tuples
         walk_once = alone and filter is None and not exact and k <= efs and c.partitions == 1
-        settings = search_sql.search_settings(
+        settings = statements.search_settings(
             ef_search=efs, exact=exact, max_scan_tuples=scan_limit, iterative=not walk_once
         )
         return SearchPlan(
-            search_sql.search_statement(
+            statements.search_statement(
                 c.table_name,
                 c.spec.operator,
                 exact=exact,
@@ -1200,7 +1193,7 @@ class VectorStore:
             settings,
             _search_params(c, vector, k, filter),
             prepare=filter is None,
-            fallback=search_sql.search_settings(ef_search=efs, exact=False, max_scan_tuples=scan_limit)
+            fallback=statements.search_settings(ef_search=efs, exact=False, max_scan_tuples=scan_limit)
             if walk_once
             else None,
             wanted=k,
@@ -1258,10 +1251,10 @@ class VectorStore:
 class SearchPlan(NamedTuple):
     """What one search runs (a tuple: every search builds one, and a frozen dataclass cost more)."""
 
-    statement: search_sql.Statement
+    statement: statements.Statement
     settings: SearchSettings
     params: dict[str, Any]
-    # How psycopg runs the statement (``search_sql.run_search``): True prepared (a generic plan kept),
+    # How psycopg runs the statement (``statements.run_search``): True prepared (a generic plan kept),
     # False planned with its values each time, None psycopg's default.
     prepare: bool | None = None
     # The settings to run the statement again with when it answers fewer than ``wanted`` rows (a

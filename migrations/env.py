@@ -5,12 +5,12 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection, text
 
-from memstore.db import create_engine, resolve_database_url
-from memstore.migrate import VERSION_TABLE
+from memstore.db.core import create_engine, resolve_database_url
+from memstore.db.migrate import VERSION_TABLE
 
 # Several processes (API, workers, a migrate job) may upgrade at once; one runs, the others wait.
-MIGRATION_LOCK = "SELECT pg_advisory_lock(hashtext('memstore.migrate'))"
-MIGRATION_UNLOCK = "SELECT pg_advisory_unlock(hashtext('memstore.migrate'))"
+MIGRATION_LOCK = "SELECT pg_advisory_lock(hashtext('memstore.db.migrate'))"
+MIGRATION_UNLOCK = "SELECT pg_advisory_unlock(hashtext('memstore.db.migrate'))"
 
 
 def _run(conn: Connection) -> None:

@@ -21,8 +21,8 @@ import pytest
 import sqlalchemy as sa
 
 from bench.data import load_bge_m3
-from memstore.db import create_engine, normalise_url
-from memstore.embedded import start_embedded_server
+from memstore.db.core import create_engine, normalise_url
+from memstore.db.embedded import start_embedded_server
 from memstore.settings import Settings
 from memstore.store import VectorStore
 from tests.databases import scratch_database
@@ -90,7 +90,7 @@ def engine(database_url: str) -> Iterator[sa.Engine]:
 @pytest.fixture
 def one_connection(database_url: str) -> Iterator[sa.Engine]:
     """An engine whose pool keeps exactly one connection, and so one search connection
-    (``memstore.db.search_connections``): every request, and every search, runs in the one session
+    (``memstore.db.core.search_connections``): every request, and every search, runs in the one session
     a test then inspects."""
     engine = create_engine(database_url, pool_size=1, max_overflow=0)
     yield engine
@@ -140,7 +140,7 @@ def server(settings: Settings, tiny_engine: Any) -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def admin_key(engine: sa.Engine) -> str:
-    from memstore import keys
+    from memstore.access import keys
 
     _, secret = keys.create_key(engine, name=f"admin-{uuid.uuid4().hex[:8]}", scopes=["admin"])
     return secret

@@ -11,8 +11,8 @@ import psycopg
 import sqlalchemy as sa
 from psycopg import sql
 
-from memstore import migrate
-from memstore.db import libpq_url
+from memstore.db import migrate
+from memstore.db.core import libpq_url
 
 
 def create_database(server_url: str, prefix: str, *, migrated: bool = True) -> str:

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from psycopg import sql
 
-from memstore.async_search import AsyncSearcher
-from memstore.db import raw_connection
+from memstore.db.core import raw_connection
 from memstore.errors import DimensionMismatchError
 from memstore.models import ItemIn
-from memstore.search_query import SearchQuery, check_query
+from memstore.search.async_runner import AsyncSearcher
+from memstore.search.request import SearchQuery, check_query
 from memstore.store import VectorStore
 
 

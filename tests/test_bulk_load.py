@@ -20,8 +20,8 @@ import sqlalchemy as sa
 from psycopg import sql
 
 from maintenance.worker import MaintenanceWorker
-from memstore import bulk_load
-from memstore.db import raw_connection
+from memstore.db.core import raw_connection
+from memstore.items import bulk_load
 from memstore.models import ItemIn
 from memstore.settings import Settings
 from memstore.store import VectorStore
@@ -191,7 +191,7 @@ def test_a_load_killed_mid_way_leaves_nothing_unindexed_for_long(
             from memstore.models import ItemIn
             from memstore.settings import Settings
             from memstore.store import VectorStore
-            from memstore.db import create_engine
+            from memstore.db.core import create_engine
 
             settings = Settings(database_url={settings.database_url!r}, bulk_min_rows=100)
             store = VectorStore(create_engine(settings.database_url), settings=settings)
@@ -243,7 +243,7 @@ def test_a_load_waits_for_nobody_when_the_collection_is_busy(
     bulk_store: VectorStore, engine: sa.Engine, collection_name: str
 ) -> None:
     """While a maintenance rebuild holds the index, a large load goes into the live graph instead."""
-    from memstore import locks
+    from memstore.db import locks
 
     rng = np.random.default_rng(15)
     vectors = rng.normal(size=(800, 8)).astype(np.float32)

@@ -15,7 +15,7 @@ import httpx
 import psycopg
 import pytest
 
-from memstore.db import libpq_url
+from memstore.db.core import libpq_url
 from tests.databases import scratch_database
 
 MEMSTORE = [sys.executable, "-m", "memstore.cli"]

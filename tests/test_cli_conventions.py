@@ -1,6 +1,6 @@
 """What the three commands (``memstore``, ``memstore-maint``, ``encoder``) promise alike: every help
 page reads and exits 0, a usage error exits 2 with its message on stderr, ``--json`` prints exactly
-one JSON document, and the exit codes of memstore.cli_support's mapping."""
+one JSON document, and the exit codes of encoder.cli_support's mapping."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ import yaml
 
 from encoder.__main__ import cli as encoder_cli
 from encoder.__main__ import main as encoder_main
+from encoder.cli_support import EXIT_INTERRUPTED, run
 from maintenance.cli import cli as maint_cli
 from maintenance.cli import main as maint_main
 from memstore.cli import cli as memstore_cli
 from memstore.cli import main as memstore_main
-from memstore.cli_support import EXIT_INTERRUPTED, run
 from memstore.settings import get_settings
 
 Main = Callable[[Sequence[str] | None], int]

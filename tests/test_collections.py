@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from memstore.collections import HNSW_MAX_DIMENSIONS
-from memstore.db import raw_connection
+from memstore.catalog.collections import HNSW_MAX_DIMENSIONS
+from memstore.db.core import raw_connection
 from memstore.errors import CollectionExistsError, CollectionNotFoundError, InvalidInputError
 from memstore.store import VectorStore
 

@@ -7,13 +7,13 @@ import pytest
 from pgvector import HalfVector, Vector
 from psycopg import sql
 
-from memstore import search_sql
+from memstore.catalog import index_spec as specs
 from memstore.compact import projection as proj
 from memstore.compact import search as compact_search
-from memstore.compact import spec as specs
-from memstore.db import raw_connection
+from memstore.db.core import raw_connection
 from memstore.errors import InvalidInputError
 from memstore.models import ItemIn
+from memstore.search import statements
 from memstore.store import VectorStore
 
 
@@ -118,7 +118,7 @@ def test_reranking_returns_exactly_the_exact_order_among_candidates(
         with raw_connection(store.engine) as conn:
             # The store's own settings for this search, so the HNSW scan visits the same candidates.
             efs = max(c.default_ef_search, spec.pool(10))
-            search_sql.apply(conn.cursor(), compact_search.settings(ef_search=efs, max_scan_tuples=20_000))
+            statements.apply(conn.cursor(), compact_search.settings(ef_search=efs, max_scan_tuples=20_000))
             params = {"q": q, "c": compact_search.compact_query(conn, spec, q), "pool": spec.pool(10)}
             candidates = conn.execute(compact_search.candidates_statement(c, spec), params).fetchall()
         assert len(candidates) == spec.pool(10)
@@ -250,15 +250,15 @@ def test_the_compact_recall_probe_counts_what_numpy_counts(
 ) -> None:
     """The probe takes the true answers from one scan bounded by the index's answers; its recall must
     equal the one counted against numpy's exact neighbours of the same queries."""
-    from memstore.compact import maintain
-    from memstore.recall import recall_hits
+    from maintenance import compact_index
+    from memstore.search.exact_answers import recall_hits
 
     rows = low_rank_data(1500, 32, 6, seed=21)
     store.create_collection(name=collection_name, dimensions=32, representation="binary")
     _fill(store, collection_name, rows)
     queries = [q.astype(np.float32) for q in low_rank_data(20, 32, 6, seed=22)]
-    monkeypatch.setattr(maintain, "_queries", lambda conn, c, n: (queries, "given"))
-    probe = maintain.probe_compact_recall(store, collection=collection_name, k=10, queries=20)
+    monkeypatch.setattr(compact_index, "_queries", lambda conn, c, n: (queries, "given"))
+    probe = compact_index.probe_compact_recall(store, collection=collection_name, k=10, queries=20)
     hits = 0
     for q in queries:
         found = [(int(r.external_id), r.distance) for r in store.search(collection=collection_name, vector=q, k=10)]

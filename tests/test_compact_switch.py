@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from psycopg import sql
 
+from maintenance.compact_index import maintain_compact_index
+from memstore.catalog import index_spec as specs
 from memstore.compact import ddl
-from memstore.compact import spec as specs
-from memstore.compact.maintain import maintain_compact_index
 from memstore.compact.switch import reconcile
-from memstore.db import raw_connection
+from memstore.db.core import raw_connection
 from memstore.models import ItemIn
 from memstore.store import VectorStore
 from tests.test_compact import _fill, low_rank_data

@@ -7,7 +7,7 @@ import pytest
 import sqlalchemy as sa
 from psycopg.pq import TransactionStatus
 
-from memstore.db import create_engine, raw_connection
+from memstore.db.core import create_engine, raw_connection
 
 
 def test_a_connection_returned_inside_a_transaction_is_rolled_back(one_connection: sa.Engine) -> None:

@@ -15,15 +15,15 @@ import psycopg
 import pytest
 from pydantic import ValidationError
 
-from memstore.db import libpq_url
-from memstore.embedded import SERVER_CONF, shared_buffers_size
+from memstore.db.core import libpq_url
+from memstore.db.embedded import SERVER_CONF, shared_buffers_size
 from memstore.settings import Settings
 
 HOLDER = textwrap.dedent(
     """
     import logging, sys, time
-    from memstore.cli_support import exit_cleanly_on_sigterm
-    from memstore.embedded import start_embedded_server
+    from encoder.cli_support import exit_cleanly_on_sigterm
+    from memstore.db.embedded import start_embedded_server
     logging.basicConfig(level=logging.WARNING)
     exit_cleanly_on_sigterm()
     url = start_embedded_server(

@@ -21,11 +21,11 @@ from hypothesis import strategies as st
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from memstore import metadata_indexes
-from memstore.collections import Collection
-from memstore.db import dedicated_connection
+from memstore.catalog import metadata_indexes
+from memstore.catalog.collections import Collection
+from memstore.db.core import dedicated_connection
 from memstore.errors import InvalidInputError
-from memstore.filter_language import (
+from memstore.search.filter_language import (
     MAX_FILTER_CLAUSES,
     MAX_FILTER_DEPTH,
     MAX_KEYWORD_LENGTH,

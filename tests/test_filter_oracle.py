@@ -1,6 +1,6 @@
 """The filter language's array semantics (MongoDB's and Qdrant's) against a pure-Python evaluator.
 
-The evaluator below is written from the language's documentation (``memstore/filter_language.py``),
+The evaluator below is written from the language's documentation (``memstore/search/filter_language.py``),
 not from the SQL it compiles to: a scalar condition on a list holds when an element meets it, each
 operator of a field's object on its own (``{"$gt": 1, "$lt": 5}`` on a list: some element above 1,
 some element below 5); ``$ne`` and ``$nin`` are their negations (so a missing field meets them). A
@@ -28,12 +28,13 @@ from hypothesis import strategies as st
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from memstore import metadata_indexes
-from memstore.collections import Collection
-from memstore.db import dedicated_connection
+from memstore.catalog import metadata_indexes
+from memstore.catalog.collections import Collection
+from memstore.catalog.metadata_sql import MAX_KEYWORD_LENGTH
+from memstore.db.core import dedicated_connection
 from memstore.errors import InvalidInputError
-from memstore.filter_language import MAX_KEYWORD_LENGTH, compile_filter, looks_like_date
 from memstore.models import ItemIn
+from memstore.search.filter_language import compile_filter, looks_like_date
 from memstore.settings import Settings
 from memstore.store import VectorStore
 

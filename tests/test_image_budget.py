@@ -19,7 +19,7 @@ from bench.cost import scan_bomb
 from encoder import decode_budget
 from encoder.errors import DecodeTimeoutError, DecompressionBombError, ImageRejectedError
 from encoder.images import ImageOptions, decode_image, probe_image
-from memstore import ocr, thumbnails
+from memstore.media import ocr, thumbnails
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -18,8 +18,8 @@ import pytest
 from psycopg import sql
 
 from memstore.errors import InvalidInputError
-from memstore.filter_language import parse_timestamp
 from memstore.models import Item, ItemIn
+from memstore.search.filter_language import parse_timestamp
 from memstore.store import VectorStore
 
 TAKEN = ["image", "taken_at"]

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from memstore.db import raw_connection
+from memstore.db.core import raw_connection
 from memstore.errors import (
     CollectionNotFoundError,
     DimensionMismatchError,
@@ -172,19 +172,19 @@ def test_bulk_upsert_uses_copy_binary(store: VectorStore, coll: str) -> None:
 
 def test_stats_count_exactly_then_estimate_past_the_limit(store: VectorStore, coll: str) -> None:
     """Pending and failed come from the queue; items are counted up to the limit, estimated past it."""
-    from memstore import queue
-    from memstore.queue import PendingItem
+    from memstore.queue import jobs
+    from memstore.queue.jobs import PendingItem
 
     store.upsert_items(collection=coll, items=_items(60))
     c = store.get_collection(name=coll)
     with raw_connection(store.engine) as conn:
         # In one transaction with the enqueue: not due for an hour, so that no ingest worker still
         # running in this test session (the API tests' server) claims them while they are counted.
-        queue._enqueue(
+        jobs._enqueue(
             conn,
             c,
             {f"t{i}": PendingItem(text=f"note {i}", external_id=f"t{i}") for i in range(4)},
-            queue.PRIORITY_DEFAULT,
+            jobs.PRIORITY_DEFAULT,
         )
         conn.execute(
             "UPDATE memstore_ingest_queue SET not_before = now() + interval '1 hour' WHERE collection_id = %s",
@@ -210,14 +210,14 @@ def test_a_vector_written_by_hand_is_not_overwritten_by_a_queued_embedding(
 ) -> None:
     """PATCHing a vector onto an item still waiting for its embedding drops the queue row: a worker
     would otherwise overwrite the caller's vector, and the item would count as pending."""
-    from memstore import queue
-    from memstore.db import raw_connection
-    from memstore.queue import PendingItem
+    from memstore.db.core import raw_connection
+    from memstore.queue import jobs
+    from memstore.queue.jobs import PendingItem
 
     c = store.create_collection(name=collection_name, dimensions=3)
-    [done] = queue.enqueue(store.engine, c, [PendingItem(text="waiting for the encoder", external_id="w")])
+    [done] = jobs.enqueue(store.engine, c, [PendingItem(text="waiting for the encoder", external_id="w")])
     store.update_item(collection=collection_name, id=done.id, vector=[1.0, 2.0, 3.0])
     with raw_connection(store.engine) as conn:
-        assert queue.counts(conn, c)["pending"] == 0
+        assert jobs.counts(conn, c)["pending"] == 0
     item = store.get_item(collection=collection_name, id=done.id, with_vector=True)
     assert item.status == "ready" and item.vector is not None and item.vector.tolist() == [1.0, 2.0, 3.0]

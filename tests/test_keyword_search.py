@@ -12,11 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 
-from memstore import keywords, search_sql
-from memstore.db import raw_connection
+from memstore.catalog import keywords
+from memstore.db.core import raw_connection
 from memstore.errors import InvalidInputError
 from memstore.models import ItemIn
-from memstore.search_query import check_query
+from memstore.search import statements
+from memstore.search.request import check_query
 from memstore.store import VectorStore
 
 TEXTS = [
@@ -243,7 +244,7 @@ def test_the_keyword_index_serves_keyword_searches(store: VectorStore, engine: s
             q = check_query(mode=mode, vector=rng.normal(size=8) if mode == "hybrid" else None, text="code-1234", k=5)
             plan = store.plan(c, q, ef_search=None, exact=False, conn=conn)
             with conn.cursor() as cur:
-                search_sql.apply(cur, plan.settings)
+                statements.apply(cur, plan.settings)
                 rows = cur.execute(sql.SQL("EXPLAIN ") + plan.statement, plan.params).fetchall()
             assert keywords.index_name(c) in "\n".join(r[0] for r in rows), mode
 
@@ -357,7 +358,7 @@ def test_a_word_in_every_text_ranks_from_the_stored_keywords(
 
 
 def test_field_names_with_percent_are_refused() -> None:
-    from memstore import keywords
+    from memstore.catalog import keywords
 
     with pytest.raises(InvalidInputError, match="%"):
         keywords.check_text_fields(["discount%"])
@@ -399,7 +400,7 @@ def test_deleting_by_a_filter_that_matches_everything_is_refused(store: VectorSt
 def test_a_keyword_change_that_stopped_half_way_is_finished_or_undone(
     store: VectorStore, engine: sa.Engine, collection_name: str, monkeypatch, partitions: int, stop: str
 ) -> None:
-    from memstore import keywords
+    from memstore.catalog import keywords
 
     rng = np.random.default_rng(22)
     store.create_collection(name=collection_name, dimensions=4, partitions=partitions)

@@ -12,7 +12,7 @@ from types import ModuleType
 
 import sqlalchemy as sa
 
-from memstore.db import raw_connection
+from memstore.db.core import raw_connection
 
 ROOT = Path(__file__).resolve().parents[1]
 

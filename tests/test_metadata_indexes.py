@@ -14,12 +14,14 @@ import pytest
 import sqlalchemy as sa
 from psycopg import sql
 
-from memstore import locks, metadata_indexes
-from memstore.collections import Collection
-from memstore.db import dedicated_connection
+from memstore.catalog import metadata_indexes
+from memstore.catalog.collections import Collection
+from memstore.catalog.metadata_indexes import MAX_FIELD_LENGTH, check_field, check_type, index_name, lists_index_name
+from memstore.catalog.metadata_sql import typed_expression
+from memstore.db import locks
+from memstore.db.core import dedicated_connection
 from memstore.errors import ConflictError, InvalidInputError
-from memstore.filter_language import compile_filter, typed_expression
-from memstore.metadata_indexes import MAX_FIELD_LENGTH, check_field, check_type, index_name, lists_index_name
+from memstore.search.filter_language import compile_filter
 from memstore.settings import Settings
 from memstore.store import VectorStore
 

@@ -13,8 +13,8 @@ import psycopg
 import pytest
 from alembic.script import ScriptDirectory
 
-from memstore import migrate
-from memstore.db import libpq_url
+from memstore.db import migrate
+from memstore.db.core import libpq_url
 from tests.databases import scratch_database
 
 
@@ -68,7 +68,7 @@ def test_collections_made_before_the_revisions_get_their_schema_back(empty_datab
     import numpy as np
     from alembic import command
 
-    from memstore.db import create_engine
+    from memstore.db.core import create_engine
     from memstore.models import ItemIn
     from memstore.settings import Settings
     from memstore.store import VectorStore

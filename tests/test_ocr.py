@@ -1,4 +1,4 @@
-"""Reading text in images (memstore.ocr) with the real Tesseract: recall on rendered words, the
+"""Reading text in images (memstore.media.ocr) with the real Tesseract: recall on rendered words, the
 bounded rescale, and failures that are reported, never raised past the pass."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from bench import ocr_images
-from memstore import ocr
+from memstore.media import ocr
 
 if shutil.which("tesseract") is None:
     if os.environ.get("CI"):
@@ -86,8 +86,8 @@ def test_the_benchmark_reports_rates_and_recall(capsys: pytest.CaptureFixture[st
 
 
 def test_a_database_that_is_gone_never_stops_the_worker_it_reads_for() -> None:
-    from memstore.db import create_engine
-    from memstore.ocr_pass import OcrPass
+    from memstore.db.core import create_engine
+    from memstore.workers.ocr_pass import OcrPass
 
     engine = create_engine("postgresql+psycopg://nobody@127.0.0.1:1/none")
     try:

@@ -11,12 +11,13 @@ import pytest
 from alembic import command
 
 from bench import ocr_images
-from memstore import migrate, queue
-from memstore.db import create_engine, libpq_url
-from memstore.ocr_pass import OcrPass
-from memstore.queue import PendingItem
+from memstore.db import migrate
+from memstore.db.core import create_engine, libpq_url
+from memstore.queue import jobs
+from memstore.queue.jobs import PendingItem
 from memstore.settings import Settings
 from memstore.store import VectorStore
+from memstore.workers.ocr_pass import OcrPass
 from tests.databases import scratch_database
 
 
@@ -45,7 +46,7 @@ def test_collections_made_before_0009_get_the_columns_and_can_turn_ocr_on(empty_
         store = VectorStore(engine, settings=Settings(database_url=empty_database))
         for name, partitions in (("old_plain", 1), ("old_parts", 3)):
             c = store.create_collection(name=name, dimensions=4, partitions=partitions)
-            queue.enqueue(engine, c, [PendingItem(content=rendered.content, content_type="image/png", external_id="a")])
+            jobs.enqueue(engine, c, [PendingItem(content=rendered.content, content_type="image/png", external_id="a")])
         engine.dispose()
         command.downgrade(migrate.alembic_config(empty_database), "0008")
         assert _columns(empty_database) == {}
@@ -82,7 +83,7 @@ def test_collections_made_before_0009_get_the_columns_and_can_turn_ocr_on(empty_
         # New images reach every partition's trigger.
         parts = store.get_collection(name="old_parts")
         more = [PendingItem(content=rendered.content + bytes([i]), content_type="image/png") for i in range(6)]
-        queue.enqueue(engine, parts, more)
+        jobs.enqueue(engine, parts, more)
         for m in more:
             assert store.get_item(collection="old_parts", external_id=m.key()).ocr_status == "pending"
         with engine.connect() as conn:

@@ -1,4 +1,4 @@
-"""Photos' own facts read from their header (memstore.photo_facts), without a database: real JPEG,
+"""Photos' own facts read from their header (memstore.media.photo_facts), without a database: real JPEG,
 PNG, WebP and TIFF files with EXIF and XMP written by Pillow, the merge that never overwrites the
 client's metadata, and broken or absurd headers that give no facts but never raise."""
 
@@ -16,9 +16,9 @@ import pytest
 from PIL import Image, PngImagePlugin
 from PIL.TiffImagePlugin import IFDRational
 
-from memstore import photo_facts
-from memstore.filter_language import parse_timestamp
-from memstore.filters import MAX_METADATA_BYTES, check_metadata
+from memstore.inputs import MAX_METADATA_BYTES, check_metadata
+from memstore.media import photo_facts
+from memstore.search.filter_language import parse_timestamp
 
 
 def exif_block(

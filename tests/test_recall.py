@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memstore.recall import recall_hits
+from memstore.search.exact_answers import recall_hits
 
 
 def test_hits_count_answers_among_the_true_nearest() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
+from memstore.catalog.registry import Registry
 from memstore.errors import CollectionExistsError, CollectionNotFoundError
-from memstore.registry import Registry
 from memstore.store import VectorStore
 
 

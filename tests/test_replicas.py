@@ -1,5 +1,5 @@
 """Reads on hot standbys, with two real standbys of the embedded test server (pg_basebackup -R,
-pg_ctl; made by memstore.standby, as `memstore db replica create` makes them): reads go to them,
+pg_ctl; made by memstore.db.standby, as `memstore db replica create` makes them): reads go to them,
 writes do not; a standby that dies or lags serves no reads and no search fails; a read given a
 write's LSN sees that write, also while a standby's replay is paused (in Python and through the
 API); /metrics shows each standby; the primary's maintenance cancels no search on them."""
@@ -24,11 +24,11 @@ from memstore.api.app import create_app
 from memstore.api.runtime import RuntimeOptions
 from memstore.api.settings import ApiSettings
 from memstore.cli import main as memstore_main
-from memstore.db import Database, create_engine, parse_lsn
+from memstore.db.core import Database, create_engine, parse_lsn
+from memstore.db.standby import Standby, embedded_socket
 from memstore.errors import InvalidInputError
 from memstore.models import ItemIn
 from memstore.settings import Settings, get_settings
-from memstore.standby import Standby, embedded_socket
 from memstore.store import VectorStore
 from tests.api.api_helpers import LiveServer
 

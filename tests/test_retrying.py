@@ -6,8 +6,8 @@ import httpx
 import psycopg
 import pytest
 
-from memstore import retrying
 from memstore.commands.ingest import Client
+from memstore.db import retrying
 
 
 def _flaky(failures: list[Exception]):

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from psycopg import sql
 
-from memstore import search_sql
-from memstore.db import raw_connection
+from memstore.db.core import raw_connection
 from memstore.errors import CollectionNotFoundError, DimensionMismatchError, InvalidInputError
-from memstore.filter_language import compile_filter
 from memstore.models import ItemIn
+from memstore.search import statements
+from memstore.search.filter_language import compile_filter
 from memstore.store import VectorStore
 
 
@@ -153,15 +153,15 @@ def test_plans_use_the_hnsw_index_unless_exact(store: VectorStore, collection_na
     for filtered in (False, True):
         for exact in (False, True):
             matching = compile_filter({"g": 1}) if filtered else None
-            statement = search_sql.search_statement(
+            statement = statements.search_statement(
                 c.table_name, c.spec.operator, exact=exact, where=matching.where if matching else None
             )
             params: dict[str, object] = {"q": rng.normal(size=8).astype(np.float32), "k": 10}
             if matching:
                 params.update(matching.params)
-            settings = search_sql.SearchSettings(ef_search=40, exact=exact, max_scan_tuples=20000)
+            settings = statements.SearchSettings(ef_search=40, exact=exact, max_scan_tuples=20000)
             with raw_connection(store.engine) as conn, conn.cursor() as cur:
-                search_sql.apply(cur, settings)
+                statements.apply(cur, settings)
                 cur.execute(sql.SQL("EXPLAIN ") + statement, params)
                 plan = "\n".join(r[0] for r in cur.fetchall())
             assert ("_hnsw" in plan) is not exact, plan

@@ -11,10 +11,10 @@ import pickle
 import numpy as np
 import pytest
 
-from memstore.db import load_json
+from memstore.db.core import load_json
 from memstore.errors import InvalidInputError
+from memstore.items.vectors import as_matrix, as_vector
 from memstore.models import SearchResult
-from memstore.vectors import as_matrix, as_vector
 
 DIMS = 16
 

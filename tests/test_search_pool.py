@@ -1,4 +1,4 @@
-"""The connections searches run on (``memstore.search_pool`` through ``memstore.db.search_connections``):
+"""The connections searches run on (``memstore.db.search_pool`` through ``memstore.db.core.search_connections``):
 reused last returned first, bounded, never handed out broken, closed with their engine."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from psycopg.pq import TransactionStatus
 from psycopg_pool import PoolClosed, PoolTimeout
 
-from memstore.db import (
+from memstore.db.core import (
     Database,
     async_search_connections,
     connection_lost,
@@ -24,8 +24,8 @@ from memstore.db import (
     dedicated_connection,
     search_connections,
 )
+from memstore.db.search_pool import SearchConnections
 from memstore.models import ItemIn
-from memstore.search_pool import SearchConnections
 from memstore.settings import Settings
 from memstore.store import VectorStore
 

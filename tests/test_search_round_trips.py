@@ -2,7 +2,7 @@
 of the graph short), and what one search sets never reaches the next.
 
 The round trips are counted from libpq's own protocol trace of the search connection
-(``memstore.db.search_connections``): every round trip ends with a Sync (extended protocol) or is a
+(``memstore.db.core.search_connections``): every round trip ends with a Sync (extended protocol) or is a
 simple Query, so a search that sends one Sync and no Query waited on the server once.
 """
 
@@ -20,12 +20,12 @@ import pytest
 import sqlalchemy as sa
 from psycopg import pq, sql
 
-from memstore import search_sql
-from memstore.async_search import AsyncSearcher
-from memstore.db import search_connections
+from memstore.db.core import search_connections
 from memstore.errors import CollectionNotFoundError
 from memstore.models import ItemIn, SearchResult
-from memstore.search_query import check_query
+from memstore.search import statements
+from memstore.search.async_runner import AsyncSearcher
+from memstore.search.request import check_query
 from memstore.settings import Settings
 from memstore.store import VectorStore
 
@@ -121,9 +121,9 @@ def test_a_search_runs_with_its_own_settings_whatever_ran_before_it(
     # A search that fails takes the settings it sent with it (its implicit transaction is rolled
     # back), and the next search with those settings sends them again.
     store.search(collection=collection_name, vector=base[1], k=3, ef_search=9)
-    failing = search_sql.SearchSettings(ef_search=11, exact=False, max_scan_tuples=100)
+    failing = statements.SearchSettings(ef_search=11, exact=False, max_scan_tuples=100)
     with pytest.raises(psycopg.errors.DivisionByZero), search_connections(one_connection).connection() as conn:
-        search_sql.run_search(conn, failing, sql.SQL("SELECT 1 / 0"), {})
+        statements.run_search(conn, failing, sql.SQL("SELECT 1 / 0"), {})
     assert _setting(one_connection, "hnsw.ef_search") == "9"
     store.search(collection=collection_name, vector=base[1], k=3, ef_search=11)
     assert _setting(one_connection, "hnsw.ef_search") == "11"
@@ -153,16 +153,16 @@ def test_a_search_that_fails_on_the_server_leaves_the_connection_usable_and_clea
 def test_a_search_inside_a_caller_s_transaction_keeps_its_settings_to_that_transaction(
     one_connection: sa.Engine, settings: Settings, collection_name: str
 ) -> None:
-    """``search_sql.run_search`` on a pooled connection inside a transaction (the duplicates scan, reads
+    """``statements.run_search`` on a pooled connection inside a transaction (the duplicates scan, reads
     on a replica): its settings are the transaction's, gone once it ends."""
     store = VectorStore(one_connection, settings=settings)
     base = _filled(store, collection_name)
     c = store.get_collection(name=collection_name)
-    statement = search_sql.search_statement(c.table_name, c.spec.operator, exact=True, limit=3)
-    exact = search_sql.SearchSettings(ef_search=13, exact=True, max_scan_tuples=100)
+    statement = statements.search_statement(c.table_name, c.spec.operator, exact=True, limit=3)
+    exact = statements.SearchSettings(ef_search=13, exact=True, max_scan_tuples=100)
     with store.db.read() as conn:
         conn.execute("SELECT 1")  # the transaction is open before the search
-        rows = search_sql.run_search(conn, exact, statement, {"q": base[5]})
+        rows = statements.run_search(conn, exact, statement, {"q": base[5]})
         held = conn.execute("SELECT current_setting('hnsw.ef_search'), current_setting('enable_indexscan')").fetchone()
         pid = conn.info.backend_pid
     assert rows[0][1] == "5" and held == ("13", "off")

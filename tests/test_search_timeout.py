@@ -11,7 +11,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
-from memstore.db import Database, create_engine
+from memstore.db.core import Database, create_engine
 
 
 @pytest.fixture
@@ -71,7 +71,7 @@ def test_a_search_on_a_thread_is_cancelled_on_the_server_when_asked(fresh: sa.En
     import threading
     import time
 
-    from memstore.search_pool import CANCEL, Cancel
+    from memstore.db.search_pool import CANCEL, Cancel
 
     db = Database(fresh, search_timeout_ms=60_000)
     scope = Cancel()

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from memstore.errors import DimensionMismatchError, InvalidInputError
-from memstore.filter_language import compile_filter
-from memstore.filters import MAX_FILTER_DEPTH, check_metadata
-from memstore.vectors import as_matrix, as_vector
+from memstore.inputs import MAX_FILTER_DEPTH, check_metadata
+from memstore.items.vectors import as_matrix, as_vector
+from memstore.search.filter_language import compile_filter
 
 
 def test_vector_is_float32_and_contiguous() -> None:

@@ -21,7 +21,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from memstore import migrate, queue, ui
+from memstore import ui
+from memstore.access.keys import ApiKey, KeyVerifier
 from memstore.api import problems
 from memstore.api.auth import authenticate_runtime, key_from_header
 from memstore.api.consistency import ReadYourWrites
@@ -39,13 +40,14 @@ from memstore.api.routes import collections, items, load, search, spaces
 from memstore.api.runtime import Runtime, RuntimeOptions
 from memstore.api.search_guard import SearchGuard
 from memstore.api.settings import ApiSettings
-from memstore.async_search import AsyncSearcher
-from memstore.db import get_database
-from memstore.encoding import models_of
-from memstore.keys import ApiKey, KeyVerifier
-from memstore.queue import IngestSettings
+from memstore.db import migrate
+from memstore.db.core import get_database
+from memstore.queue import jobs
+from memstore.queue.jobs import IngestSettings
+from memstore.search.async_runner import AsyncSearcher
 from memstore.services.query_sampler import QuerySampler
 from memstore.settings import Settings, get_settings
+from memstore.spaces.model_choice import models_of
 from memstore.store import VectorStore
 
 DESCRIPTION = """
@@ -280,7 +282,7 @@ class QueueFigures:
             if time.monotonic() - self.read_at < self.ttl_s:
                 return  # read meanwhile, by the scrape this one waited for
             try:
-                self.depth = await rt.off_loop(queue.queue_depth, rt.engine)
+                self.depth = await rt.off_loop(jobs.queue_depth, rt.engine)
             except Exception:
                 self.depth = None
             self.readings += 1
@@ -369,7 +371,7 @@ def _health(rt: Runtime, detailed: bool) -> dict[str, Any]:
     try:
         body["database"] = migrate.database_facts(rt.engine)
         if detailed:
-            body["queue"] = queue.queue_depth(rt.engine)
+            body["queue"] = jobs.queue_depth(rt.engine)
     except Exception as exc:
         unavailable = True
         body["database"] = {"error": str(exc)}

@@ -8,9 +8,9 @@ from fastapi import Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from memstore.access.keys import ALL, ApiKey, Scope
 from memstore.api.problems import Problem
 from memstore.api.runtime import Runtime
-from memstore.keys import ALL, ApiKey, Scope
 
 bearer = HTTPBearer(
     auto_error=False,

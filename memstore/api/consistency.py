@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from encoder.addresses import route_path
 from memstore.api.middleware import send_problem
 from memstore.api.problems import Problem
-from memstore.db import Database, format_lsn, parse_lsn
+from memstore.db.core import Database, format_lsn, parse_lsn
 from memstore.errors import InvalidInputError
 
 log = logging.getLogger(__name__)

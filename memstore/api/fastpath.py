@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from encoder.addresses import route_path
+from memstore.access.keys import ApiKey
 from memstore.api import problems, query_names
 from memstore.api.middleware import BodyTooLargeError, too_large_detail
 from memstore.api.problems import Problem
@@ -25,7 +26,6 @@ from memstore.api.rendering import render
 from memstore.api.routes.search import authorize, execute, json_image
 from memstore.api.runtime import Runtime
 from memstore.api.schemas import SearchRequest
-from memstore.keys import ApiKey
 
 _PATH = re.compile(r"^/v1/collections/([^/]+)/search$")
 _JSON = (b"application/json", b"")

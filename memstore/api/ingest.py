@@ -1,5 +1,5 @@
 """Storing items from requests: vectors at once, texts and images through the durable queue (an
-image with the facts its header holds added to its metadata: ``memstore.photo_facts``)."""
+image with the facts its header holds added to its metadata: ``memstore.media.photo_facts``)."""
 
 from __future__ import annotations
 
@@ -11,16 +11,17 @@ from typing import Any
 from fastapi.concurrency import run_in_threadpool
 
 from encoder.types import Priority
-from memstore import claims, photo_facts, queue
 from memstore.api.problems import Problem
 from memstore.api.runtime import Runtime
 from memstore.api.schemas import ItemAck, ItemBody, ItemsAck
-from memstore.collections import Collection, Space
-from memstore.encoding import model_for
-from memstore.filters import check_item_text, check_metadata
+from memstore.catalog.collections import Collection, Space
+from memstore.inputs import check_item_text, check_metadata
+from memstore.items.vectors import as_vector
+from memstore.media import photo_facts
 from memstore.models import ItemIn
-from memstore.queue import PendingItem
-from memstore.vectors import as_vector
+from memstore.queue import claims, jobs
+from memstore.queue.jobs import PendingItem
+from memstore.spaces.model_choice import model_for
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +108,7 @@ async def store_json_items(rt: Runtime, c: Collection, items: Sequence[ItemBody]
 
 
 async def enqueue(rt: Runtime, c: Collection, pending: list[PendingItem], *, wait: bool) -> list[ItemAck]:
-    done = await run_in_threadpool(lambda: queue.enqueue(rt.engine, c, [with_facts(p) for p in pending]))
+    done = await run_in_threadpool(lambda: jobs.enqueue(rt.engine, c, [with_facts(p) for p in pending]))
     acks = [ItemAck(id=d.id, external_id=d.external_id, status=d.status, change=d.change) for d in done]
     waiting = sorted({a.id for a in acks if a.status == "pending"})
     if wait and waiting:
@@ -121,7 +122,7 @@ async def enqueue(rt: Runtime, c: Collection, pending: list[PendingItem], *, wai
 
 def with_facts(item: PendingItem) -> PendingItem:
     """An image with its own facts (date taken, camera, place, size) added to its metadata, never
-    over what the client sent (``memstore.photo_facts``): stored with the item, in the same insert."""
+    over what the client sent (``memstore.media.photo_facts``): stored with the item, in the same insert."""
     if item.content is None:
         return item
     metadata = photo_facts.with_facts(item.metadata, item.content)
@@ -150,9 +151,9 @@ def settle(rt: Runtime, c: Collection, item_ids: list[int]) -> dict[int, tuple[s
                 except Exception:
                     claimer.connect()  # a new identity: the old claims become claimable at once
     others = [i for i in item_ids if i not in ours]
-    state = queue.statuses(rt.engine, c, [i for i in item_ids if i in ours])
+    state = jobs.statuses(rt.engine, c, [i for i in item_ids if i in ours])
     if others:
-        state |= queue.wait_until_settled(rt.engine, c, others, timeout=rt.ingest.wait_timeout_s)
+        state |= jobs.wait_until_settled(rt.engine, c, others, timeout=rt.ingest.wait_timeout_s)
     return state
 
 

@@ -20,19 +20,19 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 
 from encoder.types import EmbeddingBackend
+from memstore.access.keys import KeyVerifier
 from memstore.api.settings import ApiSettings
-from memstore.async_search import AsyncSearcher
-from memstore.claims import Claimer
-from memstore.ingest_worker import Processor
-from memstore.keys import KeyVerifier
-from memstore.queue import IngestSettings
-from memstore.search_pool import CANCEL, Cancel
+from memstore.db.search_pool import CANCEL, Cancel
+from memstore.queue.claims import Claimer
+from memstore.queue.jobs import IngestSettings
+from memstore.search.async_runner import AsyncSearcher
 from memstore.services.encoder_host import EncoderChoice, EncoderHost, EncoderMode
 from memstore.services.latency import LatencyTracker
 from memstore.services.query_sampler import QuerySampler
 from memstore.services.workers import BackgroundService, InProcessWorkers, ServiceContext
 from memstore.settings import Settings
 from memstore.store import VectorStore
+from memstore.workers.ingest import Processor
 
 T = TypeVar("T")
 
@@ -104,7 +104,7 @@ class Runtime:
         """``fn(*args)`` in the executor, in a copy of the request's context (a read's ``min_lsn``
         travels in a context variable; ``run_in_executor`` alone would drop it). When the request is
         cancelled (its client went away), a search ``fn`` runs is cancelled on the server too
-        (``memstore.search_pool.Cancel``), so its connection is free at once."""
+        (``memstore.db.search_pool.Cancel``), so its connection is free at once."""
         context = contextvars.copy_context()
         scope = Cancel()
         context.run(CANCEL.set, scope)

@@ -6,7 +6,7 @@
   off there is one identity and no limit.
 - **Cancelled when the client goes away**: once the request's body is read, the guard listens on the
   ASGI receive channel for ``http.disconnect`` while the handler runs, and cancels the handler when
-  it comes. A search on the event loop's connections (``memstore.async_search``) is then cancelled in
+  it comes. A search on the event loop's connections (``memstore.search.async_runner``) is then cancelled in
   PostgreSQL too (psycopg sends a cancel request when its task is cancelled, waits for the statement to
   end, and the connection goes back to the set). A search handed to the executor
   (``Runtime.off_loop``: embedding, compact indexes, replicas) stops being waited for, but its thread
@@ -24,10 +24,10 @@ import re
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from encoder.addresses import route_path
+from memstore.access.keys import ApiKey
 from memstore.api.auth import LOCAL
 from memstore.api.middleware import CLIENT_GONE, send_problem
 from memstore.api.problems import Problem
-from memstore.keys import ApiKey
 
 SEARCH_ROUTES = re.compile(r"^/v1/collections/[^/]+/(search|search/batch|recommend|duplicates)/?$")
 RETRY_AFTER_S = 1

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 import click
 import httpx
 
-from memstore.cli_support import SettingDefault
+from encoder.cli_support import SettingDefault
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING
 import click
 import sqlalchemy as sa
 
-from memstore import migrate
-from memstore.cli_support import emit, json_option
-from memstore.db import libpq_url, resolve_database_url
+from encoder.cli_support import emit, json_option
+from memstore.db import migrate
+from memstore.db.core import libpq_url, resolve_database_url
 
 if TYPE_CHECKING:
-    from memstore.standby import Standby
+    from memstore.db.standby import Standby
 
 
 @click.group("db", short_help="database migrations and facts")
@@ -71,8 +71,8 @@ def create(folder: Path, as_json: bool) -> int:
     """Copy the embedded server into DIR (new or empty) as a hot standby with the settings that keep
     searches from being cancelled by the primary's maintenance, start it, and print its URL for
     MEMSTORE_READ_DATABASE_URLS."""
+    from memstore.db.standby import SAFE_SETTINGS, Standby, StandbyError, embedded_socket
     from memstore.settings import get_settings
-    from memstore.standby import SAFE_SETTINGS, Standby, StandbyError, embedded_socket
 
     if get_settings().database_url:
         raise StandbyError(
@@ -127,7 +127,7 @@ def stop(folder: Path, as_json: bool) -> int:
 
 
 def _standby_in(folder: Path) -> Standby:
-    from memstore.standby import Standby, StandbyError
+    from memstore.db.standby import Standby, StandbyError
 
     node = Standby(folder)
     if not node.exists:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import click
 import httpx
 
-from memstore.cli_support import EXIT_USAGE, json_object_option, json_option, print_json
+from encoder.cli_support import EXIT_USAGE, json_object_option, json_option, print_json
 from memstore.commands.api_access import api_options
 
 if TYPE_CHECKING:

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 import click
 import sqlalchemy as sa
 
-from memstore.cli_support import emit, json_option
+from encoder.cli_support import emit, json_option
 
 if TYPE_CHECKING:
-    from memstore.keys import ApiKey
+    from memstore.access.keys import ApiKey
 
 
 @click.group("keys", short_help="API keys and their scopes")
@@ -30,7 +30,7 @@ def create(name: str, scopes: tuple[str, ...], as_json: bool) -> int:
     Scopes: ROLE or ROLE:COLLECTION, ROLE one of read, write, admin (each includes the ones before
     it). Without a collection the scope covers every collection.
     """
-    from memstore.keys import create_key
+    from memstore.access.keys import create_key
 
     key, secret = create_key(_engine(), name=name, scopes=list(scopes))
     emit(as_json, {**key.as_dict(), "key": secret}, lambda: _created(key, secret))
@@ -42,7 +42,7 @@ def create(name: str, scopes: tuple[str, ...], as_json: bool) -> int:
 @json_option()
 def list_command(include_revoked: bool, as_json: bool) -> int:
     """List keys (never their secrets)."""
-    from memstore.keys import list_keys
+    from memstore.access.keys import list_keys
 
     found = list_keys(_engine(), include_revoked=include_revoked)
     emit(as_json, [k.as_dict() for k in found], lambda: _table(found))
@@ -54,7 +54,7 @@ def list_command(include_revoked: bool, as_json: bool) -> int:
 @json_option()
 def revoke(key: str, as_json: bool) -> int:
     """Revoke a key by its name or id."""
-    from memstore.keys import revoke_key
+    from memstore.access.keys import revoke_key
 
     revoked = revoke_key(_engine(), name_or_id=key)
     emit(as_json, revoked.as_dict(), lambda: f"revoked key {revoked.name!r} (id {revoked.id})")
@@ -62,7 +62,7 @@ def revoke(key: str, as_json: bool) -> int:
 
 
 def _engine() -> sa.Engine:
-    from memstore.db import get_engine
+    from memstore.db.core import get_engine
 
     return get_engine()
 

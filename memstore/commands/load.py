@@ -1,6 +1,6 @@
 """``memstore load FILE --collection NAME``: many vectors at index-build speed through the API.
 
-FILE is NDJSON (``memstore.load_file``: ``external_id`` and ``vector`` on every line, ``metadata`` and
+FILE is NDJSON (``memstore.items.load_file``: ``external_id`` and ``vector`` on every line, ``metadata`` and
 ``text`` optional; ``-`` reads standard input). It is streamed to ``POST /v1/collections/NAME/load``
 with a progress bar of the bytes sent; the server checks it whole, loads it, and answers once every
 item is searchable. A bad line refuses the load with its number, and nothing is written.
@@ -17,7 +17,7 @@ import click
 import httpx
 from tqdm import tqdm
 
-from memstore.cli_support import EXIT_USAGE, json_option, print_json
+from encoder.cli_support import EXIT_USAGE, json_option, print_json
 from memstore.commands.api_access import api_options, auth_headers, post
 
 CHUNK = 1024 * 1024

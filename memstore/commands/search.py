@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from memstore.cli_support import EXIT_USAGE, json_object_option, json_option, print_json
+from encoder.cli_support import EXIT_USAGE, json_object_option, json_option, print_json
 from memstore.commands.api_access import api_options, auth_headers, post
 
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from encoder.addresses import is_loopback
-from memstore.cli_support import EXIT_USAGE, SettingDefault, exit_cleanly_on_sigterm
+from encoder.cli_support import EXIT_USAGE, SettingDefault, exit_cleanly_on_sigterm
 from memstore.settings import get_settings
 
 if TYPE_CHECKING:
@@ -74,12 +74,12 @@ def command(
     the embedded database; flags turn each part off or point at a remote encoder."""
     import uvicorn
 
-    from memstore import migrate
     from memstore.api.app import create_app
     from memstore.api.http_limits import server_config
     from memstore.api.runtime import RuntimeOptions
     from memstore.api.settings import ApiSettings
-    from memstore.db import resolve_database_url
+    from memstore.db import migrate
+    from memstore.db.core import resolve_database_url
 
     api = ApiSettings()
     if no_auth:

@@ -1,4 +1,4 @@
-"""``memstore spaces``: a collection's embedding spaces through the API (``memstore.spaces``):
+"""``memstore spaces``: a collection's embedding spaces through the API (``memstore.spaces.lifecycle``):
 create one of another model, follow its filling with a progress bar, activate it, drop the old one.
 
 The whole migration of a collection to a new model::
@@ -19,7 +19,7 @@ import click
 import httpx
 from tqdm import tqdm
 
-from memstore.cli_support import EXIT_USAGE, emit, json_option
+from encoder.cli_support import EXIT_USAGE, emit, json_option
 from memstore.commands.api_access import api_options, auth_headers, call
 
 PROG = "memstore spaces"

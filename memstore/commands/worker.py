@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 
 import click
 
-from memstore.cli_support import EXIT_USAGE, exit_cleanly_on_sigterm, json_option, print_json, stop_on_signals
+from encoder.cli_support import EXIT_USAGE, exit_cleanly_on_sigterm, json_option, print_json, stop_on_signals
 
 if TYPE_CHECKING:
-    from memstore.ingest_worker import Report
+    from memstore.workers.ingest import Report
 
 log = logging.getLogger(__name__)
 
@@ -31,11 +31,12 @@ def command(
 ) -> int:
     """Claim pending items from the durable queue, embed them and write the vectors. Any number of
     these may run against one database. SIGTERM finishes the batch in hand, then exits."""
-    from memstore import claims, migrate
-    from memstore.db import get_engine, resolve_database_url
-    from memstore.ingest_worker import IngestWorker, Report
-    from memstore.queue import IngestSettings
+    from memstore.db import migrate
+    from memstore.db.core import get_engine, resolve_database_url
+    from memstore.queue import claims
+    from memstore.queue.jobs import IngestSettings
     from memstore.services.encoder_host import EncoderChoice, open_backend
+    from memstore.workers.ingest import IngestWorker, Report
 
     exit_cleanly_on_sigterm()
     if not no_migrate:

@@ -20,11 +20,11 @@ import sqlalchemy as sa
 from pgvector import Vector
 from psycopg import sql
 
-from memstore import locks, online_ddl
-from memstore.collections import Collection
-from memstore.compact import spec as specs
+from memstore.catalog import index_spec as specs
+from memstore.catalog.collections import Collection
 from memstore.compact.projection import Projection
-from memstore.db import dedicated_connection
+from memstore.db import locks, online_ddl
+from memstore.db.core import dedicated_connection
 
 log = logging.getLogger(__name__)
 

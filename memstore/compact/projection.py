@@ -22,7 +22,7 @@ from pgvector import Vector
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from memstore.collections import Collection
+from memstore.catalog.collections import Collection
 
 # Ranks tried when none is given: multiples that keep halfvec rows aligned.
 RANK_CANDIDATES = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)

@@ -17,10 +17,10 @@ import psycopg
 from pgvector import Bit, HalfVector
 from psycopg import sql
 
-from memstore.collections import Collection
+from memstore.catalog import index_spec as specs
+from memstore.catalog.collections import Collection
 from memstore.compact import projection as proj
-from memstore.compact import spec as specs
-from memstore.search_sql import SearchSettings
+from memstore.search.statements import SearchSettings
 
 
 def settings(*, ef_search: int, max_scan_tuples: int) -> SearchSettings:
@@ -36,7 +36,7 @@ def settings(*, ef_search: int, max_scan_tuples: int) -> SearchSettings:
 
 def statement(c: Collection, spec: specs.IndexSpec, *, where: sql.Composable | None) -> sql.Composed:
     """The search: candidates by compact distance, the k nearest of them by exact distance, among the
-    rows matching ``where`` (a compiled filter on ``metadata``, ``memstore.filter_language``)."""
+    rows matching ``where`` (a compiled filter on ``metadata``, ``memstore.search.filter_language``)."""
     inner = candidates_statement(c, spec, where=where)
     return sql.SQL(
         "WITH c AS MATERIALIZED ({inner}) SELECT id, external_id, metadata, distance FROM c ORDER BY distance, id "

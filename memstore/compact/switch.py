@@ -21,13 +21,13 @@ from typing import Any
 import psycopg
 import sqlalchemy as sa
 
-from memstore import online_ddl
-from memstore.collections import Collection
+from memstore.catalog import index_spec as specs
+from memstore.catalog.collections import Collection
+from memstore.catalog.registry import CACHE_SECONDS, read_collection, set_option
 from memstore.compact import ddl
 from memstore.compact import projection as proj
-from memstore.compact import spec as specs
+from memstore.db import online_ddl
 from memstore.errors import InvalidInputError
-from memstore.registry import CACHE_SECONDS, read_collection, set_option
 
 log = logging.getLogger(__name__)
 

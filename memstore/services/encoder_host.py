@@ -16,8 +16,8 @@ from encoder.errors import WeightsNotFoundError
 from encoder.images import ImageOptions
 from encoder.settings import OFFLINE_HINT, EncoderSettings
 from encoder.types import EmbeddingBackend
-from memstore.encoding import models_of
 from memstore.errors import EncoderUnavailableError
+from memstore.spaces.model_choice import models_of
 
 log = logging.getLogger(__name__)
 

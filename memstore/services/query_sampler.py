@@ -12,8 +12,8 @@ import numpy as np
 import numpy.typing as npt
 import sqlalchemy as sa
 
-from memstore import query_samples
-from memstore.db import raw_connection
+from memstore.db.core import raw_connection
+from memstore.search import query_samples
 
 log = logging.getLogger(__name__)
 

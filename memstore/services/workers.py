@@ -11,9 +11,9 @@ from typing import Protocol
 import sqlalchemy as sa
 
 from encoder.types import EmbeddingBackend
-from memstore.ingest_worker import IngestWorker
-from memstore.queue import IngestSettings
+from memstore.queue.jobs import IngestSettings
 from memstore.settings import Settings
+from memstore.workers.ingest import IngestWorker
 
 
 @dataclass(frozen=True)

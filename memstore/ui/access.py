@@ -7,7 +7,7 @@ from starlette.requests import Request
 
 from memstore.api.auth import require
 from memstore.api.runtime import Runtime
-from memstore.collections import Collection, validate_name
+from memstore.catalog.collections import Collection, validate_name
 from memstore.ui.identity import Identity, current
 
 

@@ -11,11 +11,11 @@ from psycopg.errors import QueryCanceled
 from starlette.responses import Response
 
 from encoder.errors import EncoderError
-from memstore import history
+from memstore import action_log
 from memstore.api import bodies
 from memstore.api.problems import Problem, from_exception
 from memstore.api.runtime import Runtime
-from memstore.collections import Collection
+from memstore.catalog.collections import Collection
 from memstore.errors import InvalidInputError, MemstoreError
 from memstore.models import CollectionStats, SearchResult
 from memstore.ui import search
@@ -62,7 +62,7 @@ def _summaries(rt: Runtime, identity: Identity) -> list[Summary]:
             continue
         try:
             stats: CollectionStats | None = rt.store.collection_stats(name=c.name)
-            probes = history.recent_probes(rt.engine, collection=c.name, limit=1)
+            probes = action_log.recent_probes(rt.engine, collection=c.name, limit=1)
         except MemstoreError:  # dropped meanwhile
             stats, probes = None, []
         health, tone = health_of(stats, probes[0] if probes else None)

@@ -20,11 +20,11 @@ from fastapi.concurrency import run_in_threadpool
 from starlette.requests import Request, cookie_parser
 from starlette.responses import Response
 
-from memstore import ui_sessions
+from memstore.access import ui_sessions
+from memstore.access.keys import ApiKey
 from memstore.api.auth import LOCAL
 from memstore.api.problems import Problem
 from memstore.api.runtime import Runtime
-from memstore.keys import ApiKey
 
 SESSION_COOKIE = "memstore_session"
 SIGNIN_COOKIE = "memstore_signin"  # the sign-in form's own CSRF secret (there is no session yet)

@@ -10,14 +10,15 @@ from fastapi import APIRouter, Path, Request
 from fastapi.concurrency import run_in_threadpool
 from starlette.responses import RedirectResponse, Response
 
-from memstore import queue, thumbnails
 from memstore.api.problems import Problem
 from memstore.api.routes.items import download_headers, download_name
 from memstore.api.runtime import Runtime
-from memstore.collections import Collection
+from memstore.catalog.collections import Collection
 from memstore.errors import InvalidInputError
-from memstore.filters import check_metadata
+from memstore.inputs import check_metadata
+from memstore.media import thumbnails
 from memstore.models import Item
+from memstore.queue import jobs
 from memstore.ui import search
 from memstore.ui.access import collection_for
 from memstore.ui.identity import CSRF_FIELD, Identity, check_csrf_field
@@ -34,7 +35,7 @@ MAX_METADATA_FORM = 70_000  # characters: the metadata limit (64 KiB) with room 
 
 def _item_context(rt: Runtime, c: Collection, view: search.SearchView, item_id: int) -> dict[str, Any]:
     item = rt.store.get_item(collection=c.name, id=item_id)
-    attempts = queue.attempts_of(rt.engine, c, [item.id]) if item.status != "ready" else {}
+    attempts = jobs.attempts_of(rt.engine, c, [item.id]) if item.status != "ready" else {}
     neighbours: list[search.Card] = []
     vector = rt.store.vectors(collection=c.name, ids=[item.id]).get(item.id)  # in the active space
     if vector is not None:
@@ -139,7 +140,7 @@ async def original(request: Request, name: str, item_id: ItemId) -> Response:
     if found.content is not None:
         body, media = found.content, found.content_type or "application/octet-stream"
     elif found.text is not None:
-        body, media = found.text.encode(), queue.TEXT_CONTENT_TYPE
+        body, media = found.text.encode(), jobs.TEXT_CONTENT_TYPE
     else:
         raise Problem("not-found", f"item {item_id} was stored as a vector only: there is no original")
     filename = download_name(found.filename or found.external_id, media)

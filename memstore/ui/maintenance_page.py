@@ -1,6 +1,6 @@
 """``/ui/maintenance``: per collection, the maintenance worker's probes as charts (sampled recall,
 dead fraction, index size against a fresh build), its action log (what, why, how long), and "probe
-now" for an admin: a request the maintenance worker takes between passes (``memstore.history``), so
+now" for an admin: a request the maintenance worker takes between passes (``memstore.action_log``), so
 that this package never imports ``maintenance`` and a worker in another process answers it too."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from starlette.responses import RedirectResponse, Response
 
-from memstore import history
+from memstore import action_log
 from memstore.api.runtime import Runtime
-from memstore.collections import Collection
+from memstore.catalog.collections import Collection
 from memstore.ui.access import collection_for, runtime
 from memstore.ui.charts import Chart, Series, compact_bytes, line_chart
 from memstore.ui.identity import CSRF_FIELD, Identity, check_csrf_field, current
@@ -126,12 +126,12 @@ def charts_of(
 
 def _histories(rt: Runtime, identity: Identity, only: str | None) -> list[CollectionHistory]:
     out = []
-    requested = history.pending_requests(rt.engine)
+    requested = action_log.pending_requests(rt.engine)
     for c in rt.store.list_collections():
         if not identity.key.allows("read", c.name) or (only and c.name != only):
             continue
-        probes = history.recent_probes(rt.engine, collection=c.name, limit=PROBES_SHOWN)
-        actions = history.recent_actions(rt.engine, collection=c.name, limit=ACTIONS_SHOWN)
+        probes = action_log.recent_probes(rt.engine, collection=c.name, limit=PROBES_SHOWN)
+        actions = action_log.recent_actions(rt.engine, collection=c.name, limit=ACTIONS_SHOWN)
         names = table_names(c)
         out.append(
             CollectionHistory(
@@ -167,6 +167,8 @@ async def probe_now(request: Request, name: str) -> Response:
     rt, identity, c = await collection_for(request, name, "admin")  # before the body is read
     form = await request.form(max_files=0, max_fields=4)
     check_csrf_field(request, identity, form.get(CSRF_FIELD))
-    await run_in_threadpool(lambda: history.request_pass(rt.engine, collection=c.name, requested_by=identity.key.name))
+    await run_in_threadpool(
+        lambda: action_log.request_pass(rt.engine, collection=c.name, requested_by=identity.key.name)
+    )
     target = f"{base_path(request)}/maintenance?{urlencode({'c': c.name, 'notice': 'probe'})}"
     return RedirectResponse(target, status_code=303)

@@ -1,7 +1,7 @@
 """Searching from the pages: query vectors (text, image, a stored item), metadata filter chips, and
 the cards of a results grid. The work is the API's own: the same encoder priorities, checks and limits.
 
-A chip is one condition of the filter language (``memstore.filter_language``, docs/search.md):
+A chip is one condition of the filter language (``memstore.search.filter_language``, docs/search.md):
 ``key=value`` (a plain value: equal, or an element of a list), ``key>=value``, ``key>value``,
 ``key<=value`` and ``key<value`` (ranges over numbers, ISO 8601 dates and strings). Chips on one key
 all hold (``taken>=2024-05-01`` and ``taken<2024-06-01`` make one range; ``tags=a`` and ``tags=b`` ask
@@ -20,15 +20,15 @@ from urllib.parse import quote, urlencode
 import numpy as np
 
 from encoder.types import Priority
-from memstore import thumbnails
 from memstore.api import bodies
 from memstore.api.ingest import check_encodable, check_text
 from memstore.api.problems import Problem
 from memstore.api.routes.search import query_image_options
 from memstore.api.runtime import Runtime
-from memstore.collections import Collection
-from memstore.filter_language import compile_filter
+from memstore.catalog.collections import Collection
+from memstore.media import thumbnails
 from memstore.models import SearchResult
+from memstore.search.filter_language import compile_filter
 
 MAX_CHIPS = 8
 MAX_CHIP_CHARS = 200
@@ -228,7 +228,7 @@ SORTS: dict[str, str] = {
     "taken-desc": "newest taken first",
     "taken-asc": "oldest taken first",
 }
-# The field the "taken" orders read: a photo's date taken (memstore.photo_facts), as a timestamp.
+# The field the "taken" orders read: a photo's date taken (memstore.media.photo_facts), as a timestamp.
 TAKEN_FIELD = ("image", "taken_at")
 
 

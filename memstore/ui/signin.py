@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from starlette.responses import RedirectResponse, Response
 
-from memstore import ui_sessions
+from memstore.access import ui_sessions
 from memstore.api.problems import Problem
 from memstore.ui.access import runtime
 from memstore.ui.identity import (

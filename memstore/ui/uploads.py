@@ -14,12 +14,12 @@ from fastapi.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 from starlette.responses import JSONResponse
 
-from memstore import queue
 from memstore.api import bodies
 from memstore.api.ingest import check_encodable, check_text, enqueue
 from memstore.api.problems import Problem
 from memstore.api.runtime import Runtime
-from memstore.queue import PendingItem
+from memstore.queue import jobs
+from memstore.queue.jobs import PendingItem
 from memstore.ui.access import collection_for
 from memstore.ui.identity import CSRF_FIELD, check_csrf_field
 
@@ -80,6 +80,6 @@ async def statuses(
         raise Problem("invalid-input", f"at most {MAX_STATUS_IDS} ids at a time")
     if any(not 1 <= i < 2**63 for i in wanted):
         raise Problem("invalid-input", "ids are positive 64-bit integers")
-    found = await run_in_threadpool(queue.statuses, rt.engine, c, wanted) if wanted else {}
+    found = await run_in_threadpool(jobs.statuses, rt.engine, c, wanted) if wanted else {}
     items = {str(i): {"status": status, "error": error} for i, (status, error) in found.items()}
     return JSONResponse({"items": items})

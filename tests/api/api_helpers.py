@@ -19,7 +19,7 @@ from encoder.types import EncoderInfo, Priority
 from memstore.api.app import create_app
 from memstore.api.runtime import RuntimeOptions
 from memstore.api.settings import ApiSettings
-from memstore.queue import IngestSettings
+from memstore.queue.jobs import IngestSettings
 from memstore.settings import Settings
 
 TINY = "memstore-tiny"

@@ -8,8 +8,8 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from memstore import keys
-from memstore.db import create_engine
+from memstore.access import keys
+from memstore.db.core import create_engine
 from memstore.settings import Settings
 from tests.api.api_helpers import FakeBackend, LiveServer, start_server
 from tests.databases import scratch_database

@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from memstore import keys
-from memstore.db import create_engine
+from memstore.access import keys
+from memstore.db.core import create_engine
 from memstore.settings import Settings
 from tests.api.api_helpers import WIDE, LiveServer, start_server, two_model_engine
 from tests.databases import scratch_database

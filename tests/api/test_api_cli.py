@@ -12,9 +12,9 @@ import httpx
 import pytest
 import uvicorn
 
-from memstore import queue
 from memstore.cli import main
-from memstore.queue import PendingItem
+from memstore.queue import jobs
+from memstore.queue.jobs import PendingItem
 from memstore.store import VectorStore
 from tests.api.api_helpers import LiveServer, free_port, make_image, start_server
 
@@ -167,15 +167,15 @@ def test_ingest_without_a_key_fails_clearly(tmp_path, server, collection_name) -
 
 
 def test_worker_once_with_the_tiny_model(worker_url, settings, collection_name) -> None:
-    from memstore.db import create_engine
+    from memstore.db.core import create_engine
 
     engine = create_engine(worker_url)
     try:
         c = VectorStore(engine, settings=settings).create_collection(
             name=collection_name, dimensions=64, model="memstore-tiny"
         )
-        queue.enqueue(engine, c, [PendingItem(text=f"t{i}") for i in range(6)])
-        queue.enqueue(engine, c, [PendingItem(content=make_image(7), content_type="image/jpeg")])
+        jobs.enqueue(engine, c, [PendingItem(text=f"t{i}") for i in range(6)])
+        jobs.enqueue(engine, c, [PendingItem(content=make_image(7), content_type="image/jpeg")])
         env = {"MEMSTORE_DATABASE_URL": worker_url, "MEMSTORE_MODEL": "memstore-tiny", "MEMSTORE_PRETRAINED": "none"}
         done = memstore("worker", "--once", "--json", env=env)
         assert done.returncode == 0, done.stderr

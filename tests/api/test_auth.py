@@ -8,7 +8,7 @@ import uuid
 import httpx
 import pytest
 
-from memstore import keys
+from memstore.access import keys
 from tests.api.api_helpers import start_server
 
 

@@ -8,7 +8,7 @@ import httpx
 import numpy as np
 import sqlalchemy as sa
 
-from memstore import keys
+from memstore.access import keys
 
 
 def _problem(r: httpx.Response, status: int) -> dict:

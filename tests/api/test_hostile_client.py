@@ -27,7 +27,7 @@ import psycopg
 from PIL import Image
 from psycopg import sql
 
-from memstore.db import libpq_url
+from memstore.db.core import libpq_url
 from tests.api.api_helpers import LiveServer, make_image
 
 

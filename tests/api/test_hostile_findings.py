@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from memstore import queue
+from memstore.queue import jobs
 from memstore.settings import Settings
 from tests.api.api_helpers import LiveServer, start_server
 from tests.api.test_errors import problem
@@ -93,14 +93,14 @@ def test_metrics_read_the_queue_once_per_interval_off_the_event_loop(settings: S
     reading (1 s here) holds neither the event loop (/health answers meanwhile) nor the scrapes that
     came while it ran beyond it."""
     readings: list[str] = []
-    original = queue.queue_depth
+    original = jobs.queue_depth
 
     def slow_depth(engine: Any) -> dict[str, int]:
         readings.append(threading.current_thread().name)
         time.sleep(1.0)
         return original(engine)
 
-    monkeypatch.setattr(queue, "queue_depth", slow_depth)
+    monkeypatch.setattr(jobs, "queue_depth", slow_depth)
     with start_server(settings, backend=None, workers=0, metrics_cache_s=3.0) as live:
         with httpx.Client(base_url=live.url, timeout=30) as c:
             c.get("/health")

@@ -10,7 +10,7 @@ import httpx
 import numpy as np
 import sqlalchemy as sa
 
-from memstore import keys
+from memstore.access import keys
 
 PRODUCTS = {
     "p1": ("Stainless kettle, 1.7 litres", "KT-1700-S"),

@@ -36,7 +36,7 @@ def test_images_are_queued_then_embedded_by_the_worker(client: httpx.Client, col
     stats = wait_ready(client, collection)
     assert stats["ready"] == 5 and stats["pending"] == 0 and stats["failed"] == 0
     item = client.get(f"/v1/collections/{collection}/items/{items[2]['id']}").json()
-    # The photo's own facts (memstore.photo_facts) join what the client sent.
+    # The photo's own facts (memstore.media.photo_facts) join what the client sent.
     assert item["status"] == "ready" and item["metadata"] == {
         "kind": "photo",
         "filename": "img2.jpg",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 
-from memstore.filters import MAX_ITEM_TEXT
+from memstore.inputs import MAX_ITEM_TEXT
 
 
 def test_a_long_text_with_its_own_vector_is_stored_and_found(client: httpx.Client, collection_name: str) -> None:

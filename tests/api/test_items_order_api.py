@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import sqlalchemy as sa
 
-from memstore import keys
+from memstore.access import keys
 
 TAKEN = ["image", "taken_at"]
 # external id -> date taken (None: no date); b equals a, e equals d.

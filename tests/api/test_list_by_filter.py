@@ -9,7 +9,7 @@ import uuid
 import httpx
 import sqlalchemy as sa
 
-from memstore import keys
+from memstore.access import keys
 
 
 def _problem(r: httpx.Response, status: int) -> dict:

@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import sqlalchemy as sa
 
-from memstore import keys
+from memstore.access import keys
 from tests.api.test_errors import problem
 
 NDJSON = {"content-type": "application/x-ndjson"}

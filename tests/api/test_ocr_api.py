@@ -20,11 +20,14 @@ import pytest
 import sqlalchemy as sa
 
 from bench import ocr_images
-from memstore import keys, ocr, ocr_items, queue
-from memstore.ingest_worker import IngestWorker
-from memstore.ocr_pass import OcrPass
-from memstore.queue import IngestSettings, PendingItem
+from memstore.access import keys
+from memstore.catalog import ocr_items
+from memstore.media import ocr
+from memstore.queue import jobs
+from memstore.queue.jobs import IngestSettings, PendingItem
 from memstore.store import VectorStore
+from memstore.workers.ingest import IngestWorker
+from memstore.workers.ocr_pass import OcrPass
 from tests.api.api_helpers import FakeBackend
 
 if shutil.which("tesseract") is None:
@@ -65,7 +68,7 @@ def test_new_images_are_read_and_their_words_found_by_keyword_search(worker_engi
     c = worker_store.create_collection(name=collection_name, dimensions=64, model="memstore-tiny", ocr=True)
     assert c.ocr
     shown, other = _image(1), _image(2)
-    queue.enqueue(worker_engine, c, [_pending(shown, "shown"), _pending(other, "other"), PendingItem(text="a note")])
+    jobs.enqueue(worker_engine, c, [_pending(shown, "shown"), _pending(other, "other"), PendingItem(text="a note")])
     _drain(worker_engine)
     item = worker_store.get_item(collection=collection_name, external_id="shown")
     assert item.status == "ready" and item.ocr_status == "done" and item.ocr_error is None
@@ -77,7 +80,7 @@ def test_new_images_are_read_and_their_words_found_by_keyword_search(worker_engi
     assert note.ocr_status is None
     # New content replaces what was read: the old words no longer find the item, the new ones do.
     replaced = _image(3)
-    queue.enqueue(worker_engine, c, [_pending(replaced, "shown")])
+    jobs.enqueue(worker_engine, c, [_pending(replaced, "shown")])
     assert worker_store.get_item(collection=collection_name, external_id="shown").ocr_status == "pending"
     _drain(worker_engine)
     gone = next(w for w in shown.words if w not in replaced.words + other.words)
@@ -90,7 +93,7 @@ def test_turning_ocr_on_reads_the_images_already_stored(worker_engine, worker_st
     monkeypatch.setattr(ocr_items, "BACKFILL_BATCH", 2)  # several batches, so the cursor moves
     c = worker_store.create_collection(name=collection_name, dimensions=64, model="memstore-tiny")
     images = {f"img{i}": _image(10 + i) for i in range(5)}
-    queue.enqueue(worker_engine, c, [_pending(r, eid) for eid, r in images.items()] + [PendingItem(text="words")])
+    jobs.enqueue(worker_engine, c, [_pending(r, eid) for eid, r in images.items()] + [PendingItem(text="words")])
     _drain(worker_engine)
     assert {worker_store.get_item(collection=collection_name, external_id=e).ocr_status for e in images} == {None}
     word = images["img3"].words[0]
@@ -114,11 +117,11 @@ def test_turning_ocr_on_reads_the_images_already_stored(worker_engine, worker_st
 
 def test_a_read_interrupted_mid_way_is_done_again(worker_engine, worker_store, collection_name):
     c = worker_store.create_collection(name=collection_name, dimensions=64, model="memstore-tiny", ocr=True)
-    queue.enqueue(worker_engine, c, [_pending(_image(30), "a")])
+    jobs.enqueue(worker_engine, c, [_pending(_image(30), "a")])
     _drain(worker_engine, timeout_s=0.001)  # embedded, and its read failed
     assert worker_store.get_item(collection=collection_name, external_id="a").ocr_status == "failed"
     # A worker that dies while reading: its transaction is rolled back, the item stays pending.
-    queue.enqueue(worker_engine, c, [_pending(_image(31), "a")])
+    jobs.enqueue(worker_engine, c, [_pending(_image(31), "a")])
     IngestWorker(worker_engine, FakeBackend(), settings=IngestSettings()).run_batch()  # embedded, not read
     crashing = OcrPass(worker_engine)
 
@@ -136,7 +139,7 @@ def test_a_read_interrupted_mid_way_is_done_again(worker_engine, worker_store, c
 
 def test_an_unexpected_error_on_one_image_fails_that_read_only(worker_engine, worker_store, collection_name):
     c = worker_store.create_collection(name=collection_name, dimensions=64, model="memstore-tiny", ocr=True)
-    queue.enqueue(worker_engine, c, [_pending(_image(70), "odd"), _pending(_image(71), "fine")])
+    jobs.enqueue(worker_engine, c, [_pending(_image(70), "odd"), _pending(_image(71), "fine")])
     IngestWorker(worker_engine, FakeBackend(), settings=IngestSettings()).run_batch()  # embedded, not read
     real = ocr.extract
     calls = 0
@@ -160,9 +163,9 @@ def test_an_unexpected_error_on_one_image_fails_that_read_only(worker_engine, wo
 
 _WORKER = """
 import sys
-from memstore.db import create_engine
-from memstore.ingest_worker import IngestWorker
-from memstore.queue import IngestSettings
+from memstore.db.core import create_engine
+from memstore.workers.ingest import IngestWorker
+from memstore.queue.jobs import IngestSettings
 from tests.api.api_helpers import FakeBackend
 IngestWorker(create_engine(sys.argv[1]), FakeBackend(), settings=IngestSettings(poll_interval_s=0.2)).run()
 """
@@ -173,7 +176,7 @@ def test_a_worker_killed_while_reading_leaves_the_image_to_the_next(
 ):
     c = worker_store.create_collection(name=collection_name, dimensions=64, model="memstore-tiny", ocr=True)
     page = ocr_images.render(60, font=FONT, size=28, lines=10, per_line=6, noise=12.0)  # a second or more to read
-    queue.enqueue(worker_engine, c, [_pending(page, "page")])
+    jobs.enqueue(worker_engine, c, [_pending(page, "page")])
     proc = subprocess.Popen(
         [sys.executable, "-c", _WORKER, worker_url], cwd=Path(__file__).resolve().parents[2], stderr=subprocess.PIPE
     )
@@ -214,7 +217,7 @@ def test_a_failed_read_marks_the_ocr_failed_and_leaves_the_item_ready_and_search
         external_id="scan",
         metadata={"filename": "scan-report.png"},
     )
-    queue.enqueue(worker_engine, c, [item])
+    jobs.enqueue(worker_engine, c, [item])
     _drain(worker_engine, **ocr_settings)
     got = worker_store.get_item(collection=collection_name, external_id="scan", with_vector=True)
     assert got.status == "ready" and got.error is None

@@ -13,12 +13,14 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from memstore import photo_facts, photo_pass, queue
 from memstore.api.ingest import with_facts
-from memstore.db import raw_connection
-from memstore.ingest_worker import IngestWorker
-from memstore.queue import IngestSettings, PendingItem
+from memstore.db.core import raw_connection
+from memstore.media import photo_facts
+from memstore.queue import jobs
+from memstore.queue.jobs import IngestSettings, PendingItem
 from memstore.store import VectorStore
+from memstore.workers import photo_pass
+from memstore.workers.ingest import IngestWorker
 from tests.api.api_helpers import FakeBackend
 from tests.test_photo_facts import PARIS, exif_block, picture
 
@@ -68,7 +70,7 @@ def test_facts_are_stored_with_the_item_and_found_by_a_date_range(worker_engine,
         _pending(photo("2024:07:20 09:00:00", 5), "client", {"image": {"taken_at": "1999-12-31"}, "k": 1}),
         _pending(broken_exif(6), "broken", {"k": 2}),
     ]
-    queue.enqueue(worker_engine, c, [with_facts(p) for p in items] + [with_facts(PendingItem(text="a note"))])
+    jobs.enqueue(worker_engine, c, [with_facts(p) for p in items] + [with_facts(PendingItem(text="a note"))])
     # Stored with the item: there before any worker has run.
     july = _metadata(worker_store, collection_name, "july")
     assert july["image"] == {
@@ -93,7 +95,7 @@ def test_facts_are_stored_with_the_item_and_found_by_a_date_range(worker_engine,
     assert _found(worker_store, collection_name, near_paris) == {"july"}
     assert _found(worker_store, collection_name, {"image": {"camera": {"model": "Canon EOS R6"}}}) >= {"july", "client"}
     # Re-sent as it was: nothing changes.
-    again = queue.enqueue(worker_engine, c, [with_facts(items[0])])
+    again = jobs.enqueue(worker_engine, c, [with_facts(items[0])])
     assert again[0].change == "unchanged"
 
 
@@ -114,7 +116,7 @@ def test_the_backfill_gives_stored_images_their_facts_and_resumes_after_a_crash(
     c = worker_store.create_collection(name=collection_name, dimensions=64, model="memstore-tiny")
     old = {f"old{i}": photo(f"2024:0{5 + i % 3}:10 12:00:00", 10 + i) for i in range(6)}
     # Stored without facts, as before they were read at ingest.
-    queue.enqueue(
+    jobs.enqueue(
         worker_engine,
         c,
         [_pending(data, eid, {"n": i}) for i, (eid, data) in enumerate(old.items())]
@@ -173,7 +175,7 @@ def test_the_backfill_gives_stored_images_their_facts_and_resumes_after_a_crash(
 
 def test_the_ingest_worker_runs_the_backfill_when_idle(worker_engine, worker_store, collection_name):
     c = worker_store.create_collection(name=collection_name, dimensions=64, model="memstore-tiny")
-    queue.enqueue(worker_engine, c, [_pending(photo("2024:07:04 12:00:00", 30), "old")])
+    jobs.enqueue(worker_engine, c, [_pending(photo("2024:07:04 12:00:00", 30), "old")])
     _drain(worker_engine)  # embeds, then walks every collection still to be walked
     assert _metadata(worker_store, collection_name, "old")["image"]["taken_at"] == "2024-07-04T12:00:00"
     assert worker_store.get_collection(name=collection_name, fresh=True).options[photo_pass.OPTION] == "done"

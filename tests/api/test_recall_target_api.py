@@ -8,7 +8,7 @@ import uuid
 import httpx
 import pytest
 
-from memstore import keys
+from memstore.access import keys
 
 
 def test_recall_target_create_patch_get(client: httpx.Client, collection_name: str) -> None:

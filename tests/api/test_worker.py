@@ -15,11 +15,11 @@ import pytest
 import sqlalchemy as sa
 
 from encoder.errors import EncoderUnreachableError
-from memstore import claims, queue
-from memstore.claims import Claim, Claimer
-from memstore.ingest_worker import IngestWorker, Loaded, group_for_encoding
-from memstore.queue import IngestSettings, PendingItem
+from memstore.queue import claims, jobs
+from memstore.queue.claims import Claim, Claimer
+from memstore.queue.jobs import IngestSettings, PendingItem
 from memstore.store import VectorStore
+from memstore.workers.ingest import IngestWorker, Loaded, group_for_encoding
 from tests.api.api_helpers import FakeBackend
 
 HERE = Path(__file__).resolve().parent
@@ -36,7 +36,7 @@ def tiny_collection(worker_store, collection_name):
 
 
 def enqueue_texts(engine, c, n: int, prefix: str = "t") -> list[int]:
-    done = queue.enqueue(engine, c, [PendingItem(text=f"{prefix} {i}", external_id=f"{prefix}{i}") for i in range(n)])
+    done = jobs.enqueue(engine, c, [PendingItem(text=f"{prefix} {i}", external_id=f"{prefix}{i}") for i in range(n)])
     return [d.id for d in done]
 
 
@@ -81,7 +81,7 @@ def test_a_stale_result_never_overwrites_new_content(worker_engine, tiny_collect
     claimer = Claimer(worker_engine)
     try:
         [held] = claims.claim(worker_engine, claimer, limit=1, collection_id=tiny_collection.id)
-        queue.enqueue(worker_engine, tiny_collection, [PendingItem(text="new words", external_id="t0")])
+        jobs.enqueue(worker_engine, tiny_collection, [PendingItem(text="new words", external_id="t0")])
         assert claims.complete(worker_engine, tiny_collection, [held], {item_id: [0.1] * 64}) == []
         assert item_states(worker_engine, tiny_collection)[item_id] == "pending"
     finally:
@@ -225,13 +225,13 @@ def test_an_unreachable_encoder_service_hands_the_batch_back_without_spending_at
 
 def test_an_idle_worker_waits_for_work_instead_of_polling(empty_database_url, monkeypatch) -> None:
     """An empty queue has nothing due: the worker sleeps until a NOTIFY or its poll interval."""
-    from memstore.db import create_engine
+    from memstore.db.core import create_engine
 
     engine = create_engine(empty_database_url)
     try:
         assert claims.next_due_in(engine) is None
         c = VectorStore(engine).create_collection(name="idle", dimensions=64, model="memstore-tiny")
-        queue.enqueue(engine, c, [PendingItem(text="later", external_id="later")])
+        jobs.enqueue(engine, c, [PendingItem(text="later", external_id="later")])
         with engine.begin() as conn:
             conn.exec_driver_sql("UPDATE memstore_ingest_queue SET not_before = now() + interval '30 seconds'")
         due = claims.next_due_in(engine)
@@ -303,7 +303,7 @@ def test_failing_claims_locks_items_in_id_order_so_an_enqueue_cannot_deadlock_wi
     order (2, then 1) deadlocked with that transaction."""
     import psycopg
 
-    from memstore.db import dedicated_connection
+    from memstore.db.core import dedicated_connection
 
     first, second = enqueue_texts(worker_engine, tiny_collection, 2, prefix="lockorder")
     claimer = Claimer(worker_engine)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import sys
 import threading
 
-from memstore.db import create_engine
-from memstore.ingest_worker import IngestWorker
-from memstore.queue import IngestSettings
+from memstore.db.core import create_engine
+from memstore.queue.jobs import IngestSettings
+from memstore.workers.ingest import IngestWorker
 from tests.api.api_helpers import FakeBackend
 
 

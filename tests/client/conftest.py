@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from memstore import keys
-from memstore.db import create_engine
+from memstore.access import keys
+from memstore.db.core import create_engine
 from tests.databases import scratch_database
 
 

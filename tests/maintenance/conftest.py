@@ -13,8 +13,8 @@ from pgvector.psycopg import register_vector
 
 from maintenance.config import MaintenanceConfig
 from maintenance.worker import MaintenanceWorker
-from memstore.collections import Collection
-from memstore.db import libpq_url
+from memstore.catalog.collections import Collection
+from memstore.db.core import libpq_url
 from memstore.models import ItemIn
 from memstore.settings import Settings
 from memstore.store import VectorStore

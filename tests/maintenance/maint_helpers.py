@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import psycopg
 
-from memstore.collections import Collection
+from memstore.catalog.collections import Collection
 
 
 def clustered(n: int, dims: int, *, seed: int = 0, clusters: int = 20) -> np.ndarray:

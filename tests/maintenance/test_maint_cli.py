@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from maintenance.cli import main
-from memstore.collections import Collection
+from memstore.catalog.collections import Collection
 from memstore.settings import Settings, get_settings
 from tests.maintenance.maint_helpers import churn
 
@@ -144,9 +144,9 @@ def test_status_says_when_the_indexes_outgrow_the_buffer_cache(
 ) -> None:
     """On a server whose shared_buffers (1MB) hold less than its HNSW indexes, status says so on stderr
     and its JSON stays whole; on the test server (auto: far above these small indexes) it says nothing."""
-    from memstore import migrate
-    from memstore.db import create_engine
-    from memstore.embedded import start_embedded_server
+    from memstore.db import migrate
+    from memstore.db.core import create_engine
+    from memstore.db.embedded import start_embedded_server
     from memstore.models import ItemIn
     from memstore.store import VectorStore
     from tests.maintenance.maint_helpers import clustered

@@ -15,8 +15,8 @@ from maintenance.probes import probe
 from maintenance.recall import exact_answers, exact_settings, index_search, index_settings, measure_recall
 from maintenance.sizing import estimate_index_bytes
 from maintenance.targets import targets_for
-from memstore.collections import Collection
-from memstore.search_sql import SearchSettings, apply
+from memstore.catalog.collections import Collection
+from memstore.search.statements import SearchSettings, apply
 from tests.maintenance.maint_helpers import churn, clustered
 
 

@@ -14,10 +14,10 @@ import pytest
 from maintenance.recall import measure_recall
 from maintenance.targets import targets_for
 from maintenance.worker import MaintenanceWorker
-from memstore.collections import Collection
+from memstore.catalog.collections import Collection
 from memstore.models import ItemIn
-from memstore.space_pass import SpacePass
 from memstore.store import VectorStore
+from memstore.workers.space_pass import SpacePass
 from tests.maintenance.maint_helpers import clustered, index_oid
 
 
@@ -78,7 +78,7 @@ def test_one_space_in_trouble_does_not_hold_up_the_others(
 ) -> None:
     """The pass steps every filling space; an error on one (here its index build keeps hitting a lock
     timeout) is logged for that space, and the spaces after it still fill and turn ready."""
-    from memstore import space_pass
+    from memstore.workers import space_pass
 
     first = make_collection(300, 8)
     second_name = f"{first.name}_b"

@@ -15,7 +15,7 @@ from maintenance import history
 from maintenance.recall import measure_recall
 from maintenance.targets import targets_for
 from maintenance.worker import EXIT_OK, MaintenanceWorker
-from memstore.collections import Collection
+from memstore.catalog.collections import Collection
 from memstore.models import ItemIn
 from memstore.store import VectorStore
 from tests.maintenance.maint_helpers import churn, clustered, index_oid, invalid_indexes

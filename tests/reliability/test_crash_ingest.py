@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 JOIN = (
-    "import sys; from memstore.embedded import start_embedded_server; "
+    "import sys; from memstore.db.embedded import start_embedded_server; "
     "start_embedded_server(sys.argv[1], maintenance_work_mem='64MB', max_parallel_maintenance_workers=1)"
 )
 RESULTS: dict[str, int] = {}

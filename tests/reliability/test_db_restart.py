@@ -11,11 +11,11 @@ from pathlib import Path
 
 import psutil
 
-from memstore.db import create_engine, raw_connection
-from memstore.embedded import start_embedded_server
+from memstore.db.core import create_engine, raw_connection
+from memstore.db.embedded import start_embedded_server
 
 JOIN = (
-    "import sys; from memstore.embedded import start_embedded_server; "
+    "import sys; from memstore.db.embedded import start_embedded_server; "
     "start_embedded_server(sys.argv[1], maintenance_work_mem='64MB', max_parallel_maintenance_workers=1)"
 )
 

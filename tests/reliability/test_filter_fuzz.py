@@ -38,7 +38,7 @@ json_values = st.recursive(
 )
 json_objects = st.dictionaries(texts, json_values, max_size=4)
 # Filters of plain JSON: a key that starts with "$" is an operator of the filter language
-# (memstore.filter_language, checked against its own oracle in tests/test_filter_language.py).
+# (memstore.search.filter_language, checked against its own oracle in tests/test_filter_language.py).
 field_names = texts.filter(lambda t: not t.startswith("$"))
 plain_values = st.recursive(
     scalars,

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from psycopg import sql
 
-from memstore.db import libpq_url
+from memstore.db.core import libpq_url
 from memstore.errors import ItemNotFoundError
 from memstore.models import ItemIn
 from memstore.store import VectorStore

@@ -36,9 +36,9 @@ import psycopg
 import pytest
 
 from encoder.client import RemoteEncoder
-from memstore import registry
-from memstore.collections import Collection
-from memstore.db import libpq_url
+from memstore.catalog import registry
+from memstore.catalog.collections import Collection
+from memstore.db.core import libpq_url
 from memstore.settings import Settings
 from tests.api.api_helpers import TINY, WIDE, LiveServer, free_port, make_image, start_server, two_model_engine
 from tests.databases import scratch_database

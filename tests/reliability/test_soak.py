@@ -25,7 +25,7 @@ import numpy as np
 import psycopg
 import pytest
 
-from memstore.db import libpq_url
+from memstore.db.core import libpq_url
 
 DIMS = 32
 SECONDS = float(os.environ.get("MEMSTORE_SOAK_SECONDS", "15"))

@@ -13,7 +13,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from memstore import keys
+from memstore.access import keys
 from tests.api.api_helpers import LiveServer
 from tests.ui.ui_helpers import sign_in
 

@@ -26,7 +26,7 @@ def test_the_pages_run_no_sql_and_never_import_maintenance() -> None:
 def test_the_new_core_modules_load_no_web_framework() -> None:
     code = (
         "import json, sys\n"
-        "import memstore.thumbnails, memstore.ui_sessions, memstore.history\n"
+        "import memstore.media.thumbnails, memstore.access.ui_sessions, memstore.action_log\n"
         "heavy = {'fastapi', 'starlette', 'torch', 'jinja2'}\n"
         "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & heavy)))\n"
     )

@@ -16,7 +16,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
 
-from memstore.db import raw_connection
+from memstore.db.core import raw_connection
 from tests.api.api_helpers import make_image
 
 WAIT_S = 60

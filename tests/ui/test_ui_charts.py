@@ -7,8 +7,8 @@ import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from memstore.collections import Collection, Space
-from memstore.db import raw_connection
+from memstore.catalog.collections import Collection, Space
+from memstore.db.core import raw_connection
 from memstore.store import VectorStore
 from memstore.ui.maintenance_page import charts_of, recall_floor, table_names
 

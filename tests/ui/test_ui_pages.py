@@ -164,7 +164,7 @@ def test_text_items_show_their_text_as_a_card_and_have_no_thumbnail(admin_page, 
 
 
 def test_the_maintenance_page_draws_its_charts_from_the_history(admin_page, ui_collection, engine) -> None:
-    from memstore.db import raw_connection
+    from memstore.db.core import raw_connection
 
     with raw_connection(engine) as conn:
         for minutes, recall, dead, size in (
@@ -199,9 +199,9 @@ def test_the_maintenance_page_draws_its_charts_from_the_history(admin_page, ui_c
 
 
 def test_an_image_page_shows_the_text_read_in_it_escaped(admin_page, api, collection_name, engine) -> None:
-    from memstore import ocr_items
-    from memstore.db import raw_connection
-    from memstore.registry import read_collection
+    from memstore.catalog import ocr_items
+    from memstore.catalog.registry import read_collection
+    from memstore.db.core import raw_connection
 
     assert api.post("/v1/collections", json={"name": collection_name, "ocr": True}).status_code == 201
     [read, failed] = _add_images(api, collection_name, 2, seed=40)

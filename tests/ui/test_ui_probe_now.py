@@ -11,12 +11,12 @@ import pytest
 
 from maintenance.config import MaintenanceConfig
 from maintenance.worker import MaintenanceWorker
-from memstore import history
+from memstore import action_log
 from tests.ui.ui_helpers import csrf_of, sign_in, wait_until
 
 
 def _probes(engine, name: str) -> int:
-    return len(history.recent_probes(engine, collection=name))
+    return len(action_log.recent_probes(engine, collection=name))
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ def test_probe_now_starts_a_pass_at_once(admin_page, api, ui_collection, engine,
     asked = admin_page.post(f"/ui/maintenance/{ui_collection}/probe", data={"csrf": csrf_of(page.text)})
     assert asked.status_code == 303 and "notice=probe" in asked.headers["location"]
     wait_until(lambda: _probes(engine, ui_collection) == 2, timeout=30, what="the requested pass")
-    assert ui_collection not in history.pending_requests(engine)  # taken by the worker
+    assert ui_collection not in action_log.pending_requests(engine)  # taken by the worker
 
 
 def test_a_request_waits_on_the_page_until_a_worker_takes_it(admin_page, ui_collection, engine) -> None:
@@ -49,10 +49,10 @@ def test_a_request_waits_on_the_page_until_a_worker_takes_it(admin_page, ui_coll
     after = admin_page.get("/ui/maintenance", params={"c": ui_collection, "notice": "probe"}).text
     assert 'id="probe-requested"' in after and "runs no maintenance worker" in after
     assert "A probe was requested" in after
-    from memstore.db import raw_connection
+    from memstore.db.core import raw_connection
 
     with raw_connection(engine) as conn:
-        assert history.take_requests(conn, [ui_collection]) == [ui_collection]
+        assert action_log.take_requests(conn, [ui_collection]) == [ui_collection]
 
 
 def test_only_an_admin_may_ask_for_a_probe(server, new_key, ui_collection, engine) -> None:
@@ -62,4 +62,4 @@ def test_only_an_admin_may_ask_for_a_probe(server, new_key, ui_collection, engin
         assert f'id="probe-{ui_collection}"' not in page
         refused = client.post(f"/ui/maintenance/{ui_collection}/probe", data={"csrf": csrf_of(page)})
         assert refused.status_code == 403
-    assert ui_collection not in history.pending_requests(engine)
+    assert ui_collection not in action_log.pending_requests(engine)

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from memstore import keys
+from memstore.access import keys
 from tests.api.api_helpers import LiveServer, make_image, start_server
 from tests.ui.ui_helpers import csrf_of, hidden_fields, sign_in
 

@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from memstore import ui_sessions
+from memstore.access import ui_sessions
 from memstore.ui.signin import is_ui_page, issue_presession, presession_csrf
 from tests.api.api_helpers import LiveServer
 from tests.ui.ui_helpers import hidden_fields, sign_in

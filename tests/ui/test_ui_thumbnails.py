@@ -12,9 +12,11 @@ import sqlalchemy as sa
 from alembic import command
 from PIL import Image
 
-from memstore import migrate, queue, thumbnails
-from memstore.db import create_engine
-from memstore.queue import PendingItem
+from memstore.db import migrate
+from memstore.db.core import create_engine
+from memstore.media import thumbnails
+from memstore.queue import jobs
+from memstore.queue.jobs import PendingItem
 from memstore.store import VectorStore
 from tests.api.api_helpers import make_image
 from tests.databases import scratch_database
@@ -59,7 +61,7 @@ def test_what_is_not_a_decodable_image_has_no_thumbnail() -> None:
 def test_a_ready_image_without_one_gets_it_on_first_view(store: VectorStore, engine, collection_name) -> None:
     """A vector written by hand over a queued image: ready, yet no worker made its thumbnail."""
     c = store.create_collection(name=collection_name, dimensions=4)
-    [pending] = queue.enqueue(engine, c, [PendingItem(content=make_image(4), content_type="image/jpeg")])
+    [pending] = jobs.enqueue(engine, c, [PendingItem(content=make_image(4), content_type="image/jpeg")])
     assert thumbnails.read(engine, c, pending.id) is None  # pending: nothing to show yet
     store.update_item(collection=c.name, id=pending.id, vector=np.ones(4))
     assert thumbnails.previews(engine, c, [pending.id])[pending.id].has_thumbnail is False
@@ -73,7 +75,7 @@ def test_an_image_that_cannot_be_thumbnailed_is_decoded_once_not_on_every_view(
     store: VectorStore, engine, collection_name, monkeypatch
 ) -> None:
     c = store.create_collection(name=collection_name, dimensions=4)
-    [pending] = queue.enqueue(engine, c, [PendingItem(content=make_image(4), content_type="image/jpeg")])
+    [pending] = jobs.enqueue(engine, c, [PendingItem(content=make_image(4), content_type="image/jpeg")])
     store.update_item(collection=c.name, id=pending.id, vector=np.ones(4))
     calls: list[int] = []
 
@@ -117,7 +119,7 @@ def test_the_migration_adds_the_column_and_first_views_fill_it(scratch_url: str,
             images = [PendingItem(content=make_image(10 + i), content_type="image/jpeg") for i in range(3)]
             broken = make_image(20)
             items = [*images, PendingItem(content=broken[:200], content_type="image/jpeg"), PendingItem(text="a note")]
-            done = queue.enqueue(engine, c, items)
+            done = jobs.enqueue(engine, c, items)
             for d in done:
                 store.update_item(collection=name, id=d.id, vector=np.ones(4))
             made[name] = (c, [d.id for d in done])
@@ -138,10 +140,10 @@ def test_the_migration_adds_the_column_and_first_views_fill_it(scratch_url: str,
 
 
 def test_the_backfill_works_in_batches_and_resumes(store: VectorStore, engine, collection_name) -> None:
-    from memstore.db import dedicated_connection
+    from memstore.db.core import dedicated_connection
 
     c = store.create_collection(name=collection_name, dimensions=4)
-    done = queue.enqueue(
+    done = jobs.enqueue(
         engine, c, [PendingItem(content=make_image(30 + i), content_type="image/jpeg") for i in range(5)]
     )
     for d in done:

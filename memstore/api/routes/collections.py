@@ -6,7 +6,6 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
-from memstore import ocr_items
 from memstore.api.auth import Key, require, runtime
 from memstore.api.problems import ERROR_RESPONSES, Problem
 from memstore.api.schemas import (
@@ -18,8 +17,9 @@ from memstore.api.schemas import (
     MetadataIndexList,
     MetadataIndexOut,
 )
-from memstore.collections import Collection, validate_name
-from memstore.metadata_indexes import MetadataIndex
+from memstore.catalog import ocr_items
+from memstore.catalog.collections import Collection, validate_name
+from memstore.catalog.metadata_indexes import MetadataIndex
 from memstore.models import CollectionStats
 
 router = APIRouter(prefix="/v1/collections", tags=["collections"], responses=ERROR_RESPONSES)

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
-from memstore import queue
+from memstore.access.keys import ApiKey
 from memstore.api import bodies
 from memstore.api.auth import Key, require, runtime
 from memstore.api.ingest import check_encodable, check_text, enqueue, outcome, store_json_items
@@ -34,12 +34,12 @@ from memstore.api.schemas import (
     LookupRequest,
     OcrOut,
 )
-from memstore.collections import Collection, validate_name
+from memstore.catalog.collections import Collection, validate_name
 from memstore.errors import InvalidInputError
-from memstore.filters import MAX_FILTER_BYTES
-from memstore.keys import ApiKey
+from memstore.inputs import MAX_FILTER_BYTES
 from memstore.models import Item
-from memstore.queue import PendingItem
+from memstore.queue import jobs
+from memstore.queue.jobs import PendingItem
 
 router = APIRouter(prefix="/v1/collections/{name}/items", tags=["items"], responses=ERROR_RESPONSES)
 
@@ -349,7 +349,7 @@ async def _page(
         )
         more = False
     unsettled = [i.id for i in items if i.status != "ready"]
-    attempts = await run_in_threadpool(queue.attempts_of, rt.engine, c, unsettled) if unsettled else {}
+    attempts = await run_in_threadpool(jobs.attempts_of, rt.engine, c, unsettled) if unsettled else {}
     return ItemPage(
         items=[item_out(name, i, attempts) for i in items],
         next_after=items[-1].id if more else None,
@@ -383,7 +383,7 @@ async def get_item(
 ) -> ItemOut:
     rt, c = await _collection(request, name, key, "read")
     item = await run_in_threadpool(lambda: rt.store.get_item(collection=name, id=item_id, with_vector=with_vector))
-    attempts = await run_in_threadpool(queue.attempts_of, rt.engine, c, [item.id]) if item.status != "ready" else {}
+    attempts = await run_in_threadpool(jobs.attempts_of, rt.engine, c, [item.id]) if item.status != "ready" else {}
     return item_out(name, item, attempts)
 
 
@@ -444,7 +444,7 @@ async def get_content(request: Request, name: str, item_id: ItemId, key: Key) ->
         body, media = original.content, original.content_type or "application/octet-stream"
         filename = download_name(original.filename or original.external_id, media)
     elif original.text is not None:
-        body, media = original.text.encode(), queue.TEXT_CONTENT_TYPE
+        body, media = original.text.encode(), jobs.TEXT_CONTENT_TYPE
         filename = download_name(original.external_id, media)
     else:
         raise Problem("not-found", f"item {item_id} was stored as a vector only: there is no original to download")

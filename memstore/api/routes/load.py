@@ -1,6 +1,6 @@
-"""POST /v1/collections/{name}/load: many vectors at index-build speed (``memstore.bulk_load``).
+"""POST /v1/collections/{name}/load: many vectors at index-build speed (``memstore.items.bulk_load``).
 
-The body is NDJSON (``memstore.load_file``), streamed to a temporary file under the route's own body
+The body is NDJSON (``memstore.items.load_file``), streamed to a temporary file under the route's own body
 limit (``MEMSTORE_API_MAX_LOAD_BODY_BYTES``), checked whole, then loaded; the answer comes once every
 item is searchable through the index. A bad line refuses the load before anything is written.
 """
@@ -13,10 +13,10 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field
 
-from memstore import load_file
 from memstore.api.auth import Key, require, runtime
 from memstore.api.problems import ERROR_RESPONSES, Problem
-from memstore.collections import validate_name
+from memstore.catalog.collections import validate_name
+from memstore.items import load_file
 
 router = APIRouter(prefix="/v1/collections/{name}/load", tags=["items"], responses=ERROR_RESPONSES)
 

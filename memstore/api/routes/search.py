@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from encoder.images import ImageOptions
 from encoder.types import Priority
+from memstore.access.keys import ApiKey
 from memstore.api import bodies
 from memstore.api.auth import SECURITY_DOC, key_from_header, require, runtime
 from memstore.api.ingest import check_encodable, check_text
@@ -31,10 +32,9 @@ from memstore.api.schemas import (
     SearchOut,
     SearchRequest,
 )
-from memstore.collections import validate_name
-from memstore.keys import ApiKey
+from memstore.catalog.collections import validate_name
 from memstore.models import SearchResult
-from memstore.search_query import SearchQuery, Weights, check_query, group_window, grouped
+from memstore.search.request import SearchQuery, Weights, check_query, group_window, grouped
 
 router = APIRouter(prefix="/v1/collections/{name}", tags=["search"], responses=ERROR_RESPONSES)
 
@@ -306,7 +306,7 @@ async def execute(rt: Runtime, name: str, body: SearchRequest, image: bytes | No
     started = time.perf_counter()
     out = None
     # A search that needs no model (a vector given, or keywords alone) stays on the event loop (see
-    # memstore.async_search); one that embeds a text or an image goes to the executor.
+    # memstore.search.async_runner); one that embeds a text or an image goes to the executor.
     if rt.searcher is not None and image is None and body.item_id is None:
         source = _sources(body, image)
         mode = _mode(body, source)

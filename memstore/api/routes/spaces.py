@@ -1,4 +1,4 @@
-"""/v1/collections/{name}/spaces: a collection's embedding spaces (``memstore.spaces``): create one
+"""/v1/collections/{name}/spaces: a collection's embedding spaces (``memstore.spaces.lifecycle``): create one
 (filled in the background from the stored originals), follow its progress, activate it, give the
 vectors of items stored without an original, drop one."""
 
@@ -7,17 +7,17 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
-from memstore import spaces
 from memstore.api.auth import Key, require, runtime
 from memstore.api.problems import ERROR_RESPONSES, Problem
 from memstore.api.schemas import SpaceActivate, SpaceCreate, SpaceList, SpaceOut, SpaceVectors, SpaceVectorsOut
-from memstore.collections import validate_name, validate_space_name
-from memstore.encoding import models_of
+from memstore.catalog.collections import validate_name, validate_space_name
+from memstore.spaces import lifecycle
+from memstore.spaces.model_choice import models_of
 
 router = APIRouter(prefix="/v1/collections/{name}/spaces", tags=["spaces"], responses=ERROR_RESPONSES)
 
 
-def space_out(p: spaces.Progress) -> SpaceOut:
+def space_out(p: lifecycle.Progress) -> SpaceOut:
     return SpaceOut(**p.as_dict())
 
 
@@ -42,7 +42,7 @@ async def create_space(request: Request, name: str, body: SpaceCreate, response:
     info = models_of(rt.encoder.backend).get(body.model) if rt.encoder.backend is not None else None
     store = rt.store
 
-    def create() -> spaces.Progress:
+    def create() -> lifecycle.Progress:
         store.create_space(
             collection=name,
             name=body.name,
@@ -67,7 +67,7 @@ async def list_spaces(request: Request, name: str, key: Key) -> SpaceList:
     require(key, "read", name)
     store = runtime(request).store
 
-    def every() -> list[spaces.Progress]:
+    def every() -> list[lifecycle.Progress]:
         c = store.get_collection(name=name, fresh=True)
         return [store.space_progress(collection=name, name=s.name) for s in c.all_spaces()]
 
@@ -91,7 +91,7 @@ async def activate_space(request: Request, name: str, space: str, body: SpaceAct
     require(key, "admin", name)
     store = runtime(request).store
 
-    def activate() -> spaces.Progress:
+    def activate() -> lifecycle.Progress:
         store.activate_space(collection=name, name=space, force=body.force)
         return store.space_progress(collection=name, name=space)
 
