@@ -59,8 +59,8 @@ def serve(url: str, port: int, workers: int) -> None:
     """The server side (``--serve``): what ``memstore serve`` runs, on the benchmark's database."""
     import uvicorn
 
-    from memstore.api.app import create_app
     from memstore.api.runtime import RuntimeOptions
+    from memstore.web import create_app
 
     app = create_app(Settings(database_url=url), options=RuntimeOptions(ingest_workers=workers))
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)

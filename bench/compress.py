@@ -40,11 +40,11 @@ from memstore.catalog import index_spec as specs
 from memstore.catalog.collections import Collection
 from memstore.compact import ddl
 from memstore.compact import projection as proj
-from memstore.compact import search as compact_search
 from memstore.db import migrate
 from memstore.db.core import create_engine, libpq_url, normalise_url
 from memstore.db.embedded import start_embedded_server
 from memstore.models import ItemIn
+from memstore.search import compact as compact_search
 from memstore.search import statements
 from memstore.settings import Settings
 from memstore.store import VectorStore

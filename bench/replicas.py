@@ -56,8 +56,8 @@ def serve(url: str, reads: str, port: int) -> None:
     """The server side (``--serve``): memstore serve on the benchmark's database, reads on ``reads``."""
     import uvicorn
 
-    from memstore.api.app import create_app
     from memstore.api.runtime import RuntimeOptions
+    from memstore.web import create_app
 
     settings = Settings(database_url=url, read_database_urls=[reads] if reads else [])
     app = create_app(settings, options=RuntimeOptions(encoder="none", ingest_workers=0))

@@ -36,9 +36,9 @@ from memstore.catalog import index_spec as specs
 from memstore.catalog.registry import read_collection
 from memstore.compact import ddl
 from memstore.compact import projection as proj
-from memstore.compact import search as compact_search
 from memstore.compact.switch import DEFAULT_GRACE_S, reconcile, set_representation
 from memstore.db import locks, online_ddl
+from memstore.search import compact as compact_search
 from memstore.search import query_samples
 from memstore.search.exact_answers import exact_answers, recall_hits
 from memstore.search.statements import SearchSettings, apply

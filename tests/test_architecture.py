@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CORE = sorted(
     ".".join(path.relative_to(ROOT).with_suffix("").parts)
     for path in (ROOT / "memstore").rglob("*.py")
-    if path.name not in ("__init__.py", "cli.py")
+    if path.name not in ("__init__.py", "cli.py", "web.py")
     and path.relative_to(ROOT / "memstore").parts[0] not in ("api", "ui", "commands")
 )
 HEAVY = ("fastapi", "starlette", "torch", "open_clip", "maintenance")

@@ -13,8 +13,8 @@ from psycopg import sql
 from memstore.db.core import raw_connection
 from memstore.errors import DimensionMismatchError
 from memstore.models import ItemIn
-from memstore.search.async_runner import AsyncSearcher
 from memstore.search.request import SearchQuery, check_query
+from memstore.search.runner import AsyncSearcher
 from memstore.store import VectorStore
 
 

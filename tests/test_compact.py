@@ -9,10 +9,10 @@ from psycopg import sql
 
 from memstore.catalog import index_spec as specs
 from memstore.compact import projection as proj
-from memstore.compact import search as compact_search
 from memstore.db.core import raw_connection
 from memstore.errors import InvalidInputError
 from memstore.models import ItemIn
+from memstore.search import compact as compact_search
 from memstore.search import statements
 from memstore.store import VectorStore
 

@@ -15,7 +15,8 @@ from memstore.errors import (
     ItemNotFoundError,
 )
 from memstore.models import ItemIn
-from memstore.store import COPY_THRESHOLD, VectorStore
+from memstore.store import VectorStore
+from memstore.store.items import COPY_THRESHOLD
 
 
 @pytest.fixture(params=[1, 3], ids=["plain", "partitioned"])

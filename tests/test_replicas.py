@@ -20,7 +20,6 @@ import pytest
 import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
 
-from memstore.api.app import create_app
 from memstore.api.runtime import RuntimeOptions
 from memstore.api.settings import ApiSettings
 from memstore.cli import main as memstore_main
@@ -30,6 +29,7 @@ from memstore.errors import InvalidInputError
 from memstore.models import ItemIn
 from memstore.settings import Settings, get_settings
 from memstore.store import VectorStore
+from memstore.web import create_app
 from tests.api.api_helpers import LiveServer
 
 

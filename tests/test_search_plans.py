@@ -19,8 +19,8 @@ from psycopg import sql
 
 from memstore.db.core import raw_connection, search_connections
 from memstore.models import ItemIn
-from memstore.search.async_runner import AsyncSearcher
 from memstore.search.request import check_query
+from memstore.search.runner import AsyncSearcher
 from memstore.settings import Settings
 from memstore.store import VectorStore
 
@@ -129,7 +129,7 @@ def test_a_generic_plan_runs_under_each_search_s_own_settings(
 def test_the_rest_path_s_async_searches_run_the_same_cached_plans(
     store: VectorStore, collection_name: str, filled: np.ndarray
 ) -> None:
-    """The event-loop path (``memstore.search.async_runner``, the REST API's) plans as the store does: its
+    """The event-loop path (``memstore.search.runner``, the REST API's) plans as the store does: its
     one connection ends with the unfiltered search prepared on a generic plan, and no filtered one."""
     table = store.get_collection(name=collection_name).table_name
 

@@ -24,8 +24,8 @@ from memstore.db.core import search_connections
 from memstore.errors import CollectionNotFoundError
 from memstore.models import ItemIn, SearchResult
 from memstore.search import statements
-from memstore.search.async_runner import AsyncSearcher
 from memstore.search.request import check_query
+from memstore.search.runner import AsyncSearcher
 from memstore.settings import Settings
 from memstore.store import VectorStore
 

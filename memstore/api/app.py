@@ -1,4 +1,7 @@
-"""The FastAPI application: ``create_app(settings)`` assembles routes, errors, limits and the runtime."""
+"""The REST API's application: ``build_app(settings)`` assembles routes, errors, limits and the runtime.
+
+The served application is ``memstore.web.create_app``: this, with the web pages installed in it.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ import base64
 import hashlib
 import re
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -21,7 +24,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from memstore import ui
 from memstore.access.keys import ApiKey, KeyVerifier
 from memstore.api import problems
 from memstore.api.auth import authenticate_runtime, key_from_header
@@ -44,7 +46,7 @@ from memstore.db import migrate
 from memstore.db.core import get_database
 from memstore.queue import jobs
 from memstore.queue.jobs import IngestSettings
-from memstore.search.async_runner import AsyncSearcher
+from memstore.search.runner import AsyncSearcher
 from memstore.services.query_sampler import QuerySampler
 from memstore.settings import Settings, get_settings
 from memstore.spaces.model_choice import models_of
@@ -57,13 +59,16 @@ links to an explanation. Authenticate with `Authorization: Bearer KEY`.
 """
 
 
-def create_app(
+def build_app(
     settings: Settings | None = None,
     *,
     api_settings: ApiSettings | None = None,
     ingest_settings: IngestSettings | None = None,
     options: RuntimeOptions | None = None,
+    pages: Callable[[FastAPI, ASGIApp], ASGIApp] | None = None,
 ) -> FastAPI:
+    """The API. ``pages(app, inner)`` installs other routes behind their own gate (the web pages,
+    ``memstore.ui.install``) and returns ``inner`` behind that gate; None: the API alone."""
     settings = settings or get_settings()
     api = api_settings or ApiSettings()
     ingest = ingest_settings or IngestSettings()
@@ -124,7 +129,7 @@ def create_app(
     # Write answers carry their WAL position; reads given one see those writes (memstore.api.consistency).
     consistent = ReadYourWrites(limited, lambda: app.state.runtime.store.db)
     # The web pages (/ui) check their session cookie in their own gate, also before any body.
-    gated = AuthGate(ui.install(app, consistent), authenticate)
+    gated = AuthGate(consistent if pages is None else pages(app, consistent), authenticate)
     app.front = Metrics(DocsHeaders(gated, lambda: str(app.state.docs_policy)), registry=registry)
     # Routes are matched in order: the hot path (search) first.
     # Every /v1 route refuses query parameters it does not declare (memstore.api.query_names).

@@ -25,7 +25,7 @@ from memstore.api.settings import ApiSettings
 from memstore.db.search_pool import CANCEL, Cancel
 from memstore.queue.claims import Claimer
 from memstore.queue.jobs import IngestSettings
-from memstore.search.async_runner import AsyncSearcher
+from memstore.search.runner import AsyncSearcher
 from memstore.services.encoder_host import EncoderChoice, EncoderHost, EncoderMode
 from memstore.services.latency import LatencyTracker
 from memstore.services.query_sampler import QuerySampler
@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class RuntimeOptions:
-    """How ``create_app`` assembles the process; ``memstore serve`` fills this from its flags."""
+    """How ``build_app`` assembles the process; ``memstore serve`` fills this from its flags."""
 
     encoder: EncoderMode | None = None  # None: remote if MEMSTORE_ENCODER_URL is set, else local
     encoder_url: str | None = None

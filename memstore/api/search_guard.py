@@ -6,7 +6,7 @@
   off there is one identity and no limit.
 - **Cancelled when the client goes away**: once the request's body is read, the guard listens on the
   ASGI receive channel for ``http.disconnect`` while the handler runs, and cancels the handler when
-  it comes. A search on the event loop's connections (``memstore.search.async_runner``) is then cancelled in
+  it comes. A search on the event loop's connections (``memstore.search.runner``) is then cancelled in
   PostgreSQL too (psycopg sends a cancel request when its task is cancelled, waits for the statement to
   end, and the connection goes back to the set). A search handed to the executor
   (``Runtime.off_loop``: embedding, compact indexes, replicas) stops being waited for, but its thread

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from memstore.store import MAX_K
+from memstore.search.request import MAX_K
 
 
 class ApiSettings(BaseSettings):

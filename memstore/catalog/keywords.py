@@ -42,14 +42,12 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 from psycopg import sql
 
-if TYPE_CHECKING:
-    from memstore.catalog.collections import Collection
-
+from memstore.catalog.collections import Collection
 from memstore.db import online_ddl
 from memstore.errors import InvalidInputError
 

@@ -20,14 +20,13 @@ id looked at).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 from psycopg import sql
 
-if TYPE_CHECKING:
-    from memstore.catalog.collections import Collection
-
+from memstore.catalog.collections import Collection
+from memstore.catalog.registry import read_collection, set_option
 from memstore.db import online_ddl
 
 OPTION = "ocr"
@@ -85,8 +84,6 @@ def install_trigger(conn: psycopg.Connection[Any], c: Collection) -> None:
 def record(conn: psycopg.Connection[Any], c: Collection, enabled: bool) -> Collection:
     """Record OCR on or off in the registry (inside the caller's transaction). Turning it on starts
     the backfill from the first item."""
-    from memstore.catalog.registry import set_option  # the registry imports collections, which imports this
-
     c = set_option(conn, c, OPTION, enabled)
     return set_option(conn, c, BACKFILL, 0 if enabled else None)
 
@@ -94,8 +91,6 @@ def record(conn: psycopg.Connection[Any], c: Collection, enabled: bool) -> Colle
 def backfill_step(conn: psycopg.Connection[Any], c: Collection) -> bool:
     """Mark the next batch of stored images pending, inside the caller's transaction; True when it
     marked or moved its cursor (there may be more), False when it had nothing to do now."""
-    from memstore.catalog.registry import read_collection, set_option
-
     got = conn.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", (LOCK_NAMESPACE, c.id)).fetchone()
     if not got or not got[0]:
         return False

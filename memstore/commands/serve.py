@@ -74,12 +74,12 @@ def command(
     the embedded database; flags turn each part off or point at a remote encoder."""
     import uvicorn
 
-    from memstore.api.app import create_app
     from memstore.api.http_limits import server_config
     from memstore.api.runtime import RuntimeOptions
     from memstore.api.settings import ApiSettings
     from memstore.db import migrate
     from memstore.db.core import resolve_database_url
+    from memstore.web import create_app
 
     api = ApiSettings()
     if no_auth:

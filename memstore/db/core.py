@@ -23,7 +23,7 @@ import select
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager, suppress
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -288,7 +288,7 @@ def search_connections(
 def async_search_connections(
     engine: sa.Engine, *, max_size: int, statement_timeout_ms: int = DEFAULT_SEARCH_TIMEOUT_MS
 ) -> AsyncSearchConnections:
-    """Search connections for one event loop (``memstore.search.async_runner``), to the engine's database:
+    """Search connections for one event loop (``memstore.search.runner``), to the engine's database:
     autocommit, pgvector's types registered, each statement bounded by ``statement_timeout_ms``,
     none opened until a search needs one."""
     dsn = _dsn(engine)
@@ -687,6 +687,21 @@ class Database:
 
     def async_search_connections(self, *, max_size: int) -> AsyncSearchConnections:
         return async_search_connections(self.engine, max_size=max_size, statement_timeout_ms=self.search_timeout_ms)
+
+
+async def run_async_search(
+    connections: AsyncSearchConnections, fn: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]
+) -> T:
+    """``Database.run_search``'s rule on an event loop's search connections: once more on a fresh
+    connection when the first one failed under it (a read is safe to repeat); a statement the server
+    cancelled or timed out is not run again."""
+    try:
+        return await connections.run(fn)
+    except psycopg.OperationalError as exc:
+        if not connection_lost(exc):
+            raise
+        log.info("search connection lost (%s); running the search once more on a fresh one", exc)
+    return await connections.run(fn)
 
 
 # Zero lag when the standby has replayed everything it received (an idle primary sends nothing, so

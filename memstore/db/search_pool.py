@@ -227,7 +227,7 @@ class SearchConnections(_Bounded):
 
 
 class AsyncSearchConnections(_Bounded):
-    """``SearchConnections`` for the searches of one event loop (``memstore.search.async_runner``, the REST
+    """``SearchConnections`` for the searches of one event loop (``memstore.search.runner``, the REST
     API's fast path). Everything runs on that loop, so the idle list needs no lock; a search waits
     only when all ``max_size`` connections are out."""
 

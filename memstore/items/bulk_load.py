@@ -45,7 +45,8 @@ from psycopg import sql
 
 from memstore.catalog import index_spec as compact_spec
 from memstore.catalog import registry
-from memstore.catalog.collections import METADATA_INDEX, Collection, metadata_index_name
+from memstore.catalog.collections import Collection
+from memstore.catalog.tables import METADATA_INDEX, metadata_index_name
 from memstore.db import locks, online_ddl, sqlfiles
 from memstore.db.core import Database
 from memstore.settings import Settings

@@ -51,7 +51,7 @@ _KNOBS = (
 _TEMPLATE = "SELECT " + ", ".join(f"set_config('{knob}', %s, {{local}})" for knob in _KNOBS)
 SETTINGS_SQL = _TEMPLATE.format(local="true")
 # The same settings for the whole session: only for connections that run nothing but searches, and
-# that know which settings they hold (memstore.search.async_runner's connections).
+# that know which settings they hold (memstore.search.runner's connections).
 SESSION_SETTINGS_SQL = _TEMPLATE.format(local="false")
 # What a plain index search needs, for the session of a pooled connection that runs other statements
 # too: none of these changes how anything but an HNSW scan runs (jit off only spares short queries
@@ -113,7 +113,7 @@ class SearchSettings:
     ``iterative``: pgvector's iterative scan (relaxed order), which keeps walking the graph while a
     filter or dead tuples discard candidates. Off, the scan stops after ``ef_search`` candidates, and
     a search takes about 8% less time (100,000 rows, ef_search 40): the store's unfiltered searches
-    run so, and again with it on when they come back short (``memstore.store.SearchPlan``).
+    run so, and again with it on when they come back short (``memstore.search.plan.SearchPlan``).
     """
 
     ef_search: int

@@ -4,6 +4,10 @@ this package (no CDN, no build step).
 
 ``install(app, inner)`` adds the routes and the static files to the app and returns ``inner`` behind
 the pages' gate (``memstore.ui.gate``), which the app puts in its plain-ASGI front.
+
+May import: encoder, memstore.access, memstore.action_log, memstore.api, memstore.catalog, memstore.errors,
+memstore.inputs, memstore.items, memstore.media, memstore.models, memstore.queue, memstore.search,
+memstore.settings, memstore.spaces, memstore.store.
 """
 
 from __future__ import annotations

@@ -16,11 +16,11 @@ import uvicorn
 from PIL import Image
 
 from encoder.types import EncoderInfo, Priority
-from memstore.api.app import create_app
 from memstore.api.runtime import RuntimeOptions
 from memstore.api.settings import ApiSettings
 from memstore.queue.jobs import IngestSettings
 from memstore.settings import Settings
+from memstore.web import create_app
 
 TINY = "memstore-tiny"
 

@@ -210,9 +210,9 @@ def test_remote_encoder_mode(settings, tiny_engine, admin_key, collection_name) 
         while not service.started:
             assert thread.is_alive()
             threading.Event().wait(0.05)
-        from memstore.api.app import create_app
         from memstore.api.runtime import RuntimeOptions
         from memstore.api.settings import ApiSettings
+        from memstore.web import create_app
 
         app = create_app(
             settings,
@@ -239,9 +239,9 @@ def test_remote_encoder_mode(settings, tiny_engine, admin_key, collection_name) 
 
 
 def test_maintenance_flag_runs_the_worker_or_says_why_not(settings, admin_key) -> None:
-    from memstore.api.app import create_app
     from memstore.api.runtime import RuntimeOptions
     from memstore.commands.serve import MaintenanceService
+    from memstore.web import create_app
 
     app = create_app(settings, options=RuntimeOptions(encoder="none", services=(MaintenanceService(),)))
     headers = {"Authorization": f"Bearer {admin_key}"}

@@ -9,11 +9,11 @@ import threading
 import httpx
 import pytest
 
-from memstore.api.app import create_app
 from memstore.api.runtime import RuntimeOptions
 from memstore.api.settings import ApiSettings
 from memstore.errors import EncoderUnavailableError
 from memstore.services.encoder_host import EncoderChoice, EncoderHost, open_backend
+from memstore.web import create_app
 from tests.api.api_helpers import LiveServer
 
 

@@ -358,9 +358,9 @@ def test_the_key_is_checked_before_the_body_under_a_proxys_root_path(settings, a
     /v1 routes: no key and a broken body answer 401, not a parse error."""
     from fastapi.testclient import TestClient
 
-    from memstore.api.app import create_app
     from memstore.api.runtime import RuntimeOptions
     from memstore.api.settings import ApiSettings
+    from memstore.web import create_app
 
     app = create_app(settings, api_settings=ApiSettings(auth="keys"), options=RuntimeOptions(encoder="none"))
     with TestClient(app, root_path="/api") as c:

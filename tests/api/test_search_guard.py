@@ -3,7 +3,7 @@ once (the excess is a 429 with Retry-After while other keys are served), and a s
 goes away is cancelled in PostgreSQL, its connection back in the set.
 
 A slow search is a real one made slow on its own connection: a search asking ``ef_search`` 77 first
-runs ``pg_sleep`` on the search connection it holds (on the event loop's path, memstore.search.async_runner).
+runs ``pg_sleep`` on the search connection it holds (on the event loop's path, memstore.search.runner).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import sqlalchemy as sa
 
 from memstore.access import keys
 from memstore.db.core import libpq_url
-from memstore.search import async_runner
+from memstore.search import runner
 from memstore.settings import Settings
 from tests.api.api_helpers import LiveServer, start_server
 from tests.api.test_errors import problem
@@ -33,19 +33,19 @@ SLEEP_S = 4.0
 
 @pytest.fixture(scope="module")
 def guarded(settings: Settings) -> Iterator[LiveServer]:
-    original = async_runner._run_under
+    original = runner._run_under
 
     async def maybe_slow(conn: psycopg.AsyncConnection[Any], plan: Any, search_settings: Any) -> list[Any]:
         if search_settings.ef_search == SLOW_EF:
             await conn.execute("SELECT pg_sleep(%s) /* memstore slow test search */", [SLEEP_S])
         return await original(conn, plan, search_settings)
 
-    async_runner._run_under = maybe_slow  # type: ignore[assignment]
+    runner._run_under = maybe_slow  # type: ignore[assignment]
     try:
         with start_server(settings, backend=None, workers=0, searches_per_key=2) as live:
             yield live
     finally:
-        async_runner._run_under = original
+        runner._run_under = original
 
 
 @pytest.fixture(scope="module")

@@ -306,7 +306,7 @@ async def execute(rt: Runtime, name: str, body: SearchRequest, image: bytes | No
     started = time.perf_counter()
     out = None
     # A search that needs no model (a vector given, or keywords alone) stays on the event loop (see
-    # memstore.search.async_runner); one that embeds a text or an image goes to the executor.
+    # memstore.search.runner); one that embeds a text or an image goes to the executor.
     if rt.searcher is not None and image is None and body.item_id is None:
         source = _sources(body, image)
         mode = _mode(body, source)

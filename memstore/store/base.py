@@ -1,0 +1,56 @@
+"""What every part of the store shares: its database, settings and registry cache."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+import sqlalchemy as sa
+
+from memstore.catalog.collections import (
+    Collection,
+)
+from memstore.catalog.registry import (
+    Registry,
+)
+from memstore.db import online_ddl
+from memstore.db.core import Database, as_database
+from memstore.search.runner import SecondWalks
+from memstore.settings import Settings, get_settings
+
+
+class StoreBase:
+    """The store's database, settings and registry cache."""
+
+    def __init__(self, engine: sa.Engine | Database, *, settings: Settings | None = None) -> None:
+        self.db = as_database(engine)
+        self.engine = self.db.engine
+        self.settings = settings or get_settings()
+        self.registry = Registry(self.engine)
+        self.second_walk_count = SecondWalks()
+
+    def list_collections(self) -> list[Collection]:
+        return self.registry.all()
+
+    def get_collection(self, *, name: str, fresh: bool = False) -> Collection:
+        return self.registry.get(name, fresh=fresh)
+
+    def cached_collection(self, name: str) -> Collection | None:
+        """The collection's registry row if this store read it recently, without touching the database."""
+        return self.registry.cached(name)
+
+    def forget_collection(self, name: str) -> None:
+        """Drop a cached registry row (dropped, switched, or its table turned out to be gone)."""
+        self.registry.forget(name)
+
+    @contextmanager
+    def _ddl_connection(self, application_name: str) -> Iterator[psycopg.Connection[Any]]:
+        """An autocommit connection of its own, with the short lock wait online DDL is written for."""
+        with self.db.dedicated(application_name=application_name) as conn:
+            online_ddl.set_lock_timeout(conn)
+            yield conn
+
+    def _collection_for_write(self, name: str) -> Collection:
+        return self.get_collection(name=name)
