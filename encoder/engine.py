@@ -32,7 +32,7 @@ from .errors import (
     RequestTooLargeError,
     UnknownModelError,
 )
-from .images import load_views, plan_for, probe_image
+from .images import SharedDecode, load_views, plan_for, probe_image
 from .metrics import EngineMetrics
 from .models import combine_views
 from .requests import BatchEncoder, QueuedRequest, TickReport, done_future, fail_future, wait_future
@@ -48,6 +48,10 @@ log = logging.getLogger(__name__)
 
 class EmbeddingEngine:
     """Thread-safe front of the scheduler; also usable synchronously through `tick()` in tests."""
+
+    # embed_images takes ``shared``: a caller in this process may reuse the picture it decodes (the
+    # ingest worker's thumbnails). A remote encoder cannot: the bytes travel, the pixels do not.
+    shares_decodes = True
 
     def __init__(
         self,
@@ -254,12 +258,16 @@ class EmbeddingEngine:
         deadline_s: float | None = None,
         return_tiles: bool = False,
         model: str | None = None,
+        shared: Sequence[SharedDecode | None] | None = None,
     ) -> Future[Any]:
         """Future of an (n, d) array, or of a list of ImageEmbedding when return_tiles, from
         ``model`` (default: the engine's first).
 
         Header checks run here (ImageRejectedError, DecompressionBombError raise at once); decoding
         errors arrive through the future. Cancelling the future drops the tiles not yet encoded.
+        ``shared``: per image, another use of its decoded picture (``encoder.images.SharedDecode``,
+        the ingest worker's thumbnail): the image is decoded once for both, and every ``take`` has
+        run before the future resolves with vectors.
         """
         if not all(isinstance(b, bytes | bytearray | memoryview) for b in images):
             raise TypeError("images must be a list of encoded image bytes")
@@ -267,6 +275,9 @@ class EmbeddingEngine:
         if not images:
             return done_future([] if return_tiles else np.zeros((0, encoder.info.dimensions), dtype=np.float32))
         blobs = [bytes(b) for b in images]
+        if shared is not None and len(shared) != len(blobs):
+            raise ValueError(f"{len(blobs)} images but {len(shared)} shared uses")
+        shares = list(shared) if shared is not None else [None] * len(blobs)
         probes = [probe_image(b, self.image_options) for b in blobs]
         plans = [plan_for(p, encoder.spec, self.image_options) for p in probes]
         offsets = np.cumsum([0] + [p.n_units for p in plans]).tolist()
@@ -274,7 +285,7 @@ class EmbeddingEngine:
         req.plans, req.return_tiles = plans, return_tiles
         tenant = TENANT.get()
         for i, (blob, probe, plan) in enumerate(zip(blobs, probes, plans, strict=True)):
-            job = (req, offsets[i], blob, probe, plan, tenant)
+            job = (req, offsets[i], blob, probe, plan, tenant, shares[i])
             if self._pool is None:
                 self._prepare(*job)
                 continue
@@ -285,10 +296,17 @@ class EmbeddingEngine:
         return req.future
 
     def _prepare(
-        self, req: QueuedRequest, offset: int, blob: bytes, probe: Any, plan: TilePlan, tenant: str = ""
+        self,
+        req: QueuedRequest,
+        offset: int,
+        blob: bytes,
+        probe: Any,
+        plan: TilePlan,
+        tenant: str = "",
+        share: SharedDecode | None = None,
     ) -> None:
         try:
-            self._prepare_views(req, offset, blob, probe, plan)
+            self._prepare_views(req, offset, blob, probe, plan, share)
         finally:
             if self._pool is not None:
                 with self._lock:
@@ -296,11 +314,14 @@ class EmbeddingEngine:
                     if not self._tenant_images[tenant]:
                         del self._tenant_images[tenant]
 
-    def _prepare_views(self, req: QueuedRequest, offset: int, blob: bytes, probe: Any, plan: TilePlan) -> None:
+    def _prepare_views(
+        self, req: QueuedRequest, offset: int, blob: bytes, probe: Any, plan: TilePlan, share: SharedDecode | None
+    ) -> None:
         if req.future.done():
             return  # cancelled or failed meanwhile: do not decode for nothing
         try:
-            views = load_views(blob, probe, plan, self.encoders[req.model].spec)
+            # The shared use's ``take`` runs in here, before the views are queued: before the vectors.
+            views = load_views(blob, probe, plan, self.encoders[req.model].spec, share=share)
         except Exception as exc:
             error = exc if isinstance(exc, ImageRejectedError) else ImageRejectedError(f"cannot decode image: {exc}")
             with self._lock:
@@ -339,9 +360,10 @@ class EmbeddingEngine:
         return_tiles: bool = False,
         timeout: float | None = None,
         model: str | None = None,
+        shared: Sequence[SharedDecode | None] | None = None,
     ) -> np.ndarray | list[ImageEmbedding]:
         fut = self.submit_images(
-            images, priority=priority, deadline_s=deadline_s, return_tiles=return_tiles, model=model
+            images, priority=priority, deadline_s=deadline_s, return_tiles=return_tiles, model=model, shared=shared
         )
         result: np.ndarray | list[ImageEmbedding] = wait_future(fut, timeout)
         return result

@@ -7,12 +7,19 @@ process killed past the time limit). ``decode_image`` is the one way memstore de
 encoder's views, thumbnails and OCR all go through it. Views are returned as uint8 HWC arrays: a
 quarter of the memory of float tensors while they wait in the queue; normalisation happens per
 micro-batch on the device.
+
+Decoded once per ingest: ``load_views`` takes an optional ``SharedDecode``, another use of the same
+picture (the ingest worker's thumbnail, when the encoder runs in its process). The one decode is
+sized for both (the larger of the two smallest sizes they need), and the picture is handed over
+once the views are cut from it, in the decoding thread: it is never held past its decode, so the
+memory a decode takes is what it was, plus at most the other use's own size (a thumbnail's 256 px).
 """
 
 from __future__ import annotations
 
 import functools
 import io
+import logging
 import math
 import sys
 from collections.abc import Callable
@@ -38,7 +45,18 @@ from .decode_budget import (
 from .errors import DecompressionBombError, ImageRejectedError
 from .tiling import TilePlan, plan_tiles
 
-__all__ = ["ALLOWED_FORMATS", "ImageOptions", "ImageProbe", "ImageSpec", "decode_image", "load_views", "probe_image"]
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "ALLOWED_FORMATS",
+    "ImageOptions",
+    "ImageProbe",
+    "ImageSpec",
+    "SharedDecode",
+    "decode_image",
+    "load_views",
+    "probe_image",
+]
 
 TRANSPOSED = frozenset({5, 6, 7, 8})  # EXIF orientations that swap width and height
 _INTERPOLATION = {
@@ -216,7 +234,12 @@ def decode_image(
     opts = options or probe.options
     want = min_size(probe.width, probe.height) if callable(min_size) else min_size
     min_raw = None if want is None else ((want[1], want[0]) if probe.orientation in TRANSPOSED else want)
-    job = DecodeJob(min_raw, probe.orientation, grey)
+    return _decode(data, probe, DecodeJob(min_raw, probe.orientation, grey), opts)
+
+
+def _decode(data: bytes, probe: ImageProbe, job: DecodeJob, opts: ImageOptions) -> Image.Image:
+    """The decode itself, once the checks have passed: the one place pixels are decoded, in this
+    process when ``_inline`` proves it cheap, else in a worker of the decode pool."""
     if _inline(data, probe, opts):
         try:
             return decode_here(data, job)
@@ -270,13 +293,35 @@ def _needed_size(probe: ImageProbe, plan: TilePlan, spec: ImageSpec) -> tuple[in
     return math.ceil(w * min(1.0, scale)), math.ceil(h * min(1.0, scale))
 
 
-def load_views(data: bytes, probe: ImageProbe, plan: TilePlan, spec: ImageSpec) -> np.ndarray:
+@dataclass(frozen=True)
+class SharedDecode:
+    """Another use of the picture ``load_views`` decodes, so the image is decoded once for both.
+
+    ``min_size`` (a function of the upright width and height, as ``decode_image``'s) is the smallest
+    picture the use needs: the decode covers it and the views' own need. ``take`` receives the decoded
+    picture (upright, 8-bit L, RGB or RGBA) once the views are made, in the decoding thread; it may
+    change it (it is no longer used), and should keep only what it needs of it. Its errors are logged,
+    never the views' failure; it is not called when the decode fails (a refused image, a bomb).
+    """
+
+    min_size: Callable[[int, int], tuple[int, int]]
+    take: Callable[[Image.Image], None]
+
+
+def load_views(
+    data: bytes, probe: ImageProbe, plan: TilePlan, spec: ImageSpec, *, share: SharedDecode | None = None
+) -> np.ndarray:
     """Decode an image into its views: uint8 array (1 + len(plan.tiles), size, size, 3).
 
     View 0 is the global view; view i + 1 is plan.tiles[i]. The decode runs under the budget of the
-    options the probe was checked against.
+    options the probe was checked against. ``share``: another use of the decoded picture (above).
     """
-    rgb = _to_rgb(decode_image(data, probe=probe, min_size=_needed_size(probe, plan, spec)))
+    need = _needed_size(probe, plan, spec)
+    if share is not None:
+        other = share.min_size(probe.width, probe.height)
+        need = (max(need[0], other[0]), max(need[1], other[1]))
+    decoded = decode_image(data, probe=probe, min_size=need)
+    rgb = _to_rgb(decoded)
     views = [np.asarray(_global_view(rgb, spec))]
     if plan.tiles:
         s = spec.size
@@ -287,7 +332,14 @@ def load_views(data: bytes, probe: ImageProbe, plan: TilePlan, spec: ImageSpec) 
         for tile in plan.tiles:
             x, y = tile.col * s, tile.row * s
             views.append(np.asarray(canvas.crop((x, y, x + s, y + s))))
-    return np.stack(views)
+    stacked = np.stack(views)
+    del views, rgb
+    if share is not None:
+        try:
+            share.take(decoded)
+        except Exception as exc:  # the other use's failure, not the embedding's
+            log.info("a shared decode's other use failed: %s: %s", type(exc).__name__, exc)
+    return stacked
 
 
 @functools.cache

@@ -1,10 +1,12 @@
 """Thumbnails of image items: small WebP pictures stored with the item, for the web pages.
 
 A thumbnail is made where the ingest worker writes the item's vector (``claims.complete`` stores it
-in the same UPDATE, so it costs no extra row version), and enqueuing new content clears it, so a
-stored thumbnail always shows the content the item holds. Items that have none although they are
-ready images (a vector written by hand over a queued image, a worker of an older version) get one
-on first view (``read``). The migration that added the column made them for the items already there.
+in the same UPDATE, so it costs no extra row version), from the picture the encoder decoded for the
+vector when it runs in the worker's process (``shrink`` and ``encode``; ``memstore.ingest_worker``),
+else from the bytes (``make``). Enqueuing new content clears it, so a stored thumbnail always shows
+the content the item holds. Items that have none although they are ready images (a vector written
+by hand over a queued image, a worker of an older version) get one on first view (``read``). The
+migration that added the column made them for the items already there.
 """
 
 from __future__ import annotations
@@ -44,21 +46,40 @@ def make(content: bytes, options: ImageOptions | None = None) -> bytes | None:
     try:
         # JPEG decodes at 1/2, 1/4 or 1/8 scale, the largest reduction that still covers the
         # thumbnail: a 1024 x 768 photo decodes at 256 x 192, a fraction of the work.
-        small = decode_image(content, options or stored_options(MAX_PIXELS), min_size=_box)
-        # Halved by box averaging first, then resampled: as sharp at this size, a third quicker.
-        small.thumbnail((SIZE, SIZE), Image.Resampling.BICUBIC, reducing_gap=2.0)
-        small = small.convert("RGBA" if small.mode == "RGBA" else "RGB")
-        out = io.BytesIO()
-        # method 0 of 0-6: WebP's least effort; more shrinks a 15 kB picture by a few percent at
-        # up to twice the time, and the worker makes one thumbnail per image it embeds.
-        small.save(out, format="WEBP", quality=QUALITY, method=0)
-        return out.getvalue()
+        decoded = decode_image(content, options or stored_options(MAX_PIXELS), min_size=box)
+        return encode(shrink(decoded))
     except Exception as exc:  # a corrupt, exotic or too costly file: the item simply has no thumbnail
         log.info("no thumbnail: %s: %s", type(exc).__name__, exc)
         return None
 
 
-def _box(width: int, height: int) -> tuple[int, int]:
+def shrink(decoded: Image.Image) -> Image.Image:
+    """The thumbnail's picture, from a picture ``decode_image`` made (reduced in place: the caller
+    hands it over): at most ``SIZE`` pixels on its longer side, RGB or RGBA."""
+    # Halved by box averaging first, then resampled: as sharp at this size, a third quicker.
+    decoded.thumbnail((SIZE, SIZE), Image.Resampling.BICUBIC, reducing_gap=2.0)
+    return decoded.convert("RGBA" if decoded.mode == "RGBA" else "RGB")
+
+
+def encode(small: Image.Image) -> bytes:
+    """``shrink``'s picture as the stored WebP."""
+    out = io.BytesIO()
+    # method 0 of 0-6: WebP's least effort; more shrinks a 15 kB picture by a few percent at
+    # up to twice the time, and the worker makes one thumbnail per image it embeds.
+    small.save(out, format="WEBP", quality=QUALITY, method=0)
+    return out.getvalue()
+
+
+def encode_or_none(small: Image.Image) -> bytes | None:
+    """``encode``, or None (logged) when the picture cannot be written: the item has no thumbnail."""
+    try:
+        return encode(small)
+    except Exception as exc:
+        log.info("no thumbnail: %s: %s", type(exc).__name__, exc)
+        return None
+
+
+def box(width: int, height: int) -> tuple[int, int]:
     """The thumbnail's own size: what a draft decode must still cover (its longer side SIZE)."""
     if width >= height:
         return SIZE, max(1, math.ceil(SIZE * height / max(width, 1)))

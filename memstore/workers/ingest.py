@@ -8,20 +8,23 @@ API's ``?wait=true`` path uses the same ``Processor`` at a higher priority.
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import sqlalchemy as sa
+from PIL import Image
 from psycopg import sql
 
 from encoder.errors import EncoderUnreachableError, ImageRejectedError, QueueFullError, RequestTooLargeError
+from encoder.images import SharedDecode
 from encoder.tenancy import TENANT
 from encoder.types import EmbeddingBackend, Priority
 from memstore.catalog.collections import Collection
@@ -108,6 +111,48 @@ class Report:
 _THUMBNAILER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memstore-thumbnails")
 
 
+class _Thumbnails:
+    """The thumbnails of one encoder call's images, made beside the encoder's work.
+
+    With the encoder in this process (``shares_decodes``: an ``encoder.engine.EmbeddingEngine``), each
+    image is decoded once: the engine's decode for the embedding is sized to cover the thumbnail
+    too, and hands the picture over (``encoder.images.SharedDecode``) once its views are cut; it is
+    reduced to thumbnail size there, in the decoding thread, so no decoded picture outlives its
+    decode, and only that small picture (256 px at most) waits here for its WebP, written on the
+    thumbnail thread. A bomb is refused by the engine's checks before any decode, as before, and
+    then has no thumbnail. With a remote encoder the bytes travel to it and its pixels stay there:
+    the thumbnails are decoded here from the bytes, on the thumbnail thread, while it embeds.
+    """
+
+    def __init__(self, items: Sequence[Loaded], *, shared: bool) -> None:
+        self._contents = {it.claim.item_id: it.content for it in items}
+        self._lock = threading.Lock()
+        self._made: dict[int, Future[bytes | None]] = {}
+        self._all: Future[dict[int, bytes | None]] | None = None
+        self.uses: list[SharedDecode | None] | None = None
+        if shared:
+            self.uses = [SharedDecode(thumbnails.box, functools.partial(self._take, it.claim.item_id)) for it in items]
+        else:
+            self._all = _THUMBNAILER.submit(thumbnails.make_many, self._contents)
+
+    def _take(self, item_id: int, decoded: Image.Image) -> None:
+        small = thumbnails.shrink(decoded)
+        with self._lock:
+            self._made[item_id] = _THUMBNAILER.submit(thumbnails.encode_or_none, small)
+
+    def result(self) -> dict[int, bytes | None]:
+        """Thumbnails by item id; call once the encoder has answered with the vectors (every shared
+        decode has run by then)."""
+        if self._all is not None:
+            return self._all.result()
+        with self._lock:
+            made = dict(self._made)
+        out = {item_id: found.result() for item_id, found in made.items()}
+        # An image whose shared use did not run (its reduction failed): decoded from its bytes.
+        out.update(thumbnails.make_many({i: c for i, c in self._contents.items() if i not in made}))
+        return out
+
+
 class Processor:
     """Encode claimed rows and settle each one: written, retried later, failed, or released."""
 
@@ -167,10 +212,15 @@ class Processor:
                     loaded.append(Loaded(c, text, None if content is None else bytes(content)))
         return loaded, missing
 
-    def _encode(self, group: EncodeGroup, priority: Priority, how: dict[str, Any]) -> np.ndarray:
-        """``how``: ``model_for``'s keyword arguments (the collection's model, when the encoder runs several)."""
+    def _encode(
+        self, group: EncodeGroup, priority: Priority, how: dict[str, Any], thumbs: _Thumbnails | None = None
+    ) -> np.ndarray:
+        """``how``: ``model_for``'s keyword arguments (the collection's model, when the encoder runs several).
+        ``thumbs``: the group's thumbnails, made from the encoder's decodes where it runs in this process."""
         if group.modality == "text":
             return np.asarray(self.backend.embed_texts([it.text or "" for it in group.items], priority=priority, **how))
+        if thumbs is not None and thumbs.uses is not None:
+            how = {**how, "shared": thumbs.uses}
         # Each collection is a tenant of the encoder's image decoding (encoder.tenancy): one
         # collection's slow images do not hold every decoding thread while others wait.
         token = TENANT.set(f"collection:{group.collection_id}")
@@ -197,16 +247,17 @@ class Processor:
             # Not this worker's model: handed back with back-off, so a worker that runs it (workers
             # may run different MEMSTORE_MODELS) takes it; failed once the attempts run out.
             return self._settle_failure(claims, mismatch, permanent=False, collection=collection)
-        # The web pages' thumbnails are made from the bytes in hand while the encoder embeds them (the
-        # imaging library works outside the GIL), so they cost the worker little of its time; they are
-        # written with the vectors, in the same row version.
+        # The web pages' thumbnails are made while the encoder embeds the images (the imaging library
+        # works outside the GIL), from the encoder's own decode where it runs in this process
+        # (_Thumbnails), so they cost the worker little of its time; they are written with the
+        # vectors, in the same row version.
         thumbs = (
-            _THUMBNAILER.submit(thumbnails.make_many, {it.claim.item_id: it.content for it in group.items})
+            _Thumbnails(group.items, shared=bool(getattr(self.backend, "shares_decodes", False)))
             if group.modality == "image" and not space.side
             else None
         )
         try:
-            vectors = self._encode(group, priority, how)
+            vectors = self._encode(group, priority, how, thumbs)
         except QueueFullError as exc:
             queue_claims.release(self.engine, claims, delay_s=exc.retry_after)
             report.released += len(claims)

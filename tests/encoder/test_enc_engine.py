@@ -228,11 +228,11 @@ def test_one_tenants_images_do_not_hold_every_preprocessing_thread(fake, monkeyp
     started = threading.Event()
     real = engine_module.load_views
 
-    def recorded(blob, probe, plan, spec):
+    def recorded(blob, probe, plan, spec, **kwargs):
         order.append("B" if blob == b_image else "A")
         started.set()
         time.sleep(0.05)  # a slow decode: the queue fills behind it
-        return real(blob, probe, plan, spec)
+        return real(blob, probe, plan, spec, **kwargs)
 
     monkeypatch.setattr(engine_module, "load_views", recorded)
     b_image = make_image(40, 30, seed=9)
