@@ -9,10 +9,11 @@ quarter of the memory of float tensors while they wait in the queue; normalisati
 micro-batch on the device.
 
 Decoded once per ingest: ``load_views`` takes an optional ``SharedDecode``, another use of the same
-picture (the ingest worker's thumbnail, when the encoder runs in its process). The one decode is
-sized for both (the larger of the two smallest sizes they need), and the picture is handed over
-once the views are cut from it, in the decoding thread: it is never held past its decode, so the
-memory a decode takes is what it was, plus at most the other use's own size (a thumbnail's 256 px).
+picture (the ingest worker's thumbnail, when the encoder runs in its process). The decode is sized
+for the views alone (so an image's vector never depends on what else used its decode), and the
+picture is handed over once the views are cut from it, in the decoding thread, when it is at least
+as large as the other use needs (a JPEG decoded at a reduced scale may not be: that use then decodes
+on its own). It is never held past its decode: the memory a decode takes is what it was.
 """
 
 from __future__ import annotations
@@ -298,7 +299,7 @@ class SharedDecode:
     """Another use of the picture ``load_views`` decodes, so the image is decoded once for both.
 
     ``min_size`` (a function of the upright width and height, as ``decode_image``'s) is the smallest
-    picture the use needs: the decode covers it and the views' own need. ``take`` receives the decoded
+    picture the use needs; ``take`` is called only when the views' decode covers it. ``take`` receives the decoded
     picture (upright, 8-bit L, RGB or RGBA) once the views are made, in the decoding thread; it may
     change it (it is no longer used), and should keep only what it needs of it. Its errors are logged,
     never the views' failure; it is not called when the decode fails (a refused image, a bomb).
@@ -316,11 +317,10 @@ def load_views(
     View 0 is the global view; view i + 1 is plan.tiles[i]. The decode runs under the budget of the
     options the probe was checked against. ``share``: another use of the decoded picture (above).
     """
-    need = _needed_size(probe, plan, spec)
-    if share is not None:
-        other = share.min_size(probe.width, probe.height)
-        need = (max(need[0], other[0]), max(need[1], other[1]))
-    decoded = decode_image(data, probe=probe, min_size=need)
+    # The decode is sized for the views alone, shared or not: a larger one (JPEG's reduced decode at
+    # another scale) would cut slightly different views, and an image must get the same vector at
+    # ingest as when it is searched with.
+    decoded = decode_image(data, probe=probe, min_size=_needed_size(probe, plan, spec))
     rgb = _to_rgb(decoded)
     views = [np.asarray(_global_view(rgb, spec))]
     if plan.tiles:
@@ -334,12 +334,18 @@ def load_views(
             views.append(np.asarray(canvas.crop((x, y, x + s, y + s))))
     stacked = np.stack(views)
     del views, rgb
-    if share is not None:
+    if share is not None and _covers(decoded, share.min_size(probe.width, probe.height), probe):
         try:
             share.take(decoded)
         except Exception as exc:  # the other use's failure, not the embedding's
             log.info("a shared decode's other use failed: %s: %s", type(exc).__name__, exc)
     return stacked
+
+
+def _covers(picture: Image.Image, need: tuple[int, int], probe: ImageProbe) -> bool:
+    """The decoded picture is at least as large as the other use needs, or is the whole image (else
+    that use decodes on its own)."""
+    return picture.width >= min(need[0], probe.width) and picture.height >= min(need[1], probe.height)
 
 
 @functools.cache

@@ -2,7 +2,7 @@
 
 A thumbnail is made where the ingest worker writes the item's vector (``claims.complete`` stores it
 in the same UPDATE, so it costs no extra row version), from the picture the encoder decoded for the
-vector when it runs in the worker's process (``shrink`` and ``encode``; ``memstore.ingest_worker``),
+vector when it runs in the worker's process (``shrink`` and ``encode``; ``memstore.workers.ingest``),
 else from the bytes (``make``). Enqueuing new content clears it, so a stored thumbnail always shows
 the content the item holds. Items that have none although they are ready images (a vector written
 by hand over a queued image, a worker of an older version) get one on first view (``read``). The

@@ -115,9 +115,10 @@ class _Thumbnails:
     """The thumbnails of one encoder call's images, made beside the encoder's work.
 
     With the encoder in this process (``shares_decodes``: an ``encoder.engine.EmbeddingEngine``), each
-    image is decoded once: the engine's decode for the embedding is sized to cover the thumbnail
-    too, and hands the picture over (``encoder.images.SharedDecode``) once its views are cut; it is
-    reduced to thumbnail size there, in the decoding thread, so no decoded picture outlives its
+    image is decoded once where the engine's decode for the embedding (sized for its views alone, so
+    the vector is the one a search with the same image gets) covers the thumbnail: it hands the
+    picture over (``encoder.images.SharedDecode``) once its views are cut; it is reduced to thumbnail
+    size there, in the decoding thread, so no decoded picture outlives its
     decode, and only that small picture (256 px at most) waits here for its WebP, written on the
     thumbnail thread. A bomb is refused by the engine's checks before any decode, as before, and
     then has no thumbnail. With a remote encoder the bytes travel to it and its pixels stay there:
@@ -148,7 +149,8 @@ class _Thumbnails:
         with self._lock:
             made = dict(self._made)
         out = {item_id: found.result() for item_id, found in made.items()}
-        # An image whose shared use did not run (its reduction failed): decoded from its bytes.
+        # An image whose shared use did not run (a reduced JPEG decode smaller than the thumbnail, a
+        # failed reduction, a refused image): decoded from its bytes.
         out.update(thumbnails.make_many({i: c for i, c in self._contents.items() if i not in made}))
         return out
 
