@@ -391,3 +391,44 @@ def test_recall_target_benchmark_tunes_to_each_target_on_held_out_queries(databa
     [target] = size["targets"]
     assert target["held_out_recall"] is not None and target["held_out_recall"] >= 0.89
     assert target["recall_ok"] is True
+
+
+def test_stream_benchmark_measures_every_write_path(database_url: str, tmp_path: Path) -> None:
+    """Every write path runs on the same rows; on 6,000 rows each graph is nearly exact, and the
+    watermark's search plans its partial index (a segment of 2,000 rows may be scanned instead: the
+    planner's choice, which the JSON reports)."""
+    plot = tmp_path / "stream.png"
+    result = _run(
+        "bench.stream",
+        database_url,
+        *("--database-url", database_url, "--rows", "6000", "--batch", "1000", "--queries", "30"),
+        *("--latency-queries", "30", "--builds", "2", "--min-seal", "2000", "--plot", str(plot)),
+    )
+    options = result["options"]
+    assert set(options) == {
+        "copy_build_parallel",
+        "copy_build_serial",
+        "memstore_upsert",
+        "memstore_reindexed",
+        "live_copy_given",
+        "live_copy_shuffled",
+        "live_copy_clustered",
+        "watermark_0.25",
+        "segments_0.25",
+        "watermark_1",
+        "segments_1",
+    }
+    assert options["copy_build_parallel"]["ratio_vs_copy_build"] == 1.0
+    assert len(options["copy_build_serial"]["builds"]) == 2
+    assert all(b["workers_seen"] == 0 for b in options["copy_build_serial"]["builds"])
+    for name, o in options.items():
+        assert o["rows_per_s"] > 0 and o["recall_at_10"]["40"] <= 1.0, name
+        assert o["recall_at_10"]["80"] >= 0.9, name
+    for name in ("watermark_0.25", "segments_0.25", "watermark_1", "segments_1"):
+        o = options[name]
+        assert o["indexed"]["rows_per_s"] <= o["rows_per_s"]
+        assert isinstance(o["latency_no_tail"]["plan_uses_partial_indexes"], bool), name
+        assert o["latency_no_tail"]["plan_uses_partial_indexes"] or name.startswith("segments"), name
+        assert o["rows_built"] >= result["rows"]
+    assert options["segments_1"]["rows_built"] == result["rows"]  # each row in one segment's build
+    assert plot.stat().st_size > 10_000
