@@ -47,8 +47,8 @@ from bench.databases import server_url
 from bench.peers_measure import time_searches
 from bench.stream_plot import plot
 from bench.stream_tail import TailTable, ingest
-from memstore import migrate
-from memstore.db import create_engine
+from memstore.db import migrate
+from memstore.db.core import create_engine
 from memstore.models import ItemIn
 from memstore.settings import Settings
 from memstore.store import VectorStore

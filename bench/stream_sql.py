@@ -15,8 +15,8 @@ import psycopg
 from pgvector.psycopg import register_vector
 from psycopg import sql
 
-from memstore import online_ddl
-from memstore.db import libpq_url
+from memstore.db import online_ddl
+from memstore.db.core import libpq_url
 from memstore.settings import Settings
 
 K = 10
