@@ -18,13 +18,11 @@ on its own). It is never held past its decode: the memory a decode takes is what
 
 from __future__ import annotations
 
-import functools
 import io
 import logging
 import math
-import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -346,21 +344,3 @@ def _covers(picture: Image.Image, need: tuple[int, int], probe: ImageProbe) -> b
     """The decoded picture is at least as large as the other use needs, or is the whole image (else
     that use decodes on its own)."""
     return picture.width >= min(need[0], probe.width) and picture.height >= min(need[1], probe.height)
-
-
-@functools.cache
-def environment_options() -> ImageOptions:
-    """The image limits the environment sets (MEMSTORE_ENCODER_*), read once; the defaults where
-    they cannot be read. For decodes outside the encoder (thumbnails, OCR)."""
-    try:
-        from .settings import EncoderSettings
-
-        return EncoderSettings().image_options()
-    except Exception:
-        return ImageOptions()
-
-
-def stored_options(max_pixels: int) -> ImageOptions:
-    """The environment's decode budget for content already stored (thumbnails, OCR): ``max_pixels``
-    and no byte bound."""
-    return replace(environment_options(), max_pixels=max_pixels, max_bytes=sys.maxsize)

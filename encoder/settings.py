@@ -7,7 +7,10 @@ core's settings.
 
 from __future__ import annotations
 
+import functools
 import os
+import sys
+from dataclasses import replace
 from typing import Annotated, Literal
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
@@ -155,3 +158,19 @@ class EncoderSettings(BaseSettings):
         if priority is Priority.SYNC_INGEST:
             return self.deadline_sync_ingest_s
         return self.deadline_background_s
+
+
+@functools.cache
+def environment_options() -> ImageOptions:
+    """The image limits the environment sets (MEMSTORE_ENCODER_*), read once; the defaults where
+    they cannot be read. For decodes outside the encoder (thumbnails, OCR)."""
+    try:
+        return EncoderSettings().image_options()
+    except Exception:
+        return ImageOptions()
+
+
+def stored_options(max_pixels: int) -> ImageOptions:
+    """The environment's decode budget for content already stored (thumbnails, OCR): ``max_pixels``
+    and no byte bound."""
+    return replace(environment_options(), max_pixels=max_pixels, max_bytes=sys.maxsize)

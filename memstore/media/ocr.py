@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from PIL import Image
 
 from encoder.errors import DecompressionBombError, ImageRejectedError
-from encoder.images import decode_image, stored_options
+from encoder.images import decode_image
+from encoder.settings import stored_options
 
 # Longest side after rescaling: a 2,000 px page holds body text at the 20-30 px letter height
 # Tesseract reads best, and bounds its time on a 50-megapixel photo.

@@ -24,7 +24,8 @@ import sqlalchemy as sa
 from PIL import Image
 from psycopg import sql
 
-from encoder.images import ImageOptions, decode_image, stored_options
+from encoder.images import ImageOptions, decode_image
+from encoder.settings import stored_options
 from memstore.catalog.collections import Collection
 from memstore.db.core import raw_connection
 
