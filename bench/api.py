@@ -55,28 +55,74 @@ def _database(args: argparse.Namespace, tmp: str) -> str:
     return new_database(server, "bench_api")
 
 
-def serve(url: str, port: int, workers: int) -> None:
-    """The server side (``--serve``): what ``memstore serve`` runs, on the benchmark's database."""
-    import uvicorn
+# Server setups ``--servers`` compares, side by side in one run. "serve" is what ``memstore serve``
+# runs with the environment's settings (memstore.api.http_limits.server_config); the others change
+# one thing each. The uvicorn ones keep every limit of http_limits except h11's (uvicorn's own h11
+# protocol: its head size limit, no head deadline); granian's limits are its own (see docs/api.md).
+# granian is not a dependency (rejected, docs/api.md): install it beside memstore to measure it.
+SETUPS = ("serve", "log-on", "log-off", "asyncio-h11", "asyncio-httptools", "unguarded", "granian")
 
+
+def serve(url: str, port: int, workers: int, setup: str = "serve") -> None:
+    """The server side (``--serve``): what ``memstore serve`` runs, on the benchmark's database, or
+    one of ``SETUPS``."""
+    from memstore.api.http_limits import run_server
     from memstore.api.runtime import RuntimeOptions
+    from memstore.api.settings import ApiSettings
     from memstore.web import create_app
 
-    app = create_app(Settings(database_url=url), options=RuntimeOptions(ingest_workers=workers))
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    api = ApiSettings()
+    app = create_app(Settings(database_url=url), api_settings=api, options=RuntimeOptions(ingest_workers=workers))
+    table: dict[str, dict[str, Any]] = {
+        "serve": {},
+        "log-on": {"access_log": "all"},
+        "log-off": {"access_log": "off"},
+        "asyncio-h11": {"loop": "asyncio", "http": "h11"},
+        "asyncio-httptools": {"loop": "asyncio"},
+        "unguarded": {"http": "httptools"},
+        "granian": {},
+    }
+    overrides = dict(table[setup])
+    if "access_log" in overrides:
+        api = api.model_copy(update={"access_log": overrides.pop("access_log")})
+    if setup == "granian":
+        _granian(app, api, port)
+        return
+    run_server(app, api, host="127.0.0.1", port=port, **overrides)
+
+
+def _granian(app: Any, api: Any, port: int) -> None:
+    """granian (a Rust HTTP core: hyper and tokio) in this process, on uvloop, with the limits it has:
+    a deadline for the head (at most 60 s) and a read buffer that bounds it; its access log off."""
+
+    import uvloop
+    from granian.constants import HTTPModes, Interfaces
+    from granian.http import HTTP1Settings
+    from granian.server.embed import Server as Granian
+
+    settings = HTTP1Settings(
+        header_read_timeout=int(min(60.0, api.head_timeout_s) * 1000),
+        max_buffer_size=max(8192, api.max_head_bytes),
+    )
+    server = Granian(
+        app, address="127.0.0.1", port=port, interface=Interfaces.ASGI, http=HTTPModes.http1,
+        websockets=False, http1_settings=settings, log_access=False, log_level="warning",
+    )  # fmt: skip
+    uvloop.run(server.serve())
 
 
 class Server:
-    def __init__(self, url: str, workers: int) -> None:
+    def __init__(self, url: str, workers: int, setup: str = "serve") -> None:
         import socket
 
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = int(s.getsockname()[1])
         cmd = [sys.executable, "-m", "bench.api", "--serve", url, "--port", str(self.port), "--workers", str(workers)]
+        cmd += ["--setup", setup]
         # /health shows the encoder's state to a key only; this loopback server shows it to all.
         env = {**os.environ, **TINY_ENV, "MEMSTORE_API_HEALTH_DETAIL": "public"}
-        self.proc = subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 180
         try:
             while time.monotonic() < deadline:
@@ -100,20 +146,45 @@ class Server:
         self.proc.terminate()
         self.proc.wait(30)
 
+    def cpu_s(self) -> float:
+        """CPU seconds the server's processes have used so far (user and system)."""
+        import psutil
+
+        total = 0.0
+        try:
+            proc = psutil.Process(self.proc.pid)
+            for p in (proc, *proc.children(recursive=True)):
+                t = p.cpu_times()
+                total += t.user + t.system
+        except psutil.Error:
+            pass
+        return total
+
 
 class RawClient:
     """A minimal keep-alive HTTP/1.1 client (like wrk's): the load generator should cost little CPU,
     since it shares the machine with the server and the database."""
 
     def __init__(self, port: int) -> None:
+        self.port = port
+        self._connect()
+
+    def _connect(self) -> None:
         import socket
 
-        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock = socket.create_connection(("127.0.0.1", self.port))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.buf = b""
 
     def request(self, raw: bytes) -> int:
-        self.sock.sendall(raw)
+        try:
+            self.sock.sendall(raw)
+            self.buf += self._recv()
+        except (ConnectionError, OSError):
+            # Closed by the server after its keep-alive timeout while other sides had their turn.
+            self.sock.close()
+            self._connect()
+            self.sock.sendall(raw)
         while b"\r\n\r\n" not in self.buf:
             self.buf += self._recv()
         head, _, rest = self.buf.partition(b"\r\n\r\n")
@@ -155,16 +226,28 @@ def _run_for(seconds: float, threads: int, fn: Any) -> int:
 def _alternate(first: Any, second: Any, *, window: float, rounds: int, threads: int, warm_s: float) -> tuple[int, int]:
     """Calls of ``first`` and ``second`` completed in ``rounds`` windows each, the two taking turns
     (which goes first alternates by round), so a noisy machine hits both alike; both warmed first."""
-    _run_for(warm_s, threads, first)
-    _run_for(warm_s, threads, second)
-    n_first = n_second = 0
+    counts, _ = _alternate_many([first, second], window=window, rounds=rounds, threads=threads, warm_s=warm_s)
+    return counts[0], counts[1]
+
+
+def _alternate_many(
+    sides: list[Any], *, window: float, rounds: int, threads: int, warm_s: float, cpu: list[Any] | None = None
+) -> tuple[list[int], list[float]]:
+    """Calls of each side completed in ``rounds`` windows each, the sides taking turns (the order turns
+    by one each round and runs backwards every other round), all warmed first; with ``cpu`` (a
+    function per side, CPU seconds so far, or None), the CPU each side's windows used too."""
+    for fn in sides:
+        _run_for(warm_s, threads, fn)
+    counts, used = [0] * len(sides), [0.0] * len(sides)
+    order = list(range(len(sides)))
     for r in range(rounds):
-        for side in (0, 1) if r % 2 == 0 else (1, 0):
-            if side == 0:
-                n_first += _run_for(window, threads, first)
-            else:
-                n_second += _run_for(window, threads, second)
-    return n_first, n_second
+        turn = order[r % len(order) :] + order[: r % len(order)]
+        for side in turn if r % 2 == 0 else reversed(turn):
+            probe = cpu[side] if cpu is not None else None
+            before = probe() if probe is not None else 0.0
+            counts[side] += _run_for(window, threads, sides[side])
+            used[side] += (probe() - before) if probe is not None else 0.0
+    return counts, used
 
 
 def load_search(args: argparse.Namespace, url: str) -> VectorStore:
@@ -179,7 +262,9 @@ def load_search(args: argparse.Namespace, url: str) -> VectorStore:
     return store
 
 
-def bench_search(args: argparse.Namespace, store: VectorStore, server: Server, key: str) -> dict[str, Any]:
+def bench_search(args: argparse.Namespace, store: VectorStore, servers: dict[str, Server], key: str) -> dict[str, Any]:
+    """Direct searches and each server's REST searches, taking turns; the first server's ratio is
+    ``search_qps_ratio``, every server's is under ``servers``."""
     queries = clustered(200, args.dims, seed=2)
     requests = []
     for q in queries:
@@ -190,31 +275,53 @@ def bench_search(args: argparse.Namespace, store: VectorStore, server: Server, k
             + f"Content-Length: {len(body)}\r\n\r\n".encode()
             + body
         )
-    conns = [RawClient(server.port) for _ in range(args.concurrency)]
     bad: list[int] = []
 
     def direct(t: int, i: int) -> None:
         store.search(collection="bench_search", vector=queries[(i * 7 + t) % len(queries)], k=args.k)
 
-    def api(t: int, i: int) -> None:
-        status = conns[t].request(requests[(i * 7 + t) % len(requests)])
-        if status != 200:
-            bad.append(status)
+    def api(server: Server) -> Any:
+        conns = [RawClient(server.port) for _ in range(args.concurrency)]
 
+        def call(t: int, i: int) -> None:
+            status = conns[t].request(requests[(i * 7 + t) % len(requests)])
+            if status != 200:
+                bad.append(status)
+
+        return call
+
+    names = list(servers)
     t_side = args.seconds / (2 * args.rounds)
-    n_direct, n_api = _alternate(direct, api, window=t_side, rounds=args.rounds, threads=args.concurrency, warm_s=1.0)
+    counts, cpu = _alternate_many(
+        [direct, *(api(servers[n]) for n in names)],
+        window=t_side,
+        rounds=args.rounds,
+        threads=args.concurrency,
+        warm_s=1.0,
+        cpu=[None, *(servers[n].cpu_s for n in names)],
+    )
     if bad:
         raise RuntimeError(f"API searches failed: {sorted(set(bad))}")
     seconds = t_side * args.rounds
-    direct_qps, api_qps = n_direct / seconds, n_api / seconds
+    direct_qps = counts[0] / seconds
+    each = {
+        name: {
+            "api_qps": round(counts[i + 1] / seconds, 1),
+            "ratio": round(counts[i + 1] / max(1, counts[0]), 3),
+            "server_cpu_ms_per_search": round(1000 * cpu[i + 1] / max(1, counts[i + 1]), 3),
+        }
+        for i, name in enumerate(names)
+    }
+    first = each[names[0]]
     return {
         "direct_qps": round(direct_qps, 1),
-        "api_qps": round(api_qps, 1),
+        "api_qps": first["api_qps"],
         "rows": args.n,
         "dimensions": args.dims,
         "k": args.k,
         "concurrency": args.concurrency,
-        "search_qps_ratio": round(api_qps / direct_qps, 3),
+        "search_qps_ratio": first["ratio"],
+        **({"servers": each} if len(names) > 1 else {"server_cpu_ms_per_search": first["server_cpu_ms_per_search"]}),
     }
 
 
@@ -385,16 +492,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ingest-rounds", type=int, default=4)
     p.add_argument("--workers", type=int, default=1, help="in-process ingest workers of the server (as serve)")
     p.add_argument("--only", choices=("search", "ingest"), help="run one half (the other ratio is reported as null)")
+    p.add_argument(
+        "--servers",
+        default="serve",
+        help=f"server setups whose searches take turns with the direct ones, comma-separated, the first giving "
+        f"search_qps_ratio (of {', '.join(SETUPS)}; default: serve, as `memstore serve` runs)",
+    )
     p.add_argument("--serve", metavar="URL", help=argparse.SUPPRESS)
+    p.add_argument("--setup", default="serve", choices=SETUPS, help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.serve:
-        serve(args.serve, args.port, args.workers)
+        serve(args.serve, args.port, args.workers, args.setup)
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         url = _database(args, tmp)
-        server = Server(url, args.workers)
+        setups = [name.strip() for name in args.servers.split(",") if name.strip()]
+        unknown = sorted(set(setups) - set(SETUPS))
+        if unknown or not setups:
+            p.error(f"--servers: unknown setups {unknown}; choose from {', '.join(SETUPS)}")
+        servers: dict[str, Server] = {}
         try:
+            for name in setups if args.only != "ingest" else setups[:1]:
+                servers[name] = Server(url, args.workers, name)
+            server = servers[setups[0]]
             _, key = keys.create_key(create_engine(url), name="bench", scopes=["admin"])
             ingest: dict[str, Any] = {"ingest_images_per_s_ratio": None}
             client: dict[str, Any] = {"client_search_ratio": None, "client_upload_ratio": None}
@@ -403,12 +524,13 @@ def main(argv: list[str] | None = None) -> int:
                 ingest = bench_ingest(args, server, key, url)
                 print(f"ingest: {ingest}", file=sys.stderr)
             if args.only != "ingest":
-                search = bench_search(args, load_search(args, url), server, key)
+                search = bench_search(args, load_search(args, url), servers, key)
                 print(f"search: {search}", file=sys.stderr)
                 client = bench_client(args, server, key)
                 print(f"client: {client}", file=sys.stderr)
         finally:
-            server.stop()
+            for running in servers.values():
+                running.stop()
             drop_database(url)
     result = {
         "search_qps_ratio": search.pop("search_qps_ratio"),

@@ -373,10 +373,15 @@ def test_api_benchmark_measures_the_client_beside_plain_httpx(database_url: str)
         database_url,
         *("--database-url", database_url, "--only", "search", "--n", "1500", "--dims", "32", "--seconds", "1"),
         *("--rounds", "2", "--client-seconds", "2", "--client-batch", "100", "--concurrency", "2"),
+        *("--servers", "serve,log-on,log-off,asyncio-h11"),
     )
     assert result["ingest_images_per_s_ratio"] is None
     for name in ("search_qps_ratio", "client_search_ratio", "client_upload_ratio"):
         assert result[name] > 0, name
+    servers = result["search"]["servers"]
+    assert list(servers) == ["serve", "log-on", "log-off", "asyncio-h11"]
+    assert result["search_qps_ratio"] == servers["serve"]["ratio"]
+    assert all(s["api_qps"] > 0 and s["server_cpu_ms_per_search"] > 0 for s in servers.values()), servers
     assert result["client"]["search_per_s_client"] > 0 and result["client"]["upload_per_s_httpx"] > 0
 
 

@@ -63,10 +63,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.mark.parametrize("access_log", [None, "false"])
+@pytest.mark.parametrize("access_log", [None, "true", "false"])
 def test_serve_on_the_embedded_database_answers_health(tmp_path: Path, access_log: str | None) -> None:
-    """The first quick-start command: embedded server up, migrations applied, /health answering; one
-    access-log line per request unless MEMSTORE_API_ACCESS_LOG=false."""
+    """The first quick-start command: embedded server up, migrations applied, /health answering. The
+    access log: by default (sampled) a line for every error and for the first success, not for each
+    one; MEMSTORE_API_ACCESS_LOG=true a line per request; false none."""
     port = _free_port()
     # The offline model (the default one's weights cannot be fetched here): /health must reach "ok".
     env = _env(MEMSTORE_DATA_DIR=str(tmp_path / "data"), MEMSTORE_MODEL="memstore-tiny", MEMSTORE_PRETRAINED="none")
@@ -103,12 +104,20 @@ def test_serve_on_the_embedded_database_answers_health(tmp_path: Path, access_lo
         detail = httpx.get(f"http://127.0.0.1:{port}/health", headers={"Authorization": f"Bearer {secret}"}).json()
         assert detail["database"]["server_version"].startswith("18")
         assert detail["database"]["revision"]
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/collections").status_code == 401
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
     printed = proc.stdout.read() if proc.stdout else ""
     assert "Application startup complete" in printed  # the service's own messages are logged either way
-    assert ('"GET /health HTTP/1.1" 200' in printed) is (access_log is None), printed[-2000:]
+    health_lines = printed.count('"GET /health HTTP/1.1" 200')
+    refused_line = '"GET /v1/collections HTTP/1.1" 401' in printed
+    if access_log == "false":
+        assert health_lines == 0 and not refused_line, printed[-2000:]
+    elif access_log == "true":
+        assert health_lines >= 2 and refused_line, printed[-2000:]  # the polls and the keyed one
+    else:
+        assert health_lines == 1 and refused_line, printed[-2000:]
     pidfile = tmp_path / "data" / "pg" / "postmaster.pid"
     deadline = time.monotonic() + 20
     while pidfile.exists() and time.monotonic() < deadline:

@@ -30,6 +30,7 @@ from memstore.api.auth import authenticate_runtime, key_from_header
 from memstore.api.consistency import ReadYourWrites
 from memstore.api.fastpath import SearchFastPath
 from memstore.api.middleware import (
+    AccessLog,
     AuthGate,
     BodyLimit,
     BodyTooLargeError,
@@ -130,7 +131,8 @@ def build_app(
     consistent = ReadYourWrites(limited, lambda: app.state.runtime.store.db)
     # The web pages (/ui) check their session cookie in their own gate, also before any body.
     gated = AuthGate(consistent if pages is None else pages(app, consistent), authenticate)
-    app.front = Metrics(DocsHeaders(gated, lambda: str(app.state.docs_policy)), registry=registry)
+    access = AccessLog(api.access_log_every) if api.access_log == "sampled" else None
+    app.front = Metrics(DocsHeaders(gated, lambda: str(app.state.docs_policy)), registry=registry, access=access)
     # Routes are matched in order: the hot path (search) first.
     # Every /v1 route refuses query parameters it does not declare (memstore.api.query_names).
     for router in (search.router, collections.router, items.router, load.router, spaces.router):

@@ -20,11 +20,13 @@ limits too (docs/operations.md).
 from __future__ import annotations
 
 import asyncio
+import copy
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import httptools
 import uvicorn
+import uvicorn.config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from memstore.api.settings import ApiSettings
@@ -196,15 +198,40 @@ def protocol_class(limits: HttpLimits) -> type[GuardedHttpToolsProtocol]:
     return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), {"limits": limits})
 
 
-def server_config(app: Any, api: ApiSettings, *, host: str, port: int, **options: Any) -> uvicorn.Config:
+def logging_config() -> dict[str, Any]:
+    """uvicorn's logging configuration with ``memstore.access`` (the sampled access log,
+    ``memstore.api.middleware.AccessLog``) on the handler and format of uvicorn's access lines."""
+    config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+    config["loggers"]["memstore.access"] = {"handlers": ["access"], "level": "INFO", "propagate": False}
+    return config
+
+
+def server_config(
+    app: Any,
+    api: ApiSettings,
+    *,
+    host: str,
+    port: int,
+    http: str | None = None,
+    **options: Any,
+) -> uvicorn.Config:
     """uvicorn's configuration as ``memstore serve`` runs it: the guarded protocol, the keep-alive
-    timeout, and ``options`` (log level, access log...)."""
+    timeout, uvicorn's access log when ``MEMSTORE_API_ACCESS_LOG=all``, and ``options`` (log level,
+    loop...). ``http`` names another of uvicorn's protocols instead of the guarded one: for
+    comparisons only (``bench.api --servers``), since it drops the limits on the head."""
     limits = HttpLimits.of(api)
     return uvicorn.Config(
         app,
         host=host,
         port=port,
-        http=protocol_class(limits),
+        http=http or protocol_class(limits),
         timeout_keep_alive=limits.keep_alive_s,
+        access_log=api.access_log == "all",
+        log_config=logging_config(),
         **options,
     )
+
+
+def run_server(app: Any, api: ApiSettings, *, host: str, port: int, log_level: str = "info", **options: Any) -> None:
+    """Serve ``app`` as ``memstore serve`` does, until the process is told to stop."""
+    uvicorn.Server(server_config(app, api, host=host, port=port, log_level=log_level, **options)).run()

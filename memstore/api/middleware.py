@@ -8,6 +8,7 @@ the server read, buffer or parse a body.
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Callable
@@ -181,11 +182,52 @@ class AuthGate:
 CLIENT_GONE = "client_gone"
 
 
-class Metrics:
-    """Request counts and latencies per route template (never per raw path: bounded label sets)."""
+class AccessLog:
+    """Access lines written by the front instead of by the HTTP server
+    (``MEMSTORE_API_ACCESS_LOG=sampled``): every answer of 400 or more, and of the others the first
+    and then one in ``every`` (0: none of them). The lines read as uvicorn's own (the same arguments,
+    through the ``access`` handler of ``memstore.api.http_limits.logging_config``), on the logger
+    ``memstore.access``.
 
-    def __init__(self, app: ASGIApp, registry: CollectorRegistry) -> None:
+    uvicorn's access log builds a log record and writes a line for each request: about a tenth of a
+    vector search's CPU in the API process. A request this one does not write costs a counter."""
+
+    logger = logging.getLogger("memstore.access")
+
+    def __init__(self, every: int) -> None:
+        self.every = every
+        self._left = 1  # the first answer has its line: the log shows the server at work from the start
+
+    def record(self, scope: Scope, status: int) -> None:
+        if status < 400:
+            if self.every <= 0:
+                return
+            self._left -= 1
+            if self._left > 0:
+                return
+            self._left = self.every
+        if not self.logger.isEnabledFor(logging.INFO):
+            return
+        client = scope.get("client")
+        query = scope.get("query_string", b"")
+        path = scope.get("root_path", "") + scope.get("path", "")
+        self.logger.info(
+            '%s - "%s %s HTTP/%s" %d',
+            f"{client[0]}:{client[1]}" if client else "-",
+            scope.get("method", ""),
+            f"{path}?{query.decode('ascii', 'replace')}" if query else path,
+            scope.get("http_version", "1.1"),
+            status,
+        )
+
+
+class Metrics:
+    """Request counts and latencies per route template (never per raw path: bounded label sets), and
+    the sampled access log when there is one."""
+
+    def __init__(self, app: ASGIApp, registry: CollectorRegistry, access: AccessLog | None = None) -> None:
         self.app = app
+        self.access = access
         self.requests = Counter(
             "memstore_http_requests", "HTTP requests", ["method", "route", "status"], registry=registry
         )
@@ -227,6 +269,8 @@ class Metrics:
                 )
             children[0].inc()
             children[1].observe(time.perf_counter() - started)
+            if self.access is not None:
+                self.access.record(scope, status)
 
 
 # What every page and document this server renders carries beside its own CSP: no framing

@@ -72,9 +72,7 @@ def command(
 ) -> int:
     """Run the REST API. By default the encoder model and one ingest worker run in this process on
     the embedded database; flags turn each part off or point at a remote encoder."""
-    import uvicorn
-
-    from memstore.api.http_limits import server_config
+    from memstore.api.http_limits import run_server
     from memstore.api.runtime import RuntimeOptions
     from memstore.api.settings import ApiSettings
     from memstore.db import migrate
@@ -113,15 +111,8 @@ def command(
     if maintenance:
         parts.append("maintenance")
     click.echo(f"memstore: serving on http://{host}:{port} ({', '.join(parts)}; docs at /docs)")
-    # uvicorn with a bounded request head, a deadline for it and a keep-alive timeout
-    # (memstore.api.http_limits; MEMSTORE_API_MAX_HEAD_BYTES and the rest).
-    config = server_config(
-        create_app(api_settings=api, options=options),
-        api,
-        host=host,
-        port=port,
-        log_level="info",
-        access_log=api.access_log,
-    )
-    uvicorn.Server(config).run()
+    # uvicorn on uvloop with the guarded protocol: a bounded request head, a deadline for it, a
+    # keep-alive timeout (memstore.api.http_limits; MEMSTORE_API_MAX_HEAD_BYTES and the rest), and
+    # the access log as MEMSTORE_API_ACCESS_LOG says (all, sampled or off).
+    run_server(create_app(api_settings=api, options=options), api, host=host, port=port, log_level="info")
     return 0

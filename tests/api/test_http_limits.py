@@ -175,3 +175,75 @@ def test_keep_alive_requests_are_served_one_after_another(port: int) -> None:
         while answer.count(b"hello") < 2:
             answer += s.recv(65536)
         assert answer.count(b"HTTP/1.1 200") == 2
+
+
+def test_the_access_log_setting_reads_its_old_booleans() -> None:
+    assert ApiSettings().access_log == "sampled"
+    for word, mode in (("true", "all"), ("1", "all"), ("false", "off"), ("0", "off"), ("all", "all"), ("OFF", "off")):
+        assert ApiSettings(access_log=word).access_log == mode, word
+    assert ApiSettings(access_log=True).access_log == "all"
+    with pytest.raises(ValueError):
+        ApiSettings(access_log="sometimes")
+
+
+def test_uvicorn_writes_every_line_only_when_the_access_log_is_all() -> None:
+    for mode, expected in (("all", True), ("sampled", False), ("off", False)):
+        config = server_config(hello, ApiSettings(access_log=mode), host="127.0.0.1", port=1, lifespan="off")
+        assert config.access_log is expected, mode
+        assert config.log_config["loggers"]["memstore.access"]["handlers"] == ["access"]  # type: ignore[index]
+
+
+def test_the_sampled_access_log_writes_every_error_and_one_in_n_of_the_rest(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Through the metrics layer, as the API's front runs it: every answer of 400 or more has its
+    line, the first of the others and then one in ``every``, and every request is counted either way."""
+    import asyncio
+    import logging
+
+    from prometheus_client import CollectorRegistry
+
+    from memstore.api.middleware import AccessLog, Metrics
+
+    async def status_app(scope: Any, receive: Any, send: Any) -> None:
+        status = int(scope["path"].strip("/"))
+        await send({"type": "http.response.start", "status": status, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def noop(message: Any) -> None:
+        return None
+
+    async def requests(app: Any, statuses: list[int]) -> None:
+        for status in statuses:
+            scope = {
+                "type": "http", "method": "GET", "path": f"/{status}", "query_string": b"a=1" if status == 404 else b"",
+                "http_version": "1.1", "client": ("10.0.0.1", 5000), "headers": [],
+            }  # fmt: skip
+            await app(scope, None, noop)
+
+    registry = CollectorRegistry()
+    app = Metrics(status_app, registry=registry, access=AccessLog(every=3))
+    with caplog.at_level(logging.INFO, logger="memstore.access"):
+        asyncio.run(requests(app, [200, 200, 200, 401, 200, 404, 200, 200, 429, 500]))
+    lines = [r.getMessage() for r in caplog.records if r.name == "memstore.access"]
+    assert lines == [
+        '10.0.0.1:5000 - "GET /200 HTTP/1.1" 200',
+        '10.0.0.1:5000 - "GET /401 HTTP/1.1" 401',
+        '10.0.0.1:5000 - "GET /200 HTTP/1.1" 200',
+        '10.0.0.1:5000 - "GET /404?a=1 HTTP/1.1" 404',
+        '10.0.0.1:5000 - "GET /429 HTTP/1.1" 429',
+        '10.0.0.1:5000 - "GET /500 HTTP/1.1" 500',
+    ]
+    counted = sum(
+        s.value for m in registry.collect() if m.name == "memstore_http_requests" for s in m.samples
+        if s.name == "memstore_http_requests_total"
+    )  # fmt: skip
+    assert counted == 10
+
+    caplog.clear()
+    errors_only = Metrics(status_app, registry=CollectorRegistry(), access=AccessLog(every=0))
+    with caplog.at_level(logging.INFO, logger="memstore.access"):
+        asyncio.run(requests(errors_only, [200] * 50 + [403]))
+    assert [r.getMessage() for r in caplog.records if r.name == "memstore.access"] == [
+        '10.0.0.1:5000 - "GET /403 HTTP/1.1" 403'
+    ]
