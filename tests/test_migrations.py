@@ -31,7 +31,7 @@ def test_one_head() -> None:
 
 def test_concurrent_upgrades_from_several_processes_all_succeed(empty_database: str) -> None:
     """API, workers and a migrate job may all upgrade at start; the advisory lock serialises them."""
-    script = "import sys; from memstore import migrate; migrate.upgrade(sys.argv[1])"
+    script = "import sys; from memstore.db import migrate; migrate.upgrade(sys.argv[1])"
     procs = [
         subprocess.Popen([sys.executable, "-c", script, empty_database], stderr=subprocess.PIPE, text=True)
         for _ in range(3)
