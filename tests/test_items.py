@@ -16,7 +16,7 @@ from memstore.errors import (
 )
 from memstore.models import ItemIn
 from memstore.store import VectorStore
-from memstore.store.items import COPY_THRESHOLD
+from memstore.store.item_writes import COPY_THRESHOLD
 
 
 @pytest.fixture(params=[1, 3], ids=["plain", "partitioned"])

@@ -13,10 +13,10 @@ from memstore.errors import (
 )
 from memstore.items.vectors import as_vector
 from memstore.spaces import lifecycle
-from memstore.store.items import ItemsPart
+from memstore.store.item_writes import ItemWritesPart
 
 
-class SpacesPart(ItemsPart):
+class SpacesPart(ItemWritesPart):
     """Embedding spaces."""
 
     def create_space(
