@@ -74,9 +74,17 @@ def stale_collection(exc: BaseException) -> bool:
     return isinstance(exc, SpaceNotFoundError | LookupError | psycopg.errors.UndefinedTable)
 
 
-def _gone(exc: BaseException, collection: str) -> BaseException:
-    """What a second stale failure answers: a space's own error as it is, else the collection is gone."""
-    return exc if isinstance(exc, SpaceNotFoundError) else CollectionNotFoundError(collection)
+def _after_failure(host: SearchHost, collection: str, exc: Exception, attempt: int) -> None:
+    """The retry rule applied to a failed search: returns when it may run once more (the cached row
+    forgotten), raises otherwise. A second stale failure answers a space's own error as it is, else
+    that the collection is gone."""
+    if not stale_collection(exc):
+        raise exc
+    host.forget_collection(collection)
+    if attempt:
+        if isinstance(exc, SpaceNotFoundError):
+            raise exc
+        raise CollectionNotFoundError(collection) from None
 
 
 def run(
@@ -89,14 +97,7 @@ def run(
             rows = host.db.run_search(partial(_walks, host, c, query, ef_search, exact))
             return request.results(c, query, rows)
         except Exception as exc:
-            if not stale_collection(exc):
-                raise
-            host.forget_collection(collection)
-            if attempt:
-                gone = _gone(exc, collection)
-                if gone is exc:
-                    raise
-                raise gone from None
+            _after_failure(host, collection, exc, attempt)
     raise AssertionError("unreachable")
 
 
@@ -152,14 +153,7 @@ class AsyncSearcher:
                 )
                 return request.results(c, query, rows)
             except Exception as exc:
-                if not stale_collection(exc):
-                    raise
-                self.store.forget_collection(collection)
-                if attempt:
-                    gone = _gone(exc, collection)
-                    if gone is exc:
-                        raise
-                    raise gone from None
+                _after_failure(self.store, collection, exc, attempt)
         raise AssertionError("unreachable")
 
     async def _collection(self, name: str, *, fresh: bool) -> Collection:
