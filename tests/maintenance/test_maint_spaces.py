@@ -93,14 +93,14 @@ def test_one_space_in_trouble_does_not_hold_up_the_others(
             vectors = dict(zip(ids, clustered(len(ids), 6, seed=3), strict=True))
             store.put_space_vectors(collection=name, name="other", vectors=vectors)
         stuck = store.get_collection(name=first.name, fresh=True).spaces[0].id
-        build = space_pass.spaces.build_index
+        build = space_pass.lifecycle.build_index
 
         def build_or_time_out(conn: psycopg.Connection[Any], c: Collection, space: Any) -> bool:
             if space.id == stuck:
                 raise psycopg.errors.LockNotAvailable("canceling statement due to lock timeout")
             return build(conn, c, space)
 
-        monkeypatch.setattr(space_pass.spaces, "build_index", build_or_time_out)
+        monkeypatch.setattr(space_pass.lifecycle, "build_index", build_or_time_out)
         passer = SpacePass(store.engine, settings=store.settings)
         try:
             for _ in range(10):
