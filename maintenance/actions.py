@@ -24,6 +24,7 @@ from tenacity import RetryCallState
 from maintenance.config import MaintenanceConfig
 from maintenance.progress import Kind, ProgressCallback, Watch
 from maintenance.targets import Target, targets_for
+from memstore.catalog.density import Density
 from memstore.db import locks, retrying
 from memstore.db.retrying import attempt_number, next_pause
 
@@ -141,9 +142,21 @@ class Executor:
             kind="vacuum",
         )
 
-    def rebuild(self, conn: psycopg.Connection[Any], target: Target) -> None:
-        """REINDEX INDEX CONCURRENTLY: readers and writers go on; a failure leaves ``*_ccnew`` behind."""
+    def rebuild(self, conn: psycopg.Connection[Any], target: Target, *, density: Density | None = None) -> None:
+        """REINDEX INDEX CONCURRENTLY: readers and writers go on; a failure leaves ``*_ccnew`` behind.
+        ``density``: the graph to build instead of the index's own. Set on the index first (a catalog
+        change under a brief lock: inserts and searches read m from the graph's own metapage, so the
+        old graph works on until its copy takes its place); REINDEX CONCURRENTLY builds its copy with
+        the index's options."""
         assert target.index is not None
+        if density is not None:
+            self.execute(
+                conn,
+                sql.SQL("ALTER INDEX {} SET (m = {}, ef_construction = {})").format(
+                    sql.Identifier(target.index), sql.Literal(density.m), sql.Literal(density.ef_construction)
+                ),
+                label=f"{target.label}: graph {density}",
+            )
         statement = sql.SQL("REINDEX INDEX CONCURRENTLY {}").format(sql.Identifier(target.index))
         try:
             self.execute(
@@ -195,3 +208,15 @@ def wait_for_slo(
         if stop.wait(pause):
             raise Interrupted("stopped while waiting for latency to recover")
         pause = min(pause * 2, 30.0)
+
+
+def index_density(conn: psycopg.Connection[Any], index: str) -> Density | None:
+    """The (m, ef_construction) an HNSW index's options name (pgvector's defaults where unset)."""
+    row = conn.execute(
+        "SELECT coalesce(reloptions, '{}') FROM pg_class WHERE oid = to_regclass(%s)",
+        (sql.Identifier(index).as_string(conn),),
+    ).fetchone()
+    if row is None:
+        return None
+    options = dict(o.split("=", 1) for o in row[0])
+    return Density(int(options.get("m", 16)), int(options.get("ef_construction", 64)))

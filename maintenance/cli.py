@@ -28,9 +28,12 @@ import click
 import psycopg
 
 from encoder.cli_support import CONTEXT_SETTINGS, emit, json_option, run, stop_on_signals
+from maintenance.actions import index_density
 from maintenance.config import MaintenanceConfig
 from maintenance.display import Bars, fmt_bytes, table
 from maintenance.worker import EXIT_FAILED, EXIT_OK, ActionOutcome, MaintenanceWorker
+from memstore.catalog import density
+from memstore.catalog.collections import Collection
 from memstore.db.core import get_engine
 from memstore.settings import Settings, get_settings
 
@@ -231,11 +234,14 @@ def _status(worker: MaintenanceWorker, common: Common, *, with_recall: bool) -> 
             c = collections.get(p.collection)
             if c is not None:
                 s.update(ef_search=c.default_ef_search, recall_target=c.recall_target, tuning=c.recall_tuning)
+                built = index_density(conn, p.index) if p.index and p.table.startswith(c.table_name) else None
+                s.update(graph=density.describe(c, built))
             rows.append(s)
         note = buffer_cache_note(conn)
     floor = worker.config.recall_floor
     notes = [n for c, r in worst.items() if (n := sparse_graph_note(c, r, floor))]
     notes += [n for c in collections.values() if (n := recall_target_note(c.name, c.recall_target, c.recall_tuning))]
+    notes += [n for c in collections.values() if (n := graph_note(c))]
     if note:
         notes.append(note)
     columns = [
@@ -249,6 +255,7 @@ def _status(worker: MaintenanceWorker, common: Common, *, with_recall: bool) -> 
         "recall",
         "ef_search",
         "target",
+        "graph",
         "owned",
         "last_action",
         "recommendation",
@@ -263,6 +270,7 @@ def _status(worker: MaintenanceWorker, common: Common, *, with_recall: bool) -> 
                 "ratio": r["size_ratio"],
                 "recall": None if r["last_recall"] is None else round(r["last_recall"], 3),
                 "target": target_cell(r.get("recall_target"), r.get("tuning")),
+                "graph": density.cell(r["graph"]) if r.get("graph") else None,
             }
             for r in rows
         ]
@@ -285,6 +293,25 @@ def sparse_graph_note(collection: str, fresh_recall: float | None, floor: float)
         f"floor {floor:.2f}, so no rebuild will do better. Raise the collection's ef_search, or build a denser "
         'graph (hnsw_ef_construction, hnsw_m; docs/scale.md, "What the rows ask of any HNSW graph").'
     )
+
+
+def graph_note(c: Collection) -> str | None:
+    """A line on the graph when its density changes at the next rebuild, or when the user's graph
+    costs the target more than the bound (what a denser one would need instead)."""
+    info = density.describe(c)
+    nxt = info["next_rebuild"]
+    if isinstance(nxt, dict):
+        return (
+            f"memstore-maint: {c.name}: the next rebuild builds a denser graph (m {nxt['m']}, ef_construction "
+            f"{nxt['ef_construction']}): {info['why']}."
+        )
+    if info["source"] == "user" and info["why"]:
+        return (
+            f"memstore-maint: {c.name}: {info['why']} (m {c.hnsw_m}, ef_construction {c.hnsw_ef_construction}); "
+            f"a denser graph (m {density.DENSE_M}, ef_construction {density.DENSE_EF_CONSTRUCTION}) needs about "
+            f"ef_search {density.DENSE_EF_BOUND} at a million rows (docs/scale.md)."
+        )
+    return None
 
 
 def target_cell(target: float | None, tuning: dict[str, Any] | None) -> str | None:

@@ -97,6 +97,12 @@ class MaintenanceConfig(BaseSettings):
         description="The per-neighbour trials (k x queries) are divided by this: the misses of one query come "
         "together, so the trials are not independent.",
     )
+    search_horizon_s: float = Field(
+        default=24 * 3600.0,
+        gt=0,
+        description="With a recall target, the policy weighs an action's seconds against the search seconds it "
+        "would save over this long (the measured searches per second at the ef each choice leaves).",
+    )
     tune_max_ef: int = Field(default=MAX_EF, ge=1, le=MAX_EF, description="The largest ef_search a tuning may set.")
 
     # --- safety ---

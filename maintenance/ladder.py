@@ -10,8 +10,9 @@ its margin. A ladder thus costs one probe's exact scan plus a few rounds of inde
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -39,6 +40,7 @@ class Ladder:
     points: list[Point]
     queries: int
     source: str  # "query_samples", "stand_ins", "query_samples+stand_ins" or "given"
+    ms: dict[int, float] = field(default_factory=dict)  # ms per search at each ef measured (one pipelined round)
 
 
 def tuning_queries(
@@ -140,7 +142,9 @@ def measure_ladder(
         if not outer:
             cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         apply(cur, index_settings(ef_search=reference, max_scan_tuples=max_scan_tuples))
+        t0 = time.perf_counter()
         answers = {reference: _index_answers(conn, statement, vectors, k)}
+        ms = {reference: (time.perf_counter() - t0) * 1000 / len(vectors)}
         apply(cur, exact_settings(ef_search=reference, max_scan_tuples=max_scan_tuples))
         exact = exact_answers(cur, target, vectors, answers[reference], k)
         expected = sum(len(e) for e in exact)
@@ -148,10 +152,12 @@ def measure_ladder(
             found = answers.get(ef)
             if found is None:
                 apply(cur, index_settings(ef_search=ef, max_scan_tuples=max_scan_tuples))
+                t0 = time.perf_counter()
                 found = _index_answers(conn, statement, vectors, k)
+                ms[ef] = (time.perf_counter() - t0) * 1000 / len(vectors)
             hits = sum(recall_hits(f, e) for f, e in zip(found, exact, strict=True))
             point = Point(ef, hits / expected if expected else 1.0, len(vectors), k)
             points.append(point)
             if stop_on_pass and passes(point, recall_target, z=z, design_effect=design_effect):
                 break
-    return Ladder(points, len(vectors), source)
+    return Ladder(points, len(vectors), source, ms)

@@ -16,6 +16,20 @@ Why these rules (measurements in docs/maintenance.md):
 - No action is chosen that cannot change the figure it answers: VACUUM never shrinks an HNSW index
   nor rebuilds its graph, so on a small index (never rebuilt) a size or recall verdict with no dead
   entries to remove is "nothing", not the same VACUUM on every pass.
+- Every recall comparison carries the sample's error: a reading below the last fresh build's is
+  drift only when the difference of the two is beyond both samples' error (Newcombe's hybrid score
+  interval: the Wilson intervals of ``maintenance.tuning`` combined), so a graph the probe cannot
+  tell apart from its last fresh build is never rebuilt again (``bench.churn`` had rebuilt a graph
+  built one round before on a 20-query reading).
+- With a recall target, search cost is the objective (``weigh``): each choice leaves an ef at the
+  target (nothing: the tuned one; a rebuild: what the last fresh build needed, or the denser graph's
+  bound when one is planned, ``memstore.catalog.density``; VACUUM: the tuned one less the share of
+  the candidate list dead entries take), and the choice with the least search seconds over
+  ``search_horizon_s`` (the measured searches per second times the measured time of a search at
+  that ef) plus the action's own seconds (the last rebuild's; VACUUM: the share of the graph it
+  repairs, 1-(1-d)^(2m), of that) is taken. A rebuild for search cost needs the ladder to tell the
+  graph apart from its fresh build at the fresh build's ef (the same test); a planned denser graph
+  is built at once when the target is out of reach.
 """
 
 from __future__ import annotations
@@ -25,6 +39,9 @@ from typing import Literal
 
 from maintenance.config import MaintenanceConfig
 from maintenance.probes import Probe
+from maintenance.search_cost import SearchCost, told_apart
+from maintenance.tuning import Point
+from memstore.catalog.density import DENSE_BUILD_COST
 
 Action = Literal["nothing", "vacuum", "rebuild"]
 
@@ -42,6 +59,64 @@ class Decision:
             if self.cleanup and self.action != "nothing"
             else ("cleanup" if self.cleanup else self.action)
         )
+
+
+def drifted(p: Probe, config: MaintenanceConfig) -> bool | None:
+    """The probe's recall is below the last fresh build's by ``recall_drop`` and beyond both samples'
+    error (None: no reading to compare, or readings at different ef_search values where the fresh
+    one's was deeper)."""
+    recall, fresh = p.recall_value, p.fresh_recall
+    if recall is None or fresh is None or p.recall is None:
+        return None
+    if p.fresh_recall_ef is not None and p.recall.ef_search < p.fresh_recall_ef:
+        return None  # a shallower search reads lower by itself
+    if recall >= fresh - config.recall_drop:
+        return False
+    k = p.recall.k
+    now = Point(p.recall.ef_search, recall, max(p.recall.queries, 1), k)
+    then = Point(p.recall.ef_search, fresh, max(p.fresh_recall_queries or p.recall.queries, 1), k)
+    return told_apart(then, now, z=config.tune_z, design_effect=config.tune_design_effect)
+
+
+def weigh(p: Probe, cost: SearchCost, config: MaintenanceConfig) -> tuple[str, str, dict[str, float]]:
+    """The action with the least seconds over ``search_horizon_s``: searches at the ef each action
+    leaves plus the action's own (see the module's docstring). Returns (action, why, totals)."""
+    rebuild_s = p.rebuild_s if p.rebuild_s is not None else p.live_rows / config.rebuild_rows_per_s
+    rate = cost.searches_per_s or 0.0
+    searches = rate * config.search_horizon_s
+
+    def search_s(ef: float) -> float | None:
+        ms = cost.search_ms(ef)
+        return None if ms is None else searches * ms / 1000.0
+
+    options: dict[str, tuple[float, float]] = {"nothing": (cost.ef_now, 0.0)}  # action: (ef left, action s)
+    if cost.denser is not None and cost.denser_ef is not None:
+        options["rebuild"] = (min(cost.ef_now, cost.denser_ef), rebuild_s * DENSE_BUILD_COST)
+    elif (
+        cost.fresh_ef is not None
+        and (p.churn_since_rebuild or 0) > 0
+        and cost.worn(z=config.tune_z, design_effect=config.tune_design_effect)
+    ):
+        options["rebuild"] = (cost.fresh_ef, rebuild_s)
+    if p.dead_entries > 0:
+        d = min(p.dead_fraction, 1.0)
+        ef_left = max(float(cost.fresh_ef or 1), cost.ef_now * (1.0 - d))
+        repaired = 1.0 - (1.0 - d) ** (2 * max(p.hnsw_m, 1))
+        options["vacuum"] = (ef_left, rebuild_s * repaired)
+    totals: dict[str, float] = {}
+    for action, (ef, action_s) in options.items():
+        s = search_s(ef)
+        if s is None:
+            return "nothing", "no search time measured", {}
+        totals[action] = s + action_s
+    best = min(totals, key=lambda a: (totals[a], a != "nothing"))
+    ef_left = options[best][0]
+    why = (
+        f"search cost at recall {p.recall_target:g}: ef {cost.ef_now} -> {ef_left:.0f} "
+        f"({searches:.0f} searches in {config.search_horizon_s:.0f}s: {totals['nothing']:.1f}s -> "
+        f"{totals[best] - options[best][1]:.1f}s, for a {best} of {options[best][1]:.1f}s)"
+    )
+    return best, why, totals
 
 
 def decide(p: Probe, config: MaintenanceConfig) -> Decision:
@@ -70,14 +145,25 @@ def decide(p: Probe, config: MaintenanceConfig) -> Decision:
     floor = config.recall_floor
     if p.recall_target is not None:
         floor = min(floor, p.recall_target - config.recall_drop)
+    cost = p.search_cost
+    if cost is not None and cost.denser is not None and not cost.reachable and not small:
+        # The target is out of reach at the largest ef: only the planned denser graph can reach it.
+        m, efc = cost.denser
+        return Decision("rebuild", f"recall target {p.recall_target:g} unreached at ef {cost.ef_now}: "
+                        f"a denser graph (m {m}, ef_construction {efc})", cleanup)  # fmt: skip
     if recall is not None:
         if p.fresh_recall is None:
             # Never rebuilt by the worker: the absolute floor; one rebuild then tells what fresh gives.
             if recall < floor:
                 return heavy(f"recall {recall:.3f} below {floor:.3f}")
-        elif recall < p.fresh_recall - config.recall_drop and (p.churn_since_rebuild or 0) > 0:
-            # Relative to what a fresh build gave: a rebuild cannot beat that, so no rebuild loops.
+        elif (p.churn_since_rebuild or 0) > 0 and drifted(p, config):
+            # Relative to what a fresh build gave: a rebuild cannot beat that, so no rebuild loops;
+            # and beyond the samples' error, so a graph the probe cannot tell from fresh is kept.
             return heavy(f"recall {recall:.3f} drifted from {p.fresh_recall:.3f} after the last rebuild")
+    if cost is not None and not small:
+        action, why, _ = weigh(p, cost, config)
+        if action != "nothing":
+            return Decision(action, why, cleanup)  # type: ignore[arg-type]
     if p.dead_fraction >= config.compact_dead_fraction:
         return heavy(f"dead fraction {p.dead_fraction:.3f} at or over {config.compact_dead_fraction:.3f}")
     if p.size_ratio >= config.max_size_ratio and p.index_bytes > 4 * 8192:

@@ -15,6 +15,7 @@ from psycopg.types.json import Jsonb
 
 from maintenance.config import MaintenanceConfig
 from maintenance.recall import RecallResult, measure_recall
+from maintenance.search_cost import SearchCost
 from maintenance.sizing import estimate_index_bytes, fresh_bytes
 from maintenance.targets import Target, representation
 from memstore.db import sqlfiles
@@ -53,6 +54,10 @@ class Probe:
     rebuild_s: float | None = None  # how long the last rebuild took (bounds the recall probe's cost)
     recall_target: float | None = None  # the collection's recall target (its own vectors only)
     recall: RecallResult | None = None
+    fresh_recall_queries: int | None = None  # the queries of the fresh recall reading
+    fresh_recall_ef: int | None = None  # the ef_search it was read at
+    hnsw_m: int = 16  # the graph's m (what a VACUUM's repair share depends on)
+    search_cost: SearchCost | None = None  # the recall target's cost here (the worker attaches it)
     duration_s: float = 0.0
     taken_at: datetime = field(default_factory=lambda: datetime.now(UTC))
 
@@ -70,13 +75,14 @@ class Probe:
 
     def summary(self) -> dict[str, Any]:
         """A JSON-ready summary (used for --json output and the history's before/after figures)."""
-        out = {k: v for k, v in asdict(self).items() if k not in ("recall", "taken_at")}
+        out = {k: v for k, v in asdict(self).items() if k not in ("recall", "taken_at", "search_cost")}
         out.update(
             dead_fraction=round(self.dead_fraction, 5),
             size_ratio=round(self.size_ratio, 4),
             recall=self.recall_value,
             recall_queries=None if self.recall is None else self.recall.queries,
             recall_source=None if self.recall is None else self.recall.source,
+            recall_ef=None if self.recall is None else self.recall.ef_search,
             taken_at=self.taken_at.isoformat(),
         )
         return out
@@ -139,6 +145,7 @@ def probe(
     churn = None
     correction = None
     fresh_recall = None
+    fresh_queries = fresh_ef = None
     rebuild_s = None
     if last_compact is not None:
         after = last_compact.get("after") or {}
@@ -151,6 +158,8 @@ def probe(
             built = estimate_index_bytes(int(after["live_rows"]), dims=v.dimensions, m=v.hnsw_m)
             correction = int(after["index_bytes"]) / built
         fresh_recall = after.get("recall")
+        fresh_queries = after.get("recall_queries")
+        fresh_ef = after.get("recall_ef")
         rebuild_s = last_compact.get("duration_s")
 
     result = Probe(
@@ -172,6 +181,9 @@ def probe(
         recall_due=recall_due,
         rebuild_s=None if rebuild_s is None else float(rebuild_s),
         recall_target=c.recall_target if target.space is None else None,
+        fresh_recall_queries=None if fresh_queries is None else int(fresh_queries),
+        fresh_recall_ef=None if fresh_ef is None else int(fresh_ef),
+        hnsw_m=v.hnsw_m,
     )
     if with_recall:
         attach_recall(conn, target, result, config, max_scan_tuples=max_scan_tuples)

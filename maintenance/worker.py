@@ -11,15 +11,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 import sqlalchemy as sa
 
-from maintenance import history
-from maintenance.actions import Busy, Executor, Interrupted, wait_for_slo
+from maintenance import history, search_cost
+from maintenance.actions import Busy, Executor, Interrupted, index_density, wait_for_slo
 from maintenance.compact_index import maintain_compact_index
 from maintenance.config import MaintenanceConfig
 from maintenance.ladder import Ladder, measure_ladder
@@ -29,9 +29,17 @@ from maintenance.progress import ProgressCallback
 from maintenance.targets import Target, every_target, representation, targets_for
 from maintenance.tuning import Tuning, choose_ef, ladder_for
 from memstore import action_log as core_history
+from memstore.catalog import density
 from memstore.catalog.collections import RECALL_TUNING, Collection
+from memstore.catalog.density import Density
 from memstore.catalog.index_spec import index_spec
-from memstore.catalog.registry import read_collection, read_collections, set_default_ef_search, set_option
+from memstore.catalog.registry import (
+    read_collection,
+    read_collections,
+    set_default_ef_search,
+    set_hnsw_density,
+    set_option,
+)
 from memstore.db import online_ddl
 from memstore.db.core import as_database, dedicated_connection, get_database
 from memstore.items import bulk_load
@@ -169,6 +177,7 @@ class MaintenanceWorker:
         conn = self.session()
         for target in self.targets(conn):
             p = probe(conn, target, self.config, max_scan_tuples=self.settings.max_scan_tuples, with_recall=with_recall)
+            p.search_cost = self.search_cost(conn, target)
             d = decide(p, self.config)
             if record:
                 record_probe(conn, p, d.label)
@@ -192,13 +201,23 @@ class MaintenanceWorker:
         conn = self.session()
         if before is None:
             before = probe(conn, target, self.config, max_scan_tuples=self.settings.max_scan_tuples, with_recall=False)
+        graph: tuple[Density, Density] | None = None  # (from, to): a rebuild into a denser graph
+        if action == "rebuild" and (index := target.index):
+            target = replace(target, collection=read_collection(conn, id=target.collection.id))
+            want = self.wanted_density(conn, target)
+            if want is not None:
+                graph = (index_density(conn, index) or density.of(target.collection), want)
+                reason = f"{reason}; graph {graph[0]} -> {want}"
+                why = density.plan(target.collection)[1]
+                if why:
+                    reason += f" ({why})"
         out = ActionOutcome(target.collection.name, target.table, action, reason, "running", before=before.summary())
         action_id = history.start_action(conn, target, action, reason, out.before)
         t0 = time.perf_counter()
         try:
             with ex.index_lock(conn, target):
                 out.dropped = ex.drop_leftovers(conn, target)
-                self._run(ex, conn, target, action)
+                self._run(ex, conn, target, action, graph=None if graph is None else graph[1])
             out.outcome = "ok"
         except Busy as exc:
             out.outcome, out.error = "skipped", str(exc)
@@ -209,6 +228,8 @@ class MaintenanceWorker:
             log.error("%s %s failed: %s", action, target.label, out.error)
         out.duration_s = time.perf_counter() - t0
         conn = self.session()  # a new one if the old backend died
+        if out.outcome == "ok" and graph is not None:
+            target = replace(target, collection=self._record_density(conn, target.collection, graph, reason))
         if out.outcome == "ok":
             out.after = {"dropped": out.dropped}
         if out.outcome == "ok" and action in ("vacuum", "rebuild"):
@@ -227,13 +248,17 @@ class MaintenanceWorker:
                 "dead_entries": 0 if action == "rebuild" else after.dead_tuples,
                 "dropped": out.dropped,
             }
+            if graph is not None:
+                out.after |= {"hnsw_m": graph[1].m, "hnsw_ef_construction": graph[1].ef_construction}
         history.finish_action(
             conn, action_id, outcome=out.outcome, duration_s=out.duration_s, after=out.after, error=out.error
         )
         log.info("%s %s: %s in %.1fs (%s)", action, target.label, out.outcome, out.duration_s, reason)
         return out
 
-    def _run(self, ex: Executor, conn: psycopg.Connection[Any], target: Target, action: str) -> None:
+    def _run(
+        self, ex: Executor, conn: psycopg.Connection[Any], target: Target, action: str, *, graph: Density | None = None
+    ) -> None:
         if action in ("vacuum", "rebuild"):
             self._wait_for_slo(ex.stop)
         if action == "vacuum":
@@ -241,7 +266,7 @@ class MaintenanceWorker:
         elif action == "rebuild":
             if target.index is None:
                 raise LookupError(f"{target.table} has no valid HNSW index to rebuild")
-            ex.rebuild(conn, target)
+            ex.rebuild(conn, target, density=graph)
             self._wait_for_slo(ex.stop)
             ex.vacuum(conn, target)
         elif action == "own_index_cleanup":
@@ -250,6 +275,56 @@ class MaintenanceWorker:
             ex.own_index_cleanup(conn, target, own=False)
         elif action != "cleanup":
             raise ValueError(f"unknown action {action!r}")
+
+    # ------------------------------------------------------------------ graph density
+
+    def wanted_density(self, conn: psycopg.Connection[Any], target: Target) -> Density | None:
+        """The graph the target's next rebuild is to use when it is not the index's own: the denser
+        one its collection's recall target needs (``memstore.catalog.density.plan``), or the one the
+        registry records where this index (a partition) has not been rebuilt into it yet."""
+        c = target.collection
+        if target.space is not None or target.index is None or representation(c) != "full":
+            return None
+        want, _ = density.plan(c)
+        if want is None:
+            if c.options.get(density.HNSW_DENSITY) is None:
+                return None
+            want = density.of(c)
+        have = index_density(conn, target.index)
+        return None if have is None or have == want else want
+
+    def search_cost(self, conn: psycopg.Connection[Any], target: Target) -> search_cost.SearchCost | None:
+        """The recall target's cost on the target's index, for the policy (None: no target, or not tuned)."""
+        c = target.collection
+        if target.space is not None or target.index is None or representation(c) != "full":
+            return None
+        want = self.wanted_density(conn, target)
+        cost = search_cost.from_tuning(
+            c.recall_tuning, target=c.recall_target, denser=None if want is None else (want.m, want.ef_construction)
+        )
+        if cost is not None and c.partitions > 1:
+            # The tuning's ladder is the partition that needs the most: no partition's own wear.
+            cost = replace(cost, fresh_ef=None, now_at_fresh=None, fresh_at_fresh=None)
+        return cost
+
+    def _record_density(
+        self, conn: psycopg.Connection[Any], c: Collection, graph: tuple[Density, Density], reason: str
+    ) -> Collection:
+        """The registry's density after a rebuild into ``graph[1]`` (the first partition's sets it)."""
+        with conn.transaction():
+            c = read_collection(conn, id=c.id)
+            if density.of(c) != graph[1]:
+                c = set_hnsw_density(conn, c, m=graph[1].m, ef_construction=graph[1].ef_construction)
+                info = {
+                    "m": graph[1].m,
+                    "ef_construction": graph[1].ef_construction,
+                    "from": {"m": graph[0].m, "ef_construction": graph[0].ef_construction},
+                    "by": "maintenance",
+                    "reason": reason,
+                    "at": datetime.now(UTC).isoformat(),
+                }
+                c = set_option(conn, c, density.HNSW_DENSITY, info)
+        return c
 
     def _wait_for_slo(self, stop: threading.Event) -> None:
         if self.latency_source is not None:
@@ -284,7 +359,8 @@ class MaintenanceWorker:
             own = [(t, o) for t, o in seen if t.collection.name == c.name and t.space is None]
             if self.stop.is_set() or c.recall_target is None or not tune_due(c, [o for _, o in own]):
                 continue
-            outcome = self.tune(c, [t for t, _ in own])
+            rebuilt = any(o.decision == "rebuild" and o.outcome == "ok" for _, o in own)
+            outcome = self.tune(c, [t for t, _ in own], rebuilt=rebuilt)
             self.last_outcomes.append(outcome)
             failed |= outcome.outcome == "failed"
         for c in collections.values():
@@ -299,7 +375,9 @@ class MaintenanceWorker:
 
     # ------------------------------------------------------------------ recall target
 
-    def tune(self, collection: Collection, targets: list[Target] | None = None) -> ActionOutcome:
+    def tune(
+        self, collection: Collection, targets: list[Target] | None = None, *, rebuilt: bool = False
+    ) -> ActionOutcome:
         """Set the collection's default ef_search to the least that reaches its recall target
         (``maintenance.tuning``), from a ladder measured on each of its own tables (a partitioned
         collection takes the largest ef its partitions need); recorded as a "tune" action when the
@@ -325,6 +403,7 @@ class MaintenanceWorker:
         if not targets:
             return skipped("no valid HNSW index")
         measured: list[tuple[Tuning, Ladder]] = []
+        scans = index_scans(conn, [t.index for t in targets if t.index])
         try:
             for target in targets:
                 ladder = self._measure_ladder(conn, target, goal)
@@ -350,8 +429,20 @@ class MaintenanceWorker:
             "seconds": round(seconds, 3),
             "ladder": [[p.ef, round(p.recall, 5)] for p in ladder.points],
             "measured_at": datetime.now(UTC).isoformat(),
+            "k": self.config.recall_k,
+            "search_ms": [[e, round(ms, 4)] for e, ms in sorted(ladder.ms.items())],
+            "index_scans": scans,
+            # The worker's own index searches in this tuning: the stand-ins' look-ups and one round per rung.
+            "own_scans": sum(m[1].queries * (len(m[1].ms) + 1) for m in measured),
         }
         previous = c.recall_tuning or {}
+        info["searches_per_s"] = searches_per_s(previous, info, own_probe_scans=2 * self.config.recall_sample)
+        if rebuilt or (previous.get("target") != goal and previous.get("fresh") is None):
+            # What a fresh graph needs: the cost a rebuild would bring back (``maintenance.policy.weigh``).
+            fresh = {k: info[k] for k in ("ef", "ladder", "queries", "measured_at")}
+            info["fresh"] = fresh | {"rebuilt": rebuilt}
+        elif previous.get("fresh") is not None:
+            info["fresh"] = previous["fresh"]
         with conn.transaction():
             if tuning.ef != old:
                 set_default_ef_search(conn, c, tuning.ef)
@@ -448,6 +539,7 @@ class MaintenanceWorker:
         # Cheap signals first; the recall probe (exact searches) only when they see nothing to do
         # and enough has changed since recall was last measured.
         p = probe(conn, target, self.config, max_scan_tuples=self.settings.max_scan_tuples, with_recall=False)
+        p.search_cost = self.search_cost(conn, target)
         d = decide(p, self.config)
         if d.action == "nothing" and p.recall_due:
             self._attach_recall(conn, target, p)
@@ -510,3 +602,31 @@ def tune_due(c: Collection, outcomes: list[ActionOutcome]) -> bool:
         o.before.get("recall") is not None or (o.decision in ("vacuum", "rebuild") and o.outcome == "ok")
         for o in outcomes
     )
+
+
+def index_scans(conn: psycopg.Connection[Any], indexes: list[str]) -> int | None:
+    """The indexes' scans so far (``pg_stat_user_indexes.idx_scan``, summed; None without indexes)."""
+    if not indexes:
+        return None
+    row = conn.execute(
+        "SELECT sum(coalesce(pg_stat_get_numscans(to_regclass(i)), 0))::bigint FROM unnest(%s::text[]) i",
+        ([f'"{i}"' for i in indexes],),
+    ).fetchone()
+    return None if row is None or row[0] is None else int(row[0])
+
+
+def searches_per_s(previous: dict[str, Any], info: dict[str, Any], *, own_probe_scans: int) -> float | None:
+    """Foreground searches per second on the collection's index since the previous tuning: its scan
+    counter's growth less the worker's own searches (the previous tuning's ladder, and about
+    ``own_probe_scans`` for the recall probes between), over the time between. The previous figure
+    when the counter cannot tell (reset, or a first tuning)."""
+    before, now = previous.get("index_scans"), info.get("index_scans")
+    kept = previous.get("searches_per_s")
+    if before is None or now is None or previous.get("measured_at") is None or now < before:
+        return kept
+    then, at = datetime.fromisoformat(previous["measured_at"]), datetime.fromisoformat(info["measured_at"])
+    seconds = (at - then).total_seconds()
+    if seconds <= 0:
+        return kept
+    foreground = max(0, now - before - int(previous.get("own_scans") or 0) - own_probe_scans)
+    return round(foreground / seconds, 4)

@@ -141,6 +141,15 @@ def set_default_ef_search(conn: psycopg.Connection[Any], c: Collection, ef_searc
     return replace(c, default_ef_search=ef_search)
 
 
+def set_hnsw_density(conn: psycopg.Connection[Any], c: Collection, *, m: int, ef_construction: int) -> Collection:
+    """Record the graph density the collection's indexes are (re)built with (``memstore.catalog.density``)."""
+    conn.execute(
+        "UPDATE memstore_collections SET hnsw_m = %s, hnsw_ef_construction = %s WHERE id = %s",
+        (m, ef_construction, c.id),
+    )
+    return replace(c, hnsw_m=m, hnsw_ef_construction=ef_construction)
+
+
 def clear_option(conn: psycopg.Connection[Any], c: Collection, key: str) -> Collection:
     """Remove ``options[key]``; other processes see it within CACHE_SECONDS."""
     conn.execute("UPDATE memstore_collections SET options = options - %s WHERE id = %s", (key, c.id))

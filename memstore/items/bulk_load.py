@@ -43,8 +43,8 @@ from typing import Any, NamedTuple
 import psycopg
 from psycopg import sql
 
+from memstore.catalog import density, registry
 from memstore.catalog import index_spec as compact_spec
-from memstore.catalog import registry
 from memstore.catalog.collections import Collection
 from memstore.catalog.tables import METADATA_INDEX, metadata_index_name
 from memstore.db import locks, online_ddl, sqlfiles
@@ -134,7 +134,10 @@ def deferred_index(
         # Afresh under the locks: a keyword change that ended a moment ago decides the index built after.
         c = registry.read_collection(conn, id=c.id)
         with conn.transaction():
-            registry.set_option(conn, c, MARKER, {"started_at": datetime.now(UTC).isoformat()})
+            # Whether the load starts from an empty table: then its build may pick the density for its size.
+            row = conn.execute(sql.SQL("SELECT NOT EXISTS (SELECT 1 FROM {})").format(c.table)).fetchone()
+            started = {"started_at": datetime.now(UTC).isoformat(), "empty": bool(row and row[0])}
+            registry.set_option(conn, c, MARKER, started)
         # The table's indexes (a partitioned table's parent index takes its partitions' with it).
         for index in _deferred_indexes(c):
             online_ddl.drop_index(conn, index.name, partitioned=c.partitions > 1)
@@ -201,6 +204,7 @@ def _deferred_indexes(c: Collection) -> list[_Index]:
 
 def _build(db: Database, conn: psycopg.Connection[Any], c: Collection, *, progress: bool) -> None:
     """The indexes the load dropped, built online; then the registry forgets the load."""
+    c = _density_for_load(conn, c)
     with _BuildProgress(db, conn, enabled=progress, label=c.name):
         for index in _deferred_indexes(c):
             online_ddl.build_index(conn, c, index.name, index.definition, partition_name=index.partition_name)
@@ -209,6 +213,35 @@ def _build(db: Database, conn: psycopg.Connection[Any], c: Collection, *, progre
     conn.execute(sql.SQL("ANALYZE {}").format(c.table))
     with conn.transaction():
         registry.clear_option(conn, c, MARKER)
+
+
+def _density_for_load(conn: psycopg.Connection[Any], c: Collection) -> Collection:
+    """The graph a load into an empty collection with a recall target builds: the denser one for its
+    size (``memstore.catalog.density.for_rows``) unless the user chose the graph; recorded in the
+    registry (``hnsw_m``, ``hnsw_ef_construction`` and the ``hnsw_density`` option)."""
+    c = registry.read_collection(conn, id=c.id)
+    marker = c.options.get(MARKER)
+    if not isinstance(marker, dict) or not marker.get("empty") or c.recall_target is None or density.explicit(c):
+        return c
+    row = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(c.table)).fetchone()
+    rows = int(row[0]) if row else 0
+    want = density.for_rows(density.of(c), rows, c.recall_target)
+    if want is None:
+        return c
+    why = f"{rows} rows loaded at recall target {c.recall_target:g}: {density.DENSE_ROWS} or more need a denser graph"
+    info = {
+        "m": want.m,
+        "ef_construction": want.ef_construction,
+        "from": {"m": c.hnsw_m, "ef_construction": c.hnsw_ef_construction},
+        "by": "bulk_load",
+        "reason": why,
+        "at": datetime.now(UTC).isoformat(),
+    }
+    with conn.transaction():
+        c = registry.set_hnsw_density(conn, c, m=want.m, ef_construction=want.ef_construction)
+        c = registry.set_option(conn, c, density.HNSW_DENSITY, info)
+    log.info("collection %r: %s (%s)", c.name, why, want)
+    return c
 
 
 class _BuildProgress:

@@ -10,8 +10,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from memstore.catalog import density, keywords, metadata_indexes, ocr_items
 from memstore.catalog import index_spec as compact_spec
-from memstore.catalog import keywords, metadata_indexes, ocr_items
 from memstore.catalog.collections import (
     RECALL_TARGET,
     Collection,
@@ -117,6 +117,8 @@ class CollectionsPart(StoreBase):
             options[ocr_items.OPTION] = True
         if (target := validate_recall_target(recall_target)) is not None:
             options[RECALL_TARGET] = target
+        # A graph the user chose is kept; a default one may be made denser for the size (memstore.catalog.density).
+        options[density.HNSW_EXPLICIT] = hnsw_m is not None or hnsw_ef_construction is not None
         fields = keywords.check_text_fields(list(text_fields))
         with self.db.write() as conn:
             keywords.check_language(conn, language)
