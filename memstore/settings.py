@@ -111,6 +111,13 @@ class Settings(BaseSettings):
         "a full share; fewer as the share falls, none at zero.",
     )
 
+    encoder_load_yield: bool = Field(
+        default=True,
+        description="While a local model loads (/health says starting), the interpreter switches threads every "
+        "0.5 ms instead of 5 ms, so the loader, which holds the interpreter lock for long stretches, does not make "
+        "each search wait for it (searches that need no model ran at 0.4 of their speed before). false: as before.",
+    )
+
     # HTTP
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)

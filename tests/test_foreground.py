@@ -283,3 +283,16 @@ def test_the_engine_holds_background_batches_alone_while_its_share_is_zero() -> 
     while engine.tick() is not None:
         pass
     assert bulk.done()
+
+
+def test_the_switch_interval_is_short_while_a_model_loads_and_restored_after() -> None:
+    import sys
+
+    from memstore.services.encoder_host import LOAD_SWITCH_INTERVAL_S, _yielding
+
+    before = sys.getswitchinterval()
+    with _yielding(True):
+        assert sys.getswitchinterval() == pytest.approx(LOAD_SWITCH_INTERVAL_S)
+    assert sys.getswitchinterval() == before
+    with _yielding(False):
+        assert sys.getswitchinterval() == before
