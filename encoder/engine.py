@@ -36,7 +36,7 @@ from .images import SharedDecode, load_views, plan_for, probe_image
 from .metrics import EngineMetrics
 from .models import combine_views
 from .requests import BatchEncoder, QueuedRequest, TickReport, done_future, fail_future, wait_future
-from .scheduling import Planner, QueueState, ShareController, plan_batch
+from .scheduling import Planner, QueueState, ShareController, UnitRef, plan_batch
 from .settings import EncoderSettings
 from .tenancy import TENANT
 from .tiling import TilePlan
@@ -88,6 +88,12 @@ class EmbeddingEngine:
             sync_share=self.settings.sync_ingest_share,
         )
         self.adaptive_shares = adaptive_shares
+        # The share of the model's time micro-batches of background work alone may take (1: all it
+        # leaves idle), set by the host process's foreground controller: after such a batch took t
+        # seconds, the next one waits t x (1 - share) / share; at 0 none runs. Batches with a query
+        # or a sync request run as soon as they are ready, filled with background units as before.
+        self.background_share = 1.0
+        self._background_due = 0.0
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._requests: dict[int, QueuedRequest] = {}
@@ -167,7 +173,7 @@ class EmbeddingEngine:
                 log.exception("encoder tick failed")
                 idle = True
             if idle:
-                self._wake.wait(0.5)
+                self._wake.wait(self._idle_wait())
 
     # -- submission -------------------------------------------------------------------------------
     def _check_size(self, priority: Priority, n_units: int) -> None:
@@ -378,13 +384,30 @@ class EmbeddingEngine:
             req.ready.clear()
 
     def tick(self) -> TickReport | None:
-        """Run one micro-batch if any unit is ready; None when there was nothing to do."""
+        """Run one micro-batch if any unit is ready; None when there was nothing to do (or only
+        background work, held back by ``background_share``)."""
         taken = self._take()
         if taken is None:
             return None
         batch, rows = taken
         outcome, seconds = self._execute(batch, rows)
+        share = self.background_share
+        if share < 1.0 and all(req.priority is Priority.BACKGROUND for req, _ in batch):
+            self._background_due = time.monotonic() + (min(5.0, seconds * (1 - share) / share) if share > 0 else 0.0)
         return self._settle(batch, outcome, seconds)
+
+    def _held_back(self, plan: list[UnitRef], now: float) -> bool:
+        """Whether ``plan``, background units alone, waits for its turn (``background_share``)."""
+        share = self.background_share
+        if share >= 1.0 or any(self._requests[ref.request_id].priority is not Priority.BACKGROUND for ref in plan):
+            return False
+        return share <= 0 or now < self._background_due
+
+    def _idle_wait(self) -> float:
+        """How long the scheduler sleeps with nothing to run (a new request wakes it sooner)."""
+        if self.background_share >= 1.0:
+            return 0.5
+        return max(0.005, min(0.1, self._background_due - time.monotonic()))
 
     def _take(self) -> tuple[list[tuple[QueuedRequest, int]], list[Any]] | None:
         """Ask the planner for the next micro-batch and take its units (and their inputs) off the queues."""
@@ -397,7 +420,7 @@ class EmbeddingEngine:
                 self._shares = self.controller.update(now)
             state = QueueState(self.batch_size, tuple(r.state() for r in self._requests.values()), self._shares)
             plan = self.planner(state)
-            if not plan:
+            if not plan or self._held_back(plan, now):
                 return None
             batch: list[tuple[QueuedRequest, int]] = []
             rows = []
@@ -500,6 +523,7 @@ class EmbeddingEngine:
                 "units_per_s": self._rate,
                 "queues": queues,
                 "shares": {p.label: round(s, 4) for p, s in self._shares.items()},
+                "background_share": round(self.background_share, 4),
                 "query_p99_ms": None if p99 is None else p99 * 1000.0,
                 "slo_query_p99_ms": self.settings.slo_query_p99_ms,
             }

@@ -83,6 +83,41 @@ class Settings(BaseSettings):
         default=4, ge=1, le=64, description="Connections inserting side by side when a load goes into a live index."
     )
 
+    # Foreground first (memstore.services.foreground): background work yields to searches.
+    search_p99_slo_ms: float | None = Field(
+        default=None,
+        gt=0,
+        description="The p99 latency searches should keep (over MEMSTORE_FOREGROUND_WINDOW_S); while it is "
+        "exceeded, background work (ingest, re-embedding, OCR, photo facts) is given less of the process. "
+        "Unset: MEMSTORE_FOREGROUND_BASELINE_FACTOR x the p99 of recent windows without background work.",
+    )
+    foreground: bool = Field(
+        default=True, description="Whether background work yields to searches at all (false: always full speed)."
+    )
+    foreground_window_s: float = Field(
+        default=1.0, gt=0, le=60, description="The window search p99 is measured over; the share is set 4x a window."
+    )
+    foreground_baseline_factor: float = Field(
+        default=2.0,
+        ge=1,
+        description="Without MEMSTORE_SEARCH_P99_SLO_MS, the target is this many times the p99 of searches "
+        "measured while no background work ran.",
+    )
+    background_connections: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description="Units of background work (each holds one database connection at a time) running at once at "
+        "a full share; fewer as the share falls, none at zero.",
+    )
+
+    encoder_load_yield: bool = Field(
+        default=True,
+        description="While a local model loads (/health says starting), the interpreter switches threads every "
+        "0.5 ms instead of 5 ms, so the loader, which holds the interpreter lock for long stretches, does not make "
+        "each search wait for it (searches that need no model ran at 0.4 of their speed before). false: as before.",
+    )
+
     # HTTP
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)

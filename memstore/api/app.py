@@ -119,6 +119,7 @@ def build_app(
     registry.register(_QueueCollector(app, queue_figures))
     registry.register(_ReplicaCollector(app))
     registry.register(_SearchCollector(app))
+    registry.register(_ForegroundCollector(app))
 
     async def authenticate(secret: str | None) -> ApiKey:
         return await authenticate_runtime(app.state.runtime, secret)
@@ -326,6 +327,34 @@ class _SearchCollector(_RuntimeCollector):
         )
 
 
+class _ForegroundCollector(_RuntimeCollector):
+    """The foreground controller (``memstore.services.foreground``): the share of capacity background
+    work may use, its back-offs and the search p99 it steers by."""
+
+    def families(self, rt: Runtime) -> Iterator[Metric]:
+        state = rt.foreground.state()
+        yield GaugeMetricFamily(
+            "memstore_background_share",
+            "Share of the process's capacity background work (ingest, re-embedding, OCR, photo facts) may use now",
+            value=state["background_share"],
+        )
+        yield CounterMetricFamily(
+            "memstore_background_backoffs",
+            "Times background work was cut back because search p99 exceeded its target",
+            value=state["backoffs"],
+        )
+        for name, key, what in (
+            ("memstore_foreground_search_p99_seconds", "search_p99_ms", "Search p99 over the controller's last window"),
+            ("memstore_foreground_target_p99_seconds", "target_p99_ms", "The search p99 the controller steers by"),
+        ):
+            value = state[key]
+            yield GaugeMetricFamily(name, what, value=float("nan") if value is None else value / 1000.0)
+        waiting = GaugeMetricFamily("memstore_background_units", "Units of background work", labels=["state"])
+        waiting.add_metric(["running"], state["units_running"])
+        waiting.add_metric(["waiting"], state["units_waiting"])
+        yield waiting
+
+
 class _ReplicaCollector(_RuntimeCollector):
     """Each read replica's state as its last probe found it (no query at scrape time). A replica is
     labelled by its place in MEMSTORE_READ_DATABASE_URLS (0, 1, ...): /metrics needs no key, so
@@ -413,4 +442,5 @@ def _health(rt: Runtime, detailed: bool) -> dict[str, Any]:
         "alive": sum(t.is_alive() for t in rt.threads()),
         "maintenance": rt.notes.get("maintenance", "off"),
     }
+    body["foreground"] = rt.foreground.state()
     return body

@@ -27,6 +27,7 @@ from memstore.queue.claims import Claimer
 from memstore.queue.jobs import IngestSettings
 from memstore.search.runner import AsyncSearcher
 from memstore.services.encoder_host import EncoderChoice, EncoderHost, EncoderMode
+from memstore.services.foreground import ForegroundController
 from memstore.services.latency import LatencyTracker
 from memstore.services.query_sampler import QuerySampler
 from memstore.services.workers import BackgroundService, InProcessWorkers, ServiceContext
@@ -64,6 +65,7 @@ class Runtime:
     sampler: QuerySampler
     stop_event: threading.Event = field(default_factory=threading.Event)
     encoder: EncoderHost = field(init=False)
+    foreground: ForegroundController = field(init=False)
     workers: InProcessWorkers = field(init=False)
     background: list[threading.Thread] = field(default_factory=list)
     notes: dict[str, Any] = field(default_factory=dict)
@@ -78,7 +80,9 @@ class Runtime:
 
     def __post_init__(self) -> None:
         self.encoder = EncoderHost(self.stop_event)
-        self.workers = InProcessWorkers(self.engine, self.ingest, self.stop_event)
+        # Background work yields to the searches this process answers (their latency, self.latency).
+        self.foreground = ForegroundController.from_settings(self.settings, self.latency.since)
+        self.workers = InProcessWorkers(self.engine, self.ingest, self.stop_event, pace=self.foreground)
 
     def claimer(self) -> Claimer:
         """The identity under which ``?wait=true`` requests claim their own items."""
@@ -92,7 +96,13 @@ class Runtime:
     def start(self, options: RuntimeOptions) -> None:
         """The encoder (its workers start once it is ready), then the background services."""
         self.workers.configured = options.ingest_workers
-        self.encoder.start(options.encoder_choice(), self.workers.start)
+        self.foreground.start()
+
+        def on_ready(backend: EmbeddingBackend) -> None:
+            self.foreground.attach_encoder(backend)
+            self.workers.start(backend)
+
+        self.encoder.start(options.encoder_choice(), on_ready)
         context = ServiceContext(self.engine, self.settings, self.latency.p99_ms, self.stop_event)
         for service in options.services:
             thread, note = service.start(context)
@@ -131,6 +141,7 @@ class Runtime:
         deadline = time.monotonic() + 20
         for t in self.threads():
             t.join(max(0.1, deadline - time.monotonic()))
+        self.foreground.close()
         self.sampler.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
         if self._claimer is not None:

@@ -7,8 +7,10 @@ no encoder when a request needs one.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -17,6 +19,7 @@ from encoder.images import ImageOptions
 from encoder.settings import OFFLINE_HINT, EncoderSettings
 from encoder.types import EmbeddingBackend
 from memstore.errors import EncoderUnavailableError
+from memstore.settings import Settings
 from memstore.spaces.model_choice import models_of
 
 log = logging.getLogger(__name__)
@@ -68,6 +71,27 @@ def image_options_of(backend: EmbeddingBackend | None) -> ImageOptions:
     return options if isinstance(options, ImageOptions) else EncoderSettings().image_options()
 
 
+LOAD_SWITCH_INTERVAL_S = 0.0005
+
+
+@contextmanager
+def _yielding(on: bool) -> Iterator[None]:
+    """While a model loads: the interpreter's switch interval at 0.5 ms (from 5 ms). Building and
+    tracing a model is Python work that holds the interpreter lock for long stretches; the event
+    loop, which gives the lock up at each wait for the network or the database, waited up to a whole
+    interval to get it back, each time: REST searches that need no model ran at 0.36-0.40 of their
+    speed while the model loaded (bench.startup). Process-wide, so only for the load."""
+    if not on:
+        yield
+        return
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(min(previous, LOAD_SWITCH_INTERVAL_S))
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(previous)
+
+
 @dataclass
 class EncoderHost:
     """The process's encoder and its state (off, loading, ready or failed)."""
@@ -99,7 +123,8 @@ class EncoderHost:
 
     def _load(self, choice: EncoderChoice, on_ready: Callable[[EmbeddingBackend], None]) -> None:
         try:
-            backend, close = open_backend(choice)
+            with _yielding(Settings().encoder_load_yield):
+                backend, close = open_backend(choice)
             assert backend is not None
             _ = backend.info  # a remote encoder is asked here, so a bad URL fails now, not per request
         except Exception as exc:

@@ -16,6 +16,10 @@ class LatencyTracker:
     def record(self, seconds: float) -> None:
         self._samples.append((time.monotonic(), seconds))  # deque.append is atomic: no lock needed
 
+    def since(self, start: float) -> list[tuple[float, float]]:
+        """(time.monotonic(), seconds) of the searches recorded since ``start``."""
+        return [(t, s) for t, s in list(self._samples) if t >= start]
+
     def p99_ms(self) -> float | None:
         cutoff = time.monotonic() - self.window_s
         recent = sorted(s for t, s in list(self._samples) if t >= cutoff)

@@ -14,6 +14,7 @@ from encoder.types import EmbeddingBackend
 from memstore.queue.jobs import IngestSettings
 from memstore.settings import Settings
 from memstore.workers.ingest import IngestWorker
+from memstore.workers.pacing import FULL_SPEED, Pace
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class InProcessWorkers:
     stop_event: threading.Event
     configured: int = 0
     threads: list[threading.Thread] = field(default_factory=list)
+    pace: Pace = FULL_SPEED  # the process's foreground controller (memstore.services.foreground)
 
     def start(self, backend: EmbeddingBackend | None) -> None:
         count = self.configured
@@ -54,7 +56,12 @@ class InProcessWorkers:
             raise ValueError("in-process ingest workers need an encoder; drop --no-encoder or use --no-worker")
         for i in range(count):
             worker = IngestWorker(
-                self.engine, backend, settings=self.settings, stop_event=self.stop_event, name=f"ingest-{i}"
+                self.engine,
+                backend,
+                settings=self.settings,
+                stop_event=self.stop_event,
+                name=f"ingest-{i}",
+                pace=self.pace,
             )
             t = threading.Thread(target=worker.run, name=f"ingest-{i}", daemon=True)
             t.start()

@@ -13,7 +13,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +36,7 @@ from memstore.queue.claims import Claim, Claimer
 from memstore.queue.jobs import IngestSettings
 from memstore.spaces.model_choice import model_for
 from memstore.workers.ocr_pass import OcrPass
+from memstore.workers.pacing import FULL_SPEED, Pace
 from memstore.workers.photo_pass import PhotoFactsPass
 from memstore.workers.space_pass import SpacePass
 
@@ -324,8 +325,12 @@ class IngestWorker:
         stop_event: threading.Event | None = None,
         priority: Priority = Priority.BACKGROUND,
         name: str = "ingest-worker",
+        pace: Pace = FULL_SPEED,
     ) -> None:
         self.engine = engine
+        # Each batch and each pass's step is one unit of background work: the process's foreground
+        # controller (memstore.services.foreground) holds them back while searches are slow.
+        self.pace = pace
         self.settings = settings or IngestSettings()
         self.processor = Processor(engine, backend, self.settings)
         self.stop_event = stop_event or threading.Event()
@@ -381,7 +386,9 @@ class IngestWorker:
         next_poll = 0.0
         while not self.stop_event.is_set():
             try:
-                report = self.run_batch()
+                with self.pace.unit(self.stop_event, "ingest") as unit:
+                    report = Report() if self.stop_event.is_set() else self.run_batch()
+                    unit.did(report.claimed)
                 failures = 0
             except Exception as exc:  # the database or the encoder service gone: keep trying unless running once
                 failures += 1
@@ -390,8 +397,13 @@ class IngestWorker:
                     return 1
                 self.stop_event.wait(self._pause_after(exc, failures))
                 continue
-            filled = self.spaces.step(now=once)  # also while batches keep coming: it paces itself
-            if report.claimed or filled or self.ocr.step() or self.photo_facts.step():
+            filled = self._paced("spaces", lambda: self.spaces.step(now=once))  # also between batches: it paces itself
+            if (
+                report.claimed
+                or filled
+                or self._paced("ocr", self.ocr.step)
+                or self._paced("photos", self.photo_facts.step)
+            ):
                 continue
             if once:
                 return 0
@@ -408,6 +420,14 @@ class IngestWorker:
             except Exception as exc:
                 log.warning("%s: lost the LISTEN connection (%s); reconnecting", self.name, exc)
         return 0
+
+    def _paced(self, kind: str, step: Callable[[], int]) -> int:
+        """One step of a pass as a unit of background work (none once stopping)."""
+        with self.pace.unit(self.stop_event, kind) as unit:
+            if self.stop_event.is_set():
+                return 0
+            unit.did(step())
+            return unit.work
 
     def _pause_after(self, exc: Exception, failures: int) -> float:
         """How long to wait after ``failures`` failed batches in a row, at most 30 s: an encoder service

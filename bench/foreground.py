@@ -1,0 +1,257 @@
+"""``python -m bench.foreground --json``: search p99 while re-embedding runs, with the foreground
+controller on and off, side by side in one run.
+
+    python -m bench.foreground --json [--images N] [--phases N] [--phase-s S] [--idle-s S]
+                                      [--search-rate R] [--slo-ms MS] [--workers N] [--database-url URL]
+
+On a database of its own (the embedded server unless ``--database-url``), with the encoder engine of
+``bench.reembed`` (two offline tiny models on CPU, torch threads as ``memstore serve`` takes them):
+
+1. ``--images`` photo-like JPEGs are stored and embedded by real ``IngestWorker`` threads, each run
+   under one ``memstore.services.foreground.ForegroundController`` (as ``memstore serve`` runs them),
+   which also holds the engine's ``background_share``.
+2. A stream of vector searches (``bench.search_stream``, open loop, ``--search-rate`` a second)
+   starts; its latencies feed the controller, as the search route's do in the server. ``--idle-s``
+   with no background work: the idle p99 (and the controller's baseline).
+3. Re-embedding runs without a break: a space of the wide model is created, filled by the workers'
+   space pass and indexed, then the next. Meanwhile ``--phases`` phases of ``--phase-s`` alternate
+   the controller off (share held at 1) and on, in the order off, on, on, off, off, on, ... so that
+   neither mode always comes first; the first second of each phase is left out (the switch settles).
+4. The background is stopped (share forced to 0) and the stream measured idle again.
+
+Reported: each phase's p99 and the re-embedding's items/s; per mode the median of the phases' p99
+over the idle p99 (``p99_ratio_on``, ``p99_ratio_off``; goal on <= 2), and the re-embedding rate on
+over off (``reembed_rate_ratio_on_vs_off``), the controller's back-offs and its share over time.
+Progress goes to stderr; the last line printed is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+import psycopg
+import sqlalchemy as sa
+from pgvector.psycopg import register_vector
+from psycopg import sql
+
+from bench.databases import drop_database, new_database
+from bench.image_set import image_set
+from bench.reembed import COLLECTION, WIDE, log, open_engine, store_images, stored_queries
+from bench.search_stream import SearchStream
+from encoder.engine import EmbeddingEngine
+from encoder.settings import EncoderSettings
+from memstore.db.core import create_engine, libpq_url, normalise_url
+from memstore.db.embedded import start_embedded_server
+from memstore.queue.jobs import IngestSettings
+from memstore.services.foreground import ForegroundController
+from memstore.settings import Settings
+from memstore.store import VectorStore
+from memstore.workers.ingest import IngestWorker
+
+SETTLE_S = 1.0  # left out at the start of each phase
+
+
+@contextmanager
+def paced_workers(
+    engine: sa.Engine, backend: EmbeddingEngine, fg: ForegroundController, n: int, batch_size: int
+) -> Iterator[list[IngestWorker]]:
+    settings = IngestSettings(batch_size=batch_size)
+    workers = [IngestWorker(engine, backend, settings=settings, name=f"ingest-{i}", pace=fg) for i in range(n)]
+    threads = [threading.Thread(target=w.run, name=w.name, daemon=True) for w in workers]
+    for t in threads:
+        t.start()
+    try:
+        yield workers
+    finally:
+        fg.force(1.0)
+        for w in workers:
+            w.stop()
+        for t in threads:
+            t.join(60)
+
+
+class Reembedding:
+    """Spaces of the wide model created one after the other, each once the last is ready."""
+
+    def __init__(self, store: VectorStore, conn: psycopg.Connection[Any]) -> None:
+        self.store, self.conn = store, conn
+        self.spaces = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="reembedding", daemon=True)
+
+    def start(self) -> Reembedding:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(120)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.spaces += 1
+            space = self.store.create_space(collection=COLLECTION, name=f"fg{self.spaces}", model=WIDE, dimensions=96)
+            ready = sql.SQL("SELECT state = 'ready' FROM memstore_spaces WHERE id = {}").format(sql.Literal(space.id))
+            while not self._stop.is_set():
+                row = self.conn.execute(ready).fetchone()
+                if row and row[0]:
+                    break
+                time.sleep(0.2)
+
+
+def run(args: argparse.Namespace, url: str, images: list[bytes]) -> dict[str, Any]:
+    load_before = round(os.getloadavg()[0], 2)
+    engine = create_engine(url, pool_size=args.workers + 4)
+    store = VectorStore(engine, settings=Settings(database_url=url))
+    backend, close_backend = open_engine(args.encoder_batch_size, args.torch_threads)
+    conn = psycopg.connect(libpq_url(url), autocommit=True)
+    register_vector(conn)
+    stream: SearchStream | None = None
+
+    def answered(start: float) -> list[tuple[float, float]]:  # what the search route records, in the server
+        if stream is None:
+            return []
+        done = ((s.due + s.latency_s, s.latency_s) for s in list(stream.samples) if s.ok)
+        return [(t, lat) for t, lat in done if t >= start]
+
+    fg = ForegroundController(answered, slo_ms=args.slo_ms, window_s=args.window_s, connections=args.connections)
+    fg.attach_encoder(backend)
+    fg.force(1.0)
+    trace: list[dict[str, Any]] = []
+    phases: list[dict[str, Any]] = []
+    try:
+        with paced_workers(engine, backend, fg, args.workers, args.batch_size) as workers:
+            c = store_images(store, conn, images)
+            queries = stored_queries(conn, c, 200)
+            stream = SearchStream(store, COLLECTION, queries, rate_per_s=args.search_rate).start()
+            fg.force(None)
+            fg.start()
+            t0 = time.monotonic()
+            time.sleep(args.idle_s)
+            idle_before = stream.window(t0 + SETTLE_S, time.monotonic())
+            log(f"idle: {idle_before}; target {fg.target_ms()}")
+            keeper = Reembedding(store, conn).start()
+            time.sleep(2.0)  # the first space's backlog queued, the workers busy
+            order = ["off", "on", "on", "off"]
+            for i in range(args.phases):
+                mode = order[i % 4]
+                fg.force(1.0 if mode == "off" else None)
+                written = sum(w.totals.written for w in workers)
+                backoffs = fg.backoffs
+                start = time.monotonic()
+                end = start + args.phase_s
+                while time.monotonic() < end:
+                    time.sleep(0.25)
+                    state = fg.state()
+                    trace.append({"t": round(time.monotonic() - t0, 2), "mode": mode,
+                                  "share": state["background_share"], "p99_ms": state["search_p99_ms"]})  # fmt: skip
+                figures = stream.window(start + SETTLE_S, end)
+                rate = (sum(w.totals.written for w in workers) - written) / args.phase_s
+                phases.append({"mode": mode, **figures, "reembed_items_per_s": round(rate, 2),
+                               "backoffs": fg.backoffs - backoffs})  # fmt: skip
+                log(f"phase {i + 1} ({mode}): {json.dumps(phases[-1])}")
+            keeper.stop()
+            fg.force(0.0)  # the background stops between units
+            time.sleep(3.0)
+            t1 = time.monotonic()
+            time.sleep(args.idle_s)
+            idle_after = stream.window(t1 + SETTLE_S, time.monotonic())
+            stream.stop()
+            spaces = keeper.spaces
+    finally:
+        fg.close()
+        if stream is not None:
+            stream.stop()
+        close_backend()
+        conn.close()
+        engine.dispose()
+    idle = idle_before["p99_ms"]
+
+    def mode_figures(mode: str) -> dict[str, Any]:
+        mine = [p for p in phases if p["mode"] == mode and p["p99_ms"]]
+        p99 = median(p["p99_ms"] for p in mine)
+        return {
+            "p99_ms_median": round(p99, 3),
+            "p99_ratio": round(p99 / idle, 3) if idle else None,
+            "p99_ratios": [round(p["p99_ms"] / idle, 3) for p in mine] if idle else None,
+            "reembed_items_per_s": round(median(p["reembed_items_per_s"] for p in mine), 2),
+        }
+
+    on, off = mode_figures("on"), mode_figures("off")
+    result: dict[str, Any] = {
+        "images": len(images),
+        "workers": args.workers,
+        "search_rate_per_s": args.search_rate,
+        "phase_s": args.phase_s,
+        "slo_ms": args.slo_ms,
+        "target_p99_ms": fg.state()["target_p99_ms"],
+        "idle_before": idle_before,
+        "idle_after": idle_after,
+        "on": on,
+        "off": off,
+        "p99_ratio_on": on["p99_ratio"],
+        "p99_ratio_off": off["p99_ratio"],
+        "p99_on_vs_off": round(on["p99_ms_median"] / off["p99_ms_median"], 3),
+        "reembed_rate_ratio_on_vs_off": round(on["reembed_items_per_s"] / off["reembed_items_per_s"], 3)
+        if off["reembed_items_per_s"]
+        else None,
+        "backoffs": fg.backoffs,
+        "spaces_started": spaces,
+        "failed_searches": sum(p["failed"] for p in phases) + idle_before["failed"] + idle_after["failed"],
+        "load_average": {"before": load_before, "after": round(os.getloadavg()[0], 2)},
+        "phases": phases,
+        "share_trace": trace,
+    }
+    result["goals"] = {"p99_ratio_on<=2": on["p99_ratio"] is not None and on["p99_ratio"] <= 2.0}
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.foreground", description=__doc__.split("\n")[0])
+    p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    p.add_argument("--database-url", help="server to create the benchmark database on (default: embedded)")
+    p.add_argument("--images", type=int, default=300, help="stored images, re-embedded again and again")
+    p.add_argument("--largest", type=int, default=1200, help="long side of the largest image, pixels")
+    p.add_argument("--workers", type=int, default=1, help="ingest worker threads (as memstore serve --workers)")
+    p.add_argument("--batch-size", type=int, default=IngestSettings.model_fields["batch_size"].default)
+    p.add_argument("--encoder-batch-size", type=int, default=EncoderSettings.model_fields["batch_size"].default,
+                   help="the encoder's micro-batch (MEMSTORE_ENCODER_BATCH_SIZE's default)")  # fmt: skip
+    p.add_argument("--torch-threads", type=int, help="the encoder's torch threads (default: as serve, cores - 1)")
+    p.add_argument("--phases", type=int, default=8, help="alternating phases, controller off and on")
+    p.add_argument("--phase-s", type=float, default=10.0, help="seconds per phase")
+    p.add_argument("--idle-s", type=float, default=8.0, help="the stream alone, before and after")
+    p.add_argument("--search-rate", type=float, default=20.0, help="searches a second in the stream")
+    p.add_argument("--slo-ms", type=float, help="MEMSTORE_SEARCH_P99_SLO_MS (default: 2 x the idle baseline)")
+    p.add_argument("--window-s", type=float, default=1.0, help="MEMSTORE_FOREGROUND_WINDOW_S")
+    p.add_argument("--connections", type=int, default=2, help="MEMSTORE_BACKGROUND_CONNECTIONS")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    images = image_set(args.images, args.seed, largest=args.largest)
+    with tempfile.TemporaryDirectory(prefix="memstore-bench-") as tmp:
+        server = (
+            normalise_url(args.database_url)
+            if args.database_url
+            else start_embedded_server(Path(tmp), maintenance_work_mem="256MB", max_parallel_maintenance_workers=1)
+        )
+        url = new_database(server, "bench_foreground")
+        try:
+            result = run(args, url, images)
+        finally:
+            drop_database(url)
+    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
