@@ -68,7 +68,7 @@ def serve(url: str, port: int, workers: int, setup: str = "serve") -> None:
     one of ``SETUPS``."""
     from memstore.api.http_limits import run_server
     from memstore.api.runtime import RuntimeOptions
-    from memstore.api.settings import ApiSettings
+    from memstore.settings import ApiSettings
     from memstore.web import create_app
 
     api = ApiSettings()

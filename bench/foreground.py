@@ -53,9 +53,8 @@ from encoder.engine import EmbeddingEngine
 from encoder.settings import EncoderSettings
 from memstore.db.core import create_engine, libpq_url, normalise_url
 from memstore.db.embedded import start_embedded_server
-from memstore.queue.jobs import IngestSettings
 from memstore.services.foreground import ForegroundController
-from memstore.settings import Settings
+from memstore.settings import IngestSettings, Settings
 from memstore.store import VectorStore
 from memstore.workers.ingest import IngestWorker
 

@@ -65,8 +65,8 @@ from memstore.db import migrate
 from memstore.db.core import create_engine, libpq_url, normalise_url, raw_connection
 from memstore.db.embedded import start_embedded_server
 from memstore.queue import jobs as ingest_queue
-from memstore.queue.jobs import IngestSettings, PendingItem
-from memstore.settings import Settings
+from memstore.queue.jobs import PendingItem
+from memstore.settings import IngestSettings, Settings
 from memstore.store import VectorStore
 from memstore.workers.ingest import IngestWorker
 

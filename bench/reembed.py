@@ -68,9 +68,9 @@ from memstore.catalog.collections import Collection, Space
 from memstore.db.core import create_engine, libpq_url, normalise_url
 from memstore.db.embedded import start_embedded_server
 from memstore.queue import jobs
-from memstore.queue.jobs import IngestSettings, PendingItem
+from memstore.queue.jobs import PendingItem
 from memstore.services.encoder_host import EncoderChoice, open_backend
-from memstore.settings import Settings
+from memstore.settings import IngestSettings, Settings
 from memstore.store import VectorStore
 from memstore.workers.ingest import IngestWorker
 

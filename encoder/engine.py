@@ -37,7 +37,7 @@ from .metrics import EngineMetrics
 from .models import combine_views
 from .requests import BatchEncoder, QueuedRequest, TickReport, done_future, fail_future, wait_future
 from .scheduling import Planner, QueueState, ShareController, UnitRef, plan_batch
-from .settings import EncoderSettings
+from .settings import EncoderSettings, encoder_settings
 from .tenancy import TENANT
 from .tiling import TilePlan
 from .types import EncoderInfo, ImageEmbedding, Modality, Priority
@@ -66,7 +66,7 @@ class EmbeddingEngine:
         encoders = [encoder] if not isinstance(encoder, Sequence) else list(encoder)
         if not encoders:
             raise ValueError("an engine needs at least one encoder")
-        self.settings = settings or EncoderSettings()
+        self.settings = settings or encoder_settings()
         self.encoders: dict[str, BatchEncoder] = {}
         for enc in encoders:
             if enc.info.model in self.encoders:

@@ -161,11 +161,17 @@ class EncoderSettings(BaseSettings):
 
 
 @functools.cache
+def encoder_settings() -> EncoderSettings:
+    """The encoder's settings, read once per process (``MEMSTORE_ENCODER_*``)."""
+    return EncoderSettings()
+
+
+@functools.cache
 def environment_options() -> ImageOptions:
     """The image limits the environment sets (MEMSTORE_ENCODER_*), read once; the defaults where
     they cannot be read. For decodes outside the encoder (thumbnails, OCR)."""
     try:
-        return EncoderSettings().image_options()
+        return encoder_settings().image_options()
     except Exception:
         return ImageOptions()
 

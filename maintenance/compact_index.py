@@ -42,7 +42,7 @@ from memstore.search import compact as compact_search
 from memstore.search import query_samples
 from memstore.search.exact_answers import exact_answers, recall_hits
 from memstore.search.statements import SearchSettings, apply
-from memstore.settings import Settings
+from memstore.settings import Settings, get_settings
 from memstore.store import VectorStore
 
 log = logging.getLogger(__name__)
@@ -239,7 +239,7 @@ def maintain_compact_index(
     settings: Settings | None = None,
 ) -> CompactUpkeep:
     """Check one collection's compact index and act when needed; returns what was seen and done."""
-    store = VectorStore(engine, settings=settings or Settings())
+    store = VectorStore(engine, settings=settings or get_settings())
     with ddl.connect(engine) as conn:
         c = read_collection(conn, name=collection)
         try:

@@ -9,6 +9,8 @@ from typing import Any
 from memstore.errors import InvalidInputError
 
 MAX_EXTERNAL_ID_LENGTH = 512
+# The most results one search returns (offset + k: see memstore.search.request).
+MAX_K = 1000
 MAX_FILTER_DEPTH = 8
 MAX_FILTER_BYTES = 16_384
 MAX_METADATA_BYTES = 65_536

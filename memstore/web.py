@@ -11,9 +11,7 @@ from fastapi import FastAPI
 from memstore import ui
 from memstore.api.app import build_app
 from memstore.api.runtime import RuntimeOptions
-from memstore.api.settings import ApiSettings
-from memstore.queue.jobs import IngestSettings
-from memstore.settings import Settings
+from memstore.settings import ApiSettings, IngestSettings, Settings
 
 
 def create_app(

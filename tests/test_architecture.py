@@ -159,11 +159,16 @@ def test_every_settings_class_reads_the_dotenv_file() -> None:
 
     from encoder.settings import EncoderSettings
     from maintenance.config import MaintenanceConfig
-    from memstore.api.settings import ApiSettings
-    from memstore.queue.jobs import IngestSettings
-    from memstore.settings import Settings
+    from memstore.settings import ApiSettings, IngestSettings, Settings, UiSettings
 
-    classes: list[type[BaseSettings]] = [Settings, ApiSettings, IngestSettings, EncoderSettings, MaintenanceConfig]
+    classes: list[type[BaseSettings]] = [
+        Settings,
+        ApiSettings,
+        IngestSettings,
+        UiSettings,
+        EncoderSettings,
+        MaintenanceConfig,
+    ]
     assert {c.__name__: c.model_config.get("env_file") for c in classes} == {c.__name__: ".env" for c in classes}
 
 

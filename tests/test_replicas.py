@@ -21,13 +21,12 @@ import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
 
 from memstore.api.runtime import RuntimeOptions
-from memstore.api.settings import ApiSettings
 from memstore.cli import main as memstore_main
 from memstore.db.core import Database, create_engine, parse_lsn
 from memstore.db.standby import Standby, embedded_socket
 from memstore.errors import InvalidInputError
 from memstore.models import ItemIn
-from memstore.settings import Settings, get_settings
+from memstore.settings import ApiSettings, Settings, get_settings
 from memstore.store import VectorStore
 from memstore.web import create_app
 from tests.api.api_helpers import LiveServer

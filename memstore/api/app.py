@@ -42,14 +42,12 @@ from memstore.api.query_names import known_query_names
 from memstore.api.routes import collections, items, load, search, spaces
 from memstore.api.runtime import Runtime, RuntimeOptions
 from memstore.api.search_guard import SearchGuard
-from memstore.api.settings import ApiSettings
 from memstore.db import migrate
 from memstore.db.core import get_database
 from memstore.queue import jobs
-from memstore.queue.jobs import IngestSettings
 from memstore.search.runner import AsyncSearcher
 from memstore.services.query_sampler import QuerySampler
-from memstore.settings import Settings, get_settings
+from memstore.settings import ApiSettings, IngestSettings, Settings, get_api_settings, get_ingest_settings, get_settings
 from memstore.spaces.model_choice import models_of
 from memstore.store import VectorStore
 
@@ -71,8 +69,8 @@ def build_app(
     """The API. ``pages(app, inner)`` installs other routes behind their own gate (the web pages,
     ``memstore.ui.install``) and returns ``inner`` behind that gate; None: the API alone."""
     settings = settings or get_settings()
-    api = api_settings or ApiSettings()
-    ingest = ingest_settings or IngestSettings()
+    api = api_settings or get_api_settings()
+    ingest = ingest_settings or get_ingest_settings()
     opts = options or RuntimeOptions()
 
     @asynccontextmanager

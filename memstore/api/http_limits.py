@@ -29,7 +29,7 @@ import uvicorn
 import uvicorn.config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from memstore.api.settings import ApiSettings
+from memstore.settings import ApiSettings
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from encoder.tenancy import TENANT
 from memstore.api.auth import bearer_secret
 from memstore.api.problems import MEDIA_TYPE, Problem, from_exception, problem_body
 from memstore.api.rendering import render
-from memstore.api.settings import ApiSettings
+from memstore.settings import ApiSettings
 
 # Routes that take uploads (new items; an item's new image); every other route takes small JSON only.
 _ITEMS_UPLOAD = re.compile(r"^/v1/collections/[^/]+/items/?$")

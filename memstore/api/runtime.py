@@ -21,17 +21,15 @@ import sqlalchemy as sa
 
 from encoder.types import EmbeddingBackend
 from memstore.access.keys import KeyVerifier
-from memstore.api.settings import ApiSettings
 from memstore.db.search_pool import CANCEL, Cancel
 from memstore.queue.claims import Claimer
-from memstore.queue.jobs import IngestSettings
 from memstore.search.runner import AsyncSearcher
 from memstore.services.encoder_host import EncoderChoice, EncoderHost, EncoderMode
 from memstore.services.foreground import ForegroundController
 from memstore.services.latency import LatencyTracker
 from memstore.services.query_sampler import QuerySampler
 from memstore.services.workers import BackgroundService, InProcessWorkers, ServiceContext
-from memstore.settings import Settings
+from memstore.settings import ApiSettings, IngestSettings, Settings
 from memstore.store import VectorStore
 from memstore.workers.ingest import Processor
 

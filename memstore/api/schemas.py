@@ -12,8 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from memstore.catalog.collections import HNSW_MAX_DIMENSIONS, MAX_PARTITIONS
 from memstore.catalog.keywords import DEFAULT_LANGUAGE, MAX_TEXT_FIELDS
-from memstore.inputs import MAX_EXTERNAL_ID_LENGTH
-from memstore.search.request import MAX_EXAMPLES, MAX_GROUP_SIZE, MAX_K, MAX_WEIGHT, MAX_WINDOW
+from memstore.inputs import MAX_EXTERNAL_ID_LENGTH, MAX_K
+from memstore.search.request import MAX_EXAMPLES, MAX_GROUP_SIZE, MAX_WEIGHT, MAX_WINDOW
 
 Metric = Literal["cosine", "l2", "inner_product"]
 

@@ -74,12 +74,12 @@ def command(
     the embedded database; flags turn each part off or point at a remote encoder."""
     from memstore.api.http_limits import run_server
     from memstore.api.runtime import RuntimeOptions
-    from memstore.api.settings import ApiSettings
     from memstore.db import migrate
     from memstore.db.core import resolve_database_url
+    from memstore.settings import get_api_settings
     from memstore.web import create_app
 
-    api = ApiSettings()
+    api = get_api_settings()
     if no_auth:
         api = api.model_copy(update={"auth": "off"})
     if api.auth == "off" and not is_loopback(host):

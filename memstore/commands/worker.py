@@ -34,14 +34,14 @@ def command(
     from memstore.db import migrate
     from memstore.db.core import get_engine, resolve_database_url
     from memstore.queue import claims
-    from memstore.queue.jobs import IngestSettings
     from memstore.services.encoder_host import EncoderChoice, open_backend
+    from memstore.settings import get_ingest_settings
     from memstore.workers.ingest import IngestWorker, Report
 
     exit_cleanly_on_sigterm()
     if not no_migrate:
         migrate.upgrade(resolve_database_url())
-    settings = IngestSettings()
+    settings = get_ingest_settings()
     if batch_size:
         settings = settings.model_copy(update={"batch_size": batch_size})
     engine = get_engine()

@@ -3,5 +3,5 @@
 ``jobs`` enqueues items and reports the queue's depth; ``claims`` is how workers claim rows and
 settle their claims.
 
-May import: memstore.catalog, memstore.db, memstore.errors, memstore.inputs.
+May import: memstore.catalog, memstore.db, memstore.errors, memstore.inputs, memstore.settings.
 """

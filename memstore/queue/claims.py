@@ -20,7 +20,8 @@ from psycopg import sql
 
 from memstore.catalog.collections import Collection, Space
 from memstore.db.core import dedicated_connection, raw_connection
-from memstore.queue.jobs import CHANNEL, IngestSettings
+from memstore.queue.jobs import CHANNEL
+from memstore.settings import IngestSettings
 
 # First key of the two-int advisory locks claimers hold (the second is the claimer number).
 LOCK_NAMESPACE = 0x6D656D71  # "memq"

@@ -19,8 +19,6 @@ import psycopg
 import sqlalchemy as sa
 from psycopg import sql
 from psycopg.types.json import Jsonb
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from memstore.catalog.collections import Collection
 from memstore.db import retrying
@@ -34,19 +32,6 @@ CHANNEL = "memstore_ingest"
 TEXT_CONTENT_TYPE = "text/plain; charset=utf-8"
 PRIORITY_DEFAULT = 1
 PRIORITY_BULK = 0
-
-
-class IngestSettings(BaseSettings):
-    """``MEMSTORE_INGEST_*``: how workers claim, retry and give up."""
-
-    model_config = SettingsConfigDict(env_prefix="MEMSTORE_INGEST_", env_file=".env", extra="ignore")
-
-    batch_size: int = Field(default=32, ge=1, le=1024, description="Queue rows one worker claims at a time.")
-    max_attempts: int = Field(default=5, ge=1, le=100, description="Attempts before an item is marked failed.")
-    backoff_base_s: float = Field(default=2.0, ge=0.0, description="Delay before the 1st retry; doubles after.")
-    backoff_max_s: float = Field(default=300.0, ge=0.0)
-    poll_interval_s: float = Field(default=5.0, gt=0.0, description="Queue poll when no NOTIFY arrives.")
-    wait_timeout_s: float = Field(default=30.0, gt=0.0, description="How long ?wait=true waits for vectors.")
 
 
 @dataclass(frozen=True)

@@ -23,12 +23,13 @@ import numpy as np
 
 from memstore.catalog.collections import Collection, validate_space_name
 from memstore.errors import InvalidInputError
+from memstore.inputs import MAX_K
 from memstore.models import SearchResult
 from memstore.search.filter_language import CompiledFilter, compile_filter
 
 Mode = Literal["vector", "keyword", "hybrid"]
 MODES: tuple[str, ...] = ("vector", "keyword", "hybrid")
-MAX_K = 1000
+
 # offset + k: deeper pages are a sign of a scan, not a search (export with the listing instead).
 MAX_WINDOW = 1000
 MAX_QUERY_TEXT = 4096

@@ -16,10 +16,10 @@ from typing import Literal
 
 from encoder.errors import WeightsNotFoundError
 from encoder.images import ImageOptions
-from encoder.settings import OFFLINE_HINT, EncoderSettings
+from encoder.settings import OFFLINE_HINT, encoder_settings
 from encoder.types import EmbeddingBackend
 from memstore.errors import EncoderUnavailableError
-from memstore.settings import Settings
+from memstore.settings import get_settings
 from memstore.spaces.model_choice import models_of
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ def open_backend(choice: EncoderChoice) -> tuple[EmbeddingBackend | None, Callab
     """The encoder ``choice`` names, and how to close it (blocks while a local model loads)."""
     if choice.backend is not None:
         return choice.backend, lambda: None
-    es = EncoderSettings()
+    es = encoder_settings()
     url = choice.url or es.url
     mode = choice.mode or ("remote" if url else "local")
     if mode == "none":
@@ -68,7 +68,7 @@ def open_backend(choice: EncoderChoice) -> tuple[EmbeddingBackend | None, Callab
 def image_options_of(backend: EmbeddingBackend | None) -> ImageOptions:
     """The image limits uploads are checked against: the local engine's, else the environment's."""
     options = getattr(backend, "image_options", None)
-    return options if isinstance(options, ImageOptions) else EncoderSettings().image_options()
+    return options if isinstance(options, ImageOptions) else encoder_settings().image_options()
 
 
 LOAD_SWITCH_INTERVAL_S = 0.0005
@@ -114,7 +114,7 @@ class EncoderHost:
         if choice.mode == "none":
             return
         self.state = "loading"
-        settings = EncoderSettings()
+        settings = encoder_settings()
         if not (choice.url or settings.url) and choice.mode != "remote":
             self.model = settings.model
             self.models = tuple(name for name, _ in settings.all_models())
@@ -123,7 +123,7 @@ class EncoderHost:
 
     def _load(self, choice: EncoderChoice, on_ready: Callable[[EmbeddingBackend], None]) -> None:
         try:
-            with _yielding(Settings().encoder_load_yield):
+            with _yielding(get_settings().encoder_load_yield):
                 backend, close = open_backend(choice)
             assert backend is not None
             _ = backend.info  # a remote encoder is asked here, so a bad URL fails now, not per request

@@ -11,8 +11,7 @@ from typing import Protocol
 import sqlalchemy as sa
 
 from encoder.types import EmbeddingBackend
-from memstore.queue.jobs import IngestSettings
-from memstore.settings import Settings
+from memstore.settings import IngestSettings, Settings
 from memstore.workers.ingest import IngestWorker
 from memstore.workers.pacing import FULL_SPEED, Pace
 

@@ -16,11 +16,11 @@ from memstore.errors import (
     InvalidInputError,
     ItemNotFoundError,
 )
+from memstore.inputs import MAX_K
 from memstore.items import ordering
 from memstore.items import writes as item_sql
 from memstore.models import Item, Original
 from memstore.search.filter_language import compile_filter
-from memstore.search.request import MAX_K
 from memstore.store.collections import CollectionsPart
 
 

@@ -18,13 +18,14 @@ from memstore.errors import (
     InvalidInputError,
     NotFoundError,
 )
+from memstore.inputs import MAX_K
 from memstore.items.vectors import as_vector
 from memstore.models import DuplicatePair, SearchResult
 from memstore.search import plan as search_plan
 from memstore.search import request, runner, statements
 from memstore.search.filter_language import CompiledFilter
 from memstore.search.plan import SearchPlan
-from memstore.search.request import MAX_K, SearchQuery, Weights, check_query
+from memstore.search.request import SearchQuery, Weights, check_query
 from memstore.search.statements import SearchSettings
 from memstore.store.spaces import SpacesPart
 

@@ -18,11 +18,11 @@ from memstore.api.runtime import Runtime
 from memstore.catalog.collections import Collection
 from memstore.errors import InvalidInputError, MemstoreError
 from memstore.models import CollectionStats, SearchResult
+from memstore.settings import get_ui_settings
 from memstore.ui import search
 from memstore.ui.access import collection_for, runtime
 from memstore.ui.identity import CSRF_FIELD, Identity, check_csrf_field, current
 from memstore.ui.render import PageRoute, base_path, page
-from memstore.ui.settings import ui_settings
 
 router = APIRouter(prefix="/ui", route_class=PageRoute, include_in_schema=False)
 BROWSE_PAGE = 48
@@ -132,7 +132,7 @@ def _search_context(
     """Results for a typed query or "more like this", else a page of the collection's items (those the
     chips match, when there are chips). A query or a chip the encoder or the store refuses is shown on
     the page, with what to do, not as an error page."""
-    k = ui_settings().results
+    k = get_ui_settings().results
     context: dict[str, Any] = {"stats": rt.store.collection_stats(name=c.name), "mode": "browse", "next_url": None}
     found: dict[int, SearchResult] | None = None
     try:
@@ -235,7 +235,7 @@ async def image_search(request: Request, name: str) -> Response:
         try:
             vector = search.image_vector(rt, c, data)
             search.check_chips(view.chips)
-            results = search.nearest(rt, c, vector, k=ui_settings().results, chips=view.chips)
+            results = search.nearest(rt, c, vector, k=get_ui_settings().results, chips=view.chips)
         except (Problem, MemstoreError, EncoderError) as exc:
             context.update(cards=[], problem=from_exception(exc))
             return context

@@ -19,11 +19,11 @@ from memstore.inputs import check_metadata
 from memstore.media import thumbnails
 from memstore.models import Item
 from memstore.queue import jobs
+from memstore.settings import get_ui_settings
 from memstore.ui import search
 from memstore.ui.access import collection_for
 from memstore.ui.identity import CSRF_FIELD, Identity, check_csrf_field
 from memstore.ui.render import PageRoute, base_path, page
-from memstore.ui.settings import ui_settings
 
 router = APIRouter(prefix="/ui/c/{name}/items", route_class=PageRoute, include_in_schema=False)
 ItemId = Annotated[int, Path(ge=1, le=2**63 - 1)]
@@ -39,9 +39,9 @@ def _item_context(rt: Runtime, c: Collection, view: search.SearchView, item_id: 
     neighbours: list[search.Card] = []
     vector = rt.store.vectors(collection=c.name, ids=[item.id]).get(item.id)  # in the active space
     if vector is not None:
-        hits = search.nearest(rt, c, vector, k=ui_settings().neighbours + 1, chips=(), sample=False)
+        hits = search.nearest(rt, c, vector, k=get_ui_settings().neighbours + 1, chips=(), sample=False)
         rows = [(r.id, r.external_id, r.metadata, r.score) for r in hits if r.id != item.id]
-        neighbours = search.cards(rt, c, view, rows[: ui_settings().neighbours])
+        neighbours = search.cards(rt, c, view, rows[: get_ui_settings().neighbours])
     preview = thumbnails.previews(rt.engine, c, [item.id]).get(item.id)
     tries = attempts.get(item.id)
     return {

@@ -15,6 +15,7 @@ from starlette.responses import RedirectResponse, Response
 
 from memstore.access import ui_sessions
 from memstore.api.problems import Problem
+from memstore.settings import get_ui_settings
 from memstore.ui.access import runtime
 from memstore.ui.identity import (
     CSRF_FIELD,
@@ -28,7 +29,6 @@ from memstore.ui.identity import (
     set_cookie,
 )
 from memstore.ui.render import PageRoute, base_path, page
-from memstore.ui.settings import ui_settings
 
 router = APIRouter(prefix="/ui", route_class=PageRoute, include_in_schema=False)
 SIGNIN_COOKIE_S = 3600
@@ -133,7 +133,7 @@ async def signin(request: Request) -> Response:
     found = await run_in_threadpool(rt.verifier.verify, key.strip()) if key.strip() else None
     if found is None:
         return _signin_form(request, next_page=next_page, error="That key is unknown or revoked.", status_code=401)
-    hours = ui_settings().session_hours
+    hours = get_ui_settings().session_hours
     token = await run_in_threadpool(lambda: ui_sessions.create(rt.engine, key_id=found.id, hours=hours))
     response = RedirectResponse(safe_next(request, next_page), status_code=303)
     set_cookie(request, response, SESSION_COOKIE, token, max_age=int(hours * 3600))

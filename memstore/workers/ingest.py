@@ -33,7 +33,7 @@ from memstore.db.core import raw_connection
 from memstore.media import thumbnails
 from memstore.queue import claims as queue_claims
 from memstore.queue.claims import Claim, Claimer
-from memstore.queue.jobs import IngestSettings
+from memstore.settings import IngestSettings, get_ingest_settings
 from memstore.spaces.model_choice import model_for
 from memstore.workers.ocr_pass import OcrPass
 from memstore.workers.pacing import FULL_SPEED, Pace
@@ -331,7 +331,7 @@ class IngestWorker:
         # Each batch and each pass's step is one unit of background work: the process's foreground
         # controller (memstore.services.foreground) holds them back while searches are slow.
         self.pace = pace
-        self.settings = settings or IngestSettings()
+        self.settings = settings or get_ingest_settings()
         self.processor = Processor(engine, backend, self.settings)
         self.stop_event = stop_event or threading.Event()
         self.priority = priority

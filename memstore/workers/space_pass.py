@@ -20,7 +20,7 @@ from memstore.catalog.collections import Collection, Space
 from memstore.catalog.registry import CACHE_SECONDS, Registry, read_collection
 from memstore.db import online_ddl
 from memstore.db.core import dedicated_connection, raw_connection
-from memstore.settings import Settings
+from memstore.settings import Settings, get_settings
 from memstore.spaces import lifecycle
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ class SpacePass:
     ) -> None:
         self.engine = engine
         self.registry = registry or Registry(engine)
-        self.settings = settings or Settings()
+        self.settings = settings or get_settings()
         self._conn: psycopg.Connection[Any] | None = None
         self._due = 0.0
         self._listed_at = -CACHE_SECONDS

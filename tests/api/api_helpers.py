@@ -17,9 +17,7 @@ from PIL import Image
 
 from encoder.types import EncoderInfo, Priority
 from memstore.api.runtime import RuntimeOptions
-from memstore.api.settings import ApiSettings
-from memstore.queue.jobs import IngestSettings
-from memstore.settings import Settings
+from memstore.settings import ApiSettings, IngestSettings, Settings
 from memstore.web import create_app
 
 TINY = "memstore-tiny"

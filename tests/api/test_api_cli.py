@@ -211,7 +211,7 @@ def test_remote_encoder_mode(settings, tiny_engine, admin_key, collection_name) 
             assert thread.is_alive()
             threading.Event().wait(0.05)
         from memstore.api.runtime import RuntimeOptions
-        from memstore.api.settings import ApiSettings
+        from memstore.settings import ApiSettings
         from memstore.web import create_app
 
         app = create_app(

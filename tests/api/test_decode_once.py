@@ -20,7 +20,8 @@ import encoder.images
 from bench.cost import scan_bomb
 from memstore.media import thumbnails
 from memstore.queue import jobs
-from memstore.queue.jobs import IngestSettings, PendingItem
+from memstore.queue.jobs import PendingItem
+from memstore.settings import IngestSettings
 from memstore.store import VectorStore
 from memstore.workers.ingest import IngestWorker
 from tests.api.api_helpers import FakeBackend, make_image

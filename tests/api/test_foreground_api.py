@@ -10,8 +10,9 @@ import httpx
 import sqlalchemy as sa
 
 from memstore.queue import jobs
-from memstore.queue.jobs import IngestSettings, PendingItem
+from memstore.queue.jobs import PendingItem
 from memstore.services.foreground import ForegroundController
+from memstore.settings import IngestSettings
 from memstore.store import VectorStore
 from memstore.workers.ingest import IngestWorker
 from tests.api.api_helpers import FakeBackend

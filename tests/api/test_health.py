@@ -10,9 +10,9 @@ import httpx
 import pytest
 
 from memstore.api.runtime import RuntimeOptions
-from memstore.api.settings import ApiSettings
 from memstore.errors import EncoderUnavailableError
 from memstore.services.encoder_host import EncoderChoice, EncoderHost, open_backend
+from memstore.settings import ApiSettings
 from memstore.web import create_app
 from tests.api.api_helpers import LiveServer
 

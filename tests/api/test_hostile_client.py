@@ -359,7 +359,7 @@ def test_the_key_is_checked_before_the_body_under_a_proxys_root_path(settings, a
     from fastapi.testclient import TestClient
 
     from memstore.api.runtime import RuntimeOptions
-    from memstore.api.settings import ApiSettings
+    from memstore.settings import ApiSettings
     from memstore.web import create_app
 
     app = create_app(settings, api_settings=ApiSettings(auth="keys"), options=RuntimeOptions(encoder="none"))

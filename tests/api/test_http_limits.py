@@ -15,7 +15,7 @@ import pytest
 import uvicorn
 
 from memstore.api.http_limits import server_config
-from memstore.api.settings import ApiSettings
+from memstore.settings import ApiSettings
 from tests.api.api_helpers import free_port
 
 HEAD_TIMEOUT_S = 1.5

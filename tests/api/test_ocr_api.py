@@ -24,7 +24,8 @@ from memstore.access import keys
 from memstore.catalog import ocr_items
 from memstore.media import ocr
 from memstore.queue import jobs
-from memstore.queue.jobs import IngestSettings, PendingItem
+from memstore.queue.jobs import PendingItem
+from memstore.settings import IngestSettings
 from memstore.store import VectorStore
 from memstore.workers.ingest import IngestWorker
 from memstore.workers.ocr_pass import OcrPass
@@ -165,7 +166,7 @@ _WORKER = """
 import sys
 from memstore.db.core import create_engine
 from memstore.workers.ingest import IngestWorker
-from memstore.queue.jobs import IngestSettings
+from memstore.settings import IngestSettings
 from tests.api.api_helpers import FakeBackend
 IngestWorker(create_engine(sys.argv[1]), FakeBackend(), settings=IngestSettings(poll_interval_s=0.2)).run()
 """

@@ -17,7 +17,8 @@ from memstore.api.ingest import with_facts
 from memstore.db.core import raw_connection
 from memstore.media import photo_facts
 from memstore.queue import jobs
-from memstore.queue.jobs import IngestSettings, PendingItem
+from memstore.queue.jobs import PendingItem
+from memstore.settings import IngestSettings
 from memstore.store import VectorStore
 from memstore.workers import photo_pass
 from memstore.workers.ingest import IngestWorker

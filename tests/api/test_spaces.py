@@ -16,7 +16,8 @@ from memstore.db.core import raw_connection
 from memstore.errors import ConflictError, InvalidInputError, SpaceNotFoundError
 from memstore.models import ItemIn
 from memstore.queue import jobs
-from memstore.queue.jobs import IngestSettings, PendingItem
+from memstore.queue.jobs import PendingItem
+from memstore.settings import IngestSettings
 from memstore.store import VectorStore
 from memstore.workers.ingest import IngestWorker
 from memstore.workers.space_pass import INTERVAL_S, SpacePass

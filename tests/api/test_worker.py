@@ -17,7 +17,8 @@ import sqlalchemy as sa
 from encoder.errors import EncoderUnreachableError
 from memstore.queue import claims, jobs
 from memstore.queue.claims import Claim, Claimer
-from memstore.queue.jobs import IngestSettings, PendingItem
+from memstore.queue.jobs import PendingItem
+from memstore.settings import IngestSettings
 from memstore.store import VectorStore
 from memstore.workers.ingest import IngestWorker, Loaded, group_for_encoding
 from tests.api.api_helpers import FakeBackend

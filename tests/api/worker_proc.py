@@ -10,7 +10,7 @@ import sys
 import threading
 
 from memstore.db.core import create_engine
-from memstore.queue.jobs import IngestSettings
+from memstore.settings import IngestSettings
 from memstore.workers.ingest import IngestWorker
 from tests.api.api_helpers import FakeBackend
 
