@@ -21,9 +21,10 @@ import pytest
 import sqlalchemy as sa
 
 from bench.data import load_bge_m3
+from encoder.settings import encoder_settings
 from memstore.db.core import create_engine, normalise_url
 from memstore.db.embedded import start_embedded_server
-from memstore.settings import Settings
+from memstore.settings import Settings, reread
 from memstore.store import VectorStore
 from tests.databases import scratch_database
 
@@ -51,6 +52,17 @@ def _docker_answers() -> bool:
         return True
     except Exception:
         return False
+
+
+@pytest.fixture(autouse=True)
+def settings_read_afresh() -> Iterator[None]:
+    """A process reads its settings once (memstore.settings' getters); a test may change the
+    environment, so each test starts and ends with nothing read."""
+    reread()
+    encoder_settings.cache_clear()
+    yield
+    reread()
+    encoder_settings.cache_clear()
 
 
 @pytest.fixture(scope="session")

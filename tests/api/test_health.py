@@ -75,6 +75,8 @@ def test_the_local_encoder_leaves_a_core_free_on_cpu(monkeypatch) -> None:
 
     import torch
 
+    from encoder.settings import encoder_settings
+
     monkeypatch.setenv("MEMSTORE_MODEL", "memstore-tiny")
     monkeypatch.setenv("MEMSTORE_PRETRAINED", "none")
     monkeypatch.setenv("MEMSTORE_ENCODER_DEVICE", "cpu")
@@ -86,6 +88,7 @@ def test_the_local_encoder_leaves_a_core_free_on_cpu(monkeypatch) -> None:
         close()
         assert backend is not None and torch.get_num_threads() == max(1, (os.cpu_count() or 2) - 1)
         monkeypatch.setenv("MEMSTORE_ENCODER_TORCH_THREADS", "3")
+        encoder_settings.cache_clear()  # a process reads its settings once; this one changed them
         _, close = open_backend(EncoderChoice(mode="local"))
         close()
         assert torch.get_num_threads() == 3
