@@ -13,7 +13,8 @@ import time
 import pytest
 
 from encoder.types import Priority
-from memstore.services.foreground import ForegroundController, Tuning, decide, p99
+from memstore.services.foreground import ForegroundController, Tuning, decide
+from memstore.services.latency import p99
 from memstore.settings import Settings
 from memstore.workers.pacing import FULL_SPEED
 

@@ -32,11 +32,12 @@ import math
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from memstore.services.latency import p99
 from memstore.settings import Settings
 from memstore.workers.pacing import Pace, Unit
 
@@ -80,13 +81,6 @@ def decide(
     if cut < tuning.floor:
         cut = 0.0
     return Decision(cut, 0, share > 0.0)
-
-
-def p99(values: Sequence[float]) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
 
 
 @dataclass

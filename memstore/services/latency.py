@@ -3,7 +3,17 @@
 from __future__ import annotations
 
 import collections
+import math
 import time
+from collections.abc import Sequence
+
+
+def p99(values: Sequence[float]) -> float | None:
+    """The 99th percentile by nearest rank (the value at rank ceil(0.99 n)); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
 
 
 class LatencyTracker:
@@ -22,7 +32,7 @@ class LatencyTracker:
 
     def p99_ms(self) -> float | None:
         cutoff = time.monotonic() - self.window_s
-        recent = sorted(s for t, s in list(self._samples) if t >= cutoff)
+        recent = [s for t, s in list(self._samples) if t >= cutoff]
         if len(recent) < 20:
             return None
-        return 1000.0 * recent[min(len(recent) - 1, int(0.99 * len(recent)))]
+        return 1000.0 * (p99(recent) or 0.0)
