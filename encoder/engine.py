@@ -36,7 +36,7 @@ from .images import SharedDecode, load_views, plan_for, probe_image
 from .metrics import EngineMetrics
 from .models import combine_views
 from .requests import BatchEncoder, QueuedRequest, TickReport, done_future, fail_future, wait_future
-from .scheduling import Planner, QueueState, ShareController, UnitRef, plan_batch
+from .scheduling import Planner, QueueState, ShareController, UnitRef, background_pause, plan_batch
 from .settings import EncoderSettings, encoder_settings
 from .tenancy import TENANT
 from .tiling import TilePlan
@@ -393,7 +393,7 @@ class EmbeddingEngine:
         outcome, seconds = self._execute(batch, rows)
         share = self.background_share
         if share < 1.0 and all(req.priority is Priority.BACKGROUND for req, _ in batch):
-            self._background_due = time.monotonic() + (min(5.0, seconds * (1 - share) / share) if share > 0 else 0.0)
+            self._background_due = time.monotonic() + background_pause(seconds, share)
         return self._settle(batch, outcome, seconds)
 
     def _held_back(self, plan: list[UnitRef], now: float) -> bool:

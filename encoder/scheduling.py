@@ -36,6 +36,18 @@ class RequestState:
     model: str = ""  # which of the engine's models embeds it (one model per micro-batch)
 
 
+# The longest pause after one unit of background work (the share is read again after it).
+MAX_BACKGROUND_PAUSE_S = 5.0
+
+
+def background_pause(busy_s: float, share: float) -> float:
+    """The pause after a unit of background work that took ``busy_s``, so that background work takes
+    ``share`` of the time: busy_s x (1 - share) / share, at most MAX_BACKGROUND_PAUSE_S (0 at share 0,
+    where no unit runs at all). The encoder's background micro-batches and the process's background
+    units (``memstore.services.foreground``) are spaced by the same rule."""
+    return min(MAX_BACKGROUND_PAUSE_S, busy_s * (1 - share) / share) if share > 0 else 0.0
+
+
 def full_query_shares() -> dict[Priority, float]:
     return {Priority.QUERY: 1.0, Priority.SYNC_INGEST: 0.0, Priority.BACKGROUND: 0.0}
 

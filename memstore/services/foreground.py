@@ -37,11 +37,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from encoder.scheduling import background_pause
 from memstore.services.latency import p99
 from memstore.settings import Settings
 from memstore.workers.pacing import Pace, Unit
 
-MAX_PAUSE_S = 5.0  # the longest pause after one unit (re-read as the share changes)
 BASELINE_WINDOWS = 60  # idle windows the baseline is the median of
 
 
@@ -244,7 +244,7 @@ class ForegroundController(Pace):
             try:
                 while not stop.is_set() and not self._stop.is_set():
                     share = self._share
-                    due = turn.ended + (min(MAX_PAUSE_S, turn.busy * (1 - share) / share) if share > 0 else 0.0)
+                    due = turn.ended + background_pause(turn.busy, share)
                     now = self.clock()
                     if share > 0 and now >= due and self._active < self._limit(share):
                         break
