@@ -19,6 +19,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 
 from maintenance.targets import Target
+from memstore.catalog import segments
 from memstore.db import sqlfiles
 from memstore.search import query_samples
 from memstore.search.exact_answers import exact_answers as core_exact_answers
@@ -42,7 +43,8 @@ def exact_settings(*, ef_search: int, max_scan_tuples: int) -> SearchSettings:
 def index_search(target: Target) -> Statement:
     """The index's answer as the store's filtered searches, and its unfiltered ones that one walk of the
     graph leaves short, run it (iterative scan, re-sorted), ids and distances only."""
-    return search_statement(target.table, target.vectors.spec.operator, exact=False, ids_only=True)
+    graphs = segments.search_ranges(target.collection) if target.space is None else None
+    return search_statement(target.table, target.vectors.spec.operator, exact=False, ids_only=True, graphs=graphs)
 
 
 def exact_search(target: Target) -> Statement:

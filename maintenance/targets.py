@@ -11,6 +11,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from memstore.catalog import segments
 from memstore.catalog.collections import Collection, Space
 from memstore.db import locks, sqlfiles
 
@@ -81,6 +82,12 @@ def every_target(conn: psycopg.Connection[Any], collections: list[Collection]) -
         # Prefer the conventional name when a table somehow has more than one HNSW index.
         preferred = f"{table}_hnsw"
         index = preferred if preferred in valid else (valid[0] if valid else None)
+        layout = segments.layout(collection) if space is None else None
+        if layout is not None:
+            # A segmented collection's first graph (the largest): the sealer builds and merges the
+            # others, and its tail has none (memstore.catalog.segments).
+            first = layout.graphs[0].index if layout.graphs else None
+            index = first if first in valid else None
         leftovers = tuple(
             Leftover(r["index_name"], int(r["bytes"]), bool(r["build_running"])) for r in rows if not r["valid"]
         )

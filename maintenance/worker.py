@@ -29,7 +29,7 @@ from maintenance.progress import ProgressCallback
 from maintenance.targets import Target, every_target, representation, targets_for
 from maintenance.tuning import Tuning, choose_ef, ladder_for
 from memstore import action_log as core_history
-from memstore.catalog import density
+from memstore.catalog import density, segments
 from memstore.catalog.collections import RECALL_TUNING, Collection
 from memstore.catalog.density import Density
 from memstore.catalog.index_spec import index_spec
@@ -42,7 +42,7 @@ from memstore.catalog.registry import (
 )
 from memstore.db import online_ddl
 from memstore.db.core import as_database, dedicated_connection, get_database
-from memstore.items import bulk_load
+from memstore.items import bulk_load, sealing
 from memstore.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -338,6 +338,7 @@ class MaintenanceWorker:
         failed = False
         try:
             self._finish_bulk_loads(self.session())
+            self._seal_segments(self.session())
             targets = self.targets(self.session())
         except (psycopg.Error, LookupError) as exc:
             log.error("maintenance pass failed before it started: %s", exc)
@@ -511,6 +512,32 @@ class MaintenanceWorker:
                     self.last_outcomes.append(
                         ActionOutcome(c.name, c.table_name, "build", reason, "ok", duration_s=time.monotonic() - t0)
                     )
+
+    def _seal_segments(self, conn: psycopg.Connection[Any]) -> None:
+        """Seal the full tails and merge the graphs of segmented collections whose writer did not
+        (a process that ended, a writer elsewhere): a tail under ``seal_rows`` is left to be read
+        exactly; graphs are merged as for a collection whose writes paused, unless a tail was due."""
+        db = as_database(self.engine)
+        for c in self.list_collections(conn):
+            if self.stop.is_set() or not segments.segmented(c):
+                continue
+            t0 = time.monotonic()
+            try:
+                done = sealing.seal(db, c, self.settings)
+                done = done or sealing.merge(db, c, self.settings, quiet=True)
+            except sealing.SealBusyError:
+                continue  # its writer's sealer is at it
+            except (psycopg.Error, LookupError) as exc:
+                log.error("%s: sealing failed: %s", c.name, exc)
+                self.last_outcomes.append(ActionOutcome(c.name, c.table_name, "seal", "", "failed", error=str(exc)))
+                continue
+            if done is not None:
+                reason = f"{done.rows} rows of ids {done.graph.lo + 1} to {done.graph.hi} into {done.graph.index}"
+                self.last_outcomes.append(
+                    ActionOutcome(
+                        c.name, c.table_name, done.action, reason, "ok", duration_s=round(time.monotonic() - t0, 3)
+                    )
+                )
 
     def _maintain_compact(self, c: Collection) -> ActionOutcome:
         """Compact indexes (halfvec, binary, low-rank) are checked against exact search on full vectors:

@@ -80,6 +80,28 @@ class Settings(BaseSettings):
 
     # Bulk loads (memstore.items.bulk_load): a load this large against its collection goes in without the
     # HNSW index and builds it afterwards; smaller ones go into the live index.
+    # Collections written as segments (memstore.catalog.segments, memstore.items.sealing).
+    seal_rows: int = Field(
+        default=5_000,
+        ge=100,
+        description=(
+            "A segmented collection's tail gets a graph of its own once it holds this many rows (until "
+            "then its rows are searched exactly: the bound on what a search reads without a graph)."
+        ),
+    )
+    segments_max: int = Field(
+        default=8,
+        ge=2,
+        description="A segmented collection's graphs are merged into one when they reach this many, writes or not.",
+    )
+    segments_quiet_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="A segmented collection's graphs are merged into one after this many seconds without a seal.",
+    )
+    seal_interval_s: float = Field(
+        default=1.0, gt=0, description="How often the sealer looks at the segmented collections written to."
+    )
     bulk_min_rows: int = Field(
         default=10_000, ge=1, description="The fewest rows a load needs before it may build the index afresh."
     )

@@ -97,6 +97,12 @@ class CollectionCreate(Strict):
         description="The recall@k default searches should reach (e.g. 0.95): the maintenance worker sets "
         "ef_search to the least that reaches it (docs/maintenance.md, Recall target). null: off.",
     )
+    write_path: Literal["graph", "segments"] = Field(
+        default="graph",
+        description="graph: each row is linked into the live HNSW graph as it is written. segments: for streams "
+        "of upserts; rows go to a tail searched exactly and get graphs at index-build speed in the background "
+        "(docs/api.md, Streams of upserts). Needs partitions 1 and full vectors.",
+    )
 
 
 class CollectionPatch(Strict):
@@ -150,6 +156,17 @@ class MetadataIndexList(BaseModel):
     indexes: list[MetadataIndexOut]
 
 
+class GraphOut(BaseModel):
+    index: str
+    lo: int = Field(description="The graph holds the rows with lo < id <= hi.")
+    hi: int
+
+
+class SegmentsOut(BaseModel):
+    graphs: list[GraphOut]
+    tail_rows: int = Field(description="Rows above the last graph, searched exactly until sealed.")
+
+
 class CollectionOut(BaseModel):
     name: str
     dimensions: int = Field(
@@ -189,6 +206,16 @@ class CollectionOut(BaseModel):
         default=None,
         description="False when items and ready are estimates (collections past 100,000 rows: the planner's "
         "row estimate, kept current by autovacuum); pending and failed are always exact.",
+    )
+    write_path: str = Field(default="graph", description="graph or segments (see CollectionCreate).")
+    segments: SegmentsOut | None = Field(
+        default=None, description="A segmented collection's graphs and tail (only when fetched one at a time)."
+    )
+
+
+class SealOut(BaseModel):
+    done: list[dict[str, Any]] = Field(
+        description="The seals and merges run: action, index, lo, hi, rows, replaced, seconds (empty: nothing to do)."
     )
 
 

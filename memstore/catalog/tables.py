@@ -7,7 +7,7 @@ from __future__ import annotations
 from psycopg import sql
 
 from memstore.catalog import index_spec as compact_spec
-from memstore.catalog import keywords, ocr_items
+from memstore.catalog import keywords, ocr_items, segments
 from memstore.catalog.collections import Collection
 
 # The metadata filters' index (``@>`` containment), after its table.
@@ -52,12 +52,16 @@ def create_table_statements(c: Collection) -> list[sql.Composed]:
     opclass = sql.SQL(compact_spec.opclass(representation, c.metric))
     out: list[sql.Composed] = [sql.SQL("CREATE SEQUENCE {}").format(seq)]
     if c.partitions == 1:
-        out += [
-            sql.SQL("CREATE TABLE {t} ({cols}, PRIMARY KEY (id), UNIQUE (external_id))").format(t=table, cols=columns),
-            sql.SQL("CREATE INDEX {i} ON {t} USING hnsw ({k} {ops}) {w}").format(
-                i=sql.Identifier(c.index_name), t=table, k=key, ops=opclass, w=hnsw_with
-            ),
-        ]
+        out.append(
+            sql.SQL("CREATE TABLE {t} ({cols}, PRIMARY KEY (id), UNIQUE (external_id))").format(t=table, cols=columns)
+        )
+        # A collection written as segments starts with no graph: its rows are the tail's until sealed.
+        if not segments.segmented(c):
+            out.append(
+                sql.SQL("CREATE INDEX {i} ON {t} USING hnsw ({k} {ops}) {w}").format(
+                    i=sql.Identifier(c.index_name), t=table, k=key, ops=opclass, w=hnsw_with
+                )
+            )
     else:
         # A unique constraint on a partitioned table must contain the partition key, so rows are
         # spread by external_id; ids come from one sequence and stay unique across partitions.

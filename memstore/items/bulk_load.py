@@ -43,7 +43,7 @@ from typing import Any, NamedTuple
 import psycopg
 from psycopg import sql
 
-from memstore.catalog import density, registry
+from memstore.catalog import density, registry, segments
 from memstore.catalog import index_spec as compact_spec
 from memstore.catalog.collections import Collection
 from memstore.catalog.tables import METADATA_INDEX, metadata_index_name
@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 
 MARKER = "bulk_load"  # options key: a load is running, or died before its index was rebuilt
 LOCK_WAIT_S = 5.0  # how long a load waits for a maintenance rebuild or a switch before loading live
+SEAL_WAIT_S = 300.0  # how long a load into a segmented collection waits for a seal under way to end
 
 
 class BulkLoadBusyError(RuntimeError):
@@ -87,7 +88,8 @@ def defers(c: Collection, rows_in_load: int, rows_now: int, settings: Settings) 
     without the index and rebuild it. Only full-precision indexes: a compact index's switch has
     states of its own (``memstore.compact``), and those loads go into the live index."""
     spec = compact_spec.index_spec(c)
-    if spec.representation != "full" or spec.pending:
+    if spec.representation != "full" or spec.pending or segments.segmented(c):
+        # A segmented collection's writes link into no graph anyway; its sealer builds them.
         return False
     return rows_in_load >= settings.bulk_min_rows and rows_in_load >= settings.bulk_fraction * rows_now
 

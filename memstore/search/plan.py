@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 import psycopg
 
 from memstore.catalog import index_spec as compact_spec
+from memstore.catalog import segments
 from memstore.catalog.collections import Collection, Space
 from memstore.errors import InvalidInputError
 from memstore.items.vectors import as_vector
@@ -166,6 +167,7 @@ def plain_plan(
             exact=exact,
             where=filter.where if filter else None,
             limit=None if filter else k,
+            graphs=segments.search_ranges(c),
         ),
         settings,
         search_params(c, vector, k, filter),

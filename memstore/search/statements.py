@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 import psycopg
 from psycopg import sql
 
-from memstore.catalog import keywords
+from memstore.catalog import keywords, segments
 from memstore.db import core
 
 if TYPE_CHECKING:
@@ -164,6 +164,7 @@ def search_statement(
     ids_only: bool = False,
     where: sql.Composable | None = None,
     limit: int | None = None,
+    graphs: tuple[tuple[int, int], ...] | None = None,
 ) -> Statement:
     """The ``%(k)s`` nearest rows of ``table`` (a collection or one partition) to ``%(q)s``, nearest
     first, among those matching ``where`` (a compiled filter, ``memstore.search.filter_language``, whose
@@ -172,43 +173,76 @@ def search_statement(
 
     ``limit``: the ``limit`` nearest instead, with the number in the statement's text, which makes
     an unfiltered statement one whose generic plan PostgreSQL keeps (see the module's docstring).
-    Statements without a filter are rendered once and kept."""
+    Statements without a filter are rendered once and kept.
+
+    ``graphs``: the id ranges of a segmented collection's graphs (``memstore.catalog.segments``):
+    each range's nearest rows from its own graph, and the tail's (above the last range) read
+    exactly, merged. None: the table's one graph. An exact search reads every row either way."""
     if operator not in OPERATORS:
         raise ValueError(f"unknown distance operator {operator!r}")
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
         raise ValueError(f"limit must be a positive integer, not {limit!r}")
     if where is None:
-        return _statement(table, operator, exact, ids_only, limit)
-    return _build(table, operator, where, exact, ids_only, limit)
+        return _statement(table, operator, exact, ids_only, limit, graphs)
+    return _build(table, operator, where, exact, ids_only, limit, graphs)
 
 
 @lru_cache(maxsize=4096)
-def _statement(table: str, operator: str, exact: bool, ids_only: bool, limit: int | None) -> sql.SQL:
+def _statement(
+    table: str,
+    operator: str,
+    exact: bool,
+    ids_only: bool,
+    limit: int | None,
+    graphs: tuple[tuple[int, int], ...] | None = None,
+) -> sql.SQL:
     # Rendered to its text once: composing the statement again on every execution cost more than
     # the client's whole share of a search.
-    return sql.SQL(_build(table, operator, None, exact, ids_only, limit).as_string())
+    return sql.SQL(_build(table, operator, None, exact, ids_only, limit, graphs).as_string())
 
 
 def _build(
-    table: str, operator: str, where: sql.Composable | None, exact: bool, ids_only: bool, limit: int | None
+    table: str,
+    operator: str,
+    where: sql.Composable | None,
+    exact: bool,
+    ids_only: bool,
+    limit: int | None,
+    graphs: tuple[tuple[int, int], ...] | None = None,
 ) -> sql.Composed:
     op = sql.SQL(operator)
     columns = sql.SQL("id" if ids_only else "id, external_id, metadata")
-    inner = sql.SQL(
+    nearest = sql.SQL(
         "SELECT {columns}, embedding {op} %(q)s AS distance FROM {t} WHERE {where} "
         "ORDER BY embedding {op} %(q)s LIMIT {limit}"
-    ).format(
-        columns=columns,
-        op=op,
-        t=sql.Identifier(table),
-        where=_rows(where),
-        limit=sql.SQL("%(k)s") if limit is None else sql.Literal(limit),
     )
-    if exact:
-        return inner
-    return sql.SQL("WITH c AS MATERIALIZED ({inner}) SELECT {columns}, distance FROM c ORDER BY distance").format(
-        inner=inner, columns=columns
-    )
+    t = sql.Identifier(table)
+    count = sql.SQL("%(k)s") if limit is None else sql.Literal(limit)
+    if exact or graphs is None:
+        inner = nearest.format(columns=columns, op=op, t=t, where=_rows(where), limit=count)
+        if exact:
+            return inner
+        return sql.SQL("WITH c AS MATERIALIZED ({inner}) SELECT {columns}, distance FROM c ORDER BY distance").format(
+            inner=inner, columns=columns
+        )
+    # One branch per graph and one for the tail (pgvector's scan of a partial index, then the
+    # primary key's range and a sort): the k nearest of the union are among their k nearest each.
+    bounds = [*graphs, (graphs[-1][1] if graphs else 0, None)]
+    branches = [
+        sql.SQL("({})").format(
+            nearest.format(
+                columns=columns,
+                op=op,
+                t=t,
+                where=sql.SQL("{} AND {}").format(_rows(where), segments.range_predicate(lo, hi)),
+                limit=count,
+            )
+        )
+        for lo, hi in bounds
+    ]
+    return sql.SQL(
+        "WITH c AS MATERIALIZED ({union}) SELECT {columns}, distance FROM c ORDER BY distance LIMIT {limit}"
+    ).format(union=sql.SQL(" UNION ALL ").join(branches), columns=columns, limit=count)
 
 
 def space_search_statement(

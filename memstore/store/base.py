@@ -17,6 +17,7 @@ from memstore.catalog.registry import (
 )
 from memstore.db import online_ddl
 from memstore.db.core import Database, as_database
+from memstore.items.sealing import Sealer
 from memstore.search.runner import SecondWalks
 from memstore.settings import Settings, get_settings
 
@@ -30,6 +31,9 @@ class StoreBase:
         self.settings = settings or get_settings()
         self.registry = Registry(self.engine)
         self.second_walk_count = SecondWalks()
+        # Seals and merges the graphs of the segmented collections this store writes to (a thread,
+        # started by the first such write).
+        self.sealer = Sealer(self.db, self.settings, changed=lambda c: self.registry.forget(c.name))
 
     def list_collections(self) -> list[Collection]:
         return self.registry.all()

@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from memstore.catalog import density, keywords, metadata_indexes, ocr_items
+from memstore.catalog import density, keywords, metadata_indexes, ocr_items, segments
 from memstore.catalog import index_spec as compact_spec
 from memstore.catalog.collections import (
     RECALL_TARGET,
@@ -33,8 +33,10 @@ from memstore.catalog.tables import create_table_statements
 from memstore.db import locks
 from memstore.errors import (
     ConflictError,
+    InvalidInputError,
     NotFoundError,
 )
+from memstore.items import sealing
 from memstore.items import writes as item_sql
 from memstore.models import CollectionStats
 from memstore.queue import jobs
@@ -84,12 +86,16 @@ class CollectionsPart(StoreBase):
         text_fields: Sequence[str] = (),
         ocr: bool = False,
         recall_target: float | None = None,
+        write_path: str = segments.GRAPH,
     ) -> Collection:
         """A new, empty collection. ``representation`` picks what its HNSW index holds (see
         ``memstore.compact``); ``lowrank`` needs rows to fit on, so it starts with the full index and
         is switched to by ``maintain_compact_index`` once enough vectors are stored. ``ocr``: read the
         text in its images (``memstore.catalog.ocr_items``). ``recall_target``: the recall@k its default
-        searches should reach (0 < t < 1): the maintenance worker tunes its ef_search to it."""
+        searches should reach (0 < t < 1): the maintenance worker tunes its ef_search to it.
+        ``write_path``: ``graph`` (each row linked into the live graph as it is written) or
+        ``segments`` (for streams of upserts: rows go to an exact tail, given graphs at build speed
+        in the background; ``memstore.catalog.segments``)."""
         validate_name(name)
         s = self.settings
         m = hnsw_m if hnsw_m is not None else s.default_hnsw_m
@@ -113,6 +119,11 @@ class CollectionsPart(StoreBase):
         else:
             index = compact_spec.IndexSpec(representation=representation, pool_factor=pool_factor)
         options: dict[str, Any] = {compact_spec.OPTIONS_KEY: index.to_json()}
+        if segments.validate_write_path(write_path, partitions=partitions, representation=representation) == (
+            segments.SEGMENTS
+        ):
+            options[segments.WRITE_PATH] = segments.SEGMENTS
+            options[segments.LAYOUT] = segments.Layout().to_json()
         if ocr:
             options[ocr_items.OPTION] = True
         if (target := validate_recall_target(recall_target)) is not None:
@@ -246,6 +257,7 @@ class CollectionsPart(StoreBase):
             items, exact = _count_items(conn, c, exact_limit)
             sizes = conn.execute(item_sql.SIZES_SQL, (tables,)).fetchone()
             ocr_pending = ocr_items.pending_count(conn, c) if c.ocr else None  # through its partial index
+            graphs = sealing.graphs_state(conn, c)  # a segmented collection's graphs and tail
         pending, failed = by_status["pending"], by_status["failed"]
         assert sizes is not None
         return CollectionStats(
@@ -257,7 +269,7 @@ class CollectionsPart(StoreBase):
             table_bytes=int(sizes[0] or 0),
             index_bytes=int(sizes[1] or 0),
             counts_exact=exact,
-            extra={"index": spec.to_json(), "ocr_pending": ocr_pending},
+            extra={"index": spec.to_json(), "ocr_pending": ocr_pending, "segments": graphs},
         )
 
     def set_recall_target(self, *, collection: str, target: float | None) -> Collection:
@@ -275,6 +287,23 @@ class CollectionsPart(StoreBase):
         self.forget_collection(collection)
         return self.get_collection(name=collection, fresh=True)
 
+    def seal(self, *, collection: str, merge: bool = False, wait_s: float = 300.0) -> list[dict[str, Any]]:
+        """Give a segmented collection's tail a graph now, whatever its size, so every row is in a
+        graph when this returns (a stream's writer calls it at the end); ``merge``: then merge every
+        graph into one. Waits up to ``wait_s`` for a seal under way elsewhere. What was done, as the
+        status shows it (nothing for a collection whose rows are all in graphs already)."""
+        c = self.get_collection(name=collection, fresh=True)
+        if not segments.segmented(c):
+            raise InvalidInputError(f"collection {collection!r} is not written as segments (write_path 'graph')")
+        try:
+            done = [sealing.seal(self.db, c, self.settings, min_rows=1, wait_s=wait_s)]
+            if merge:
+                done.append(sealing.merge(self.db, c, self.settings, quiet=True, everything=True, wait_s=wait_s))
+        except sealing.SealBusyError as exc:
+            raise ConflictError(f"{exc}; try again when it is done") from None
+        self.forget_collection(collection)
+        return [d.as_json() for d in done if d is not None]
+
     def set_index_representation(
         self,
         *,
@@ -286,6 +315,8 @@ class CollectionsPart(StoreBase):
         grace_s: float | None = None,
     ) -> compact_spec.IndexSpec:
         """Switch the collection's HNSW index to another representation online (see ``memstore.compact``)."""
+        if segments.segmented(self.get_collection(name=collection, fresh=True)):
+            raise InvalidInputError(f"collection {collection!r} is written as segments, whose graphs keep full vectors")
         from memstore.compact.switch import DEFAULT_GRACE_S, set_representation
 
         spec = set_representation(

@@ -16,8 +16,10 @@ from memstore.api.schemas import (
     MetadataIndexIn,
     MetadataIndexList,
     MetadataIndexOut,
+    SealOut,
+    SegmentsOut,
 )
-from memstore.catalog import ocr_items
+from memstore.catalog import ocr_items, segments
 from memstore.catalog.collections import Collection, validate_name
 from memstore.catalog.metadata_indexes import MetadataIndex
 from memstore.models import CollectionStats
@@ -45,12 +47,15 @@ def collection_out(c: Collection, stats: CollectionStats | None = None) -> Colle
         created_at=c.created_at,
         active_space=c.active_space_name,
         spaces=[s.name for s in c.all_spaces()],
+        write_path=segments.SEGMENTS if segments.segmented(c) else segments.GRAPH,
     )
     if stats is not None:
         out.items, out.ready, out.pending, out.failed = stats.items, stats.ready, stats.pending, stats.failed
         out.index_bytes, out.table_bytes = stats.index_bytes, stats.table_bytes
         out.counts_exact = stats.counts_exact
         out.ocr_pending = stats.extra.get("ocr_pending")
+        if (graphs := stats.extra.get("segments")) is not None:
+            out.segments = SegmentsOut.model_validate(graphs)
     return out
 
 
@@ -103,6 +108,7 @@ async def create_collection(request: Request, body: CollectionCreate, response: 
             text_fields=body.text_fields,
             ocr=body.ocr,
             recall_target=body.recall_target,
+            write_path=body.write_path,
         )
     )
     response.headers["Location"] = f"/v1/collections/{c.name}"
@@ -168,6 +174,20 @@ async def create_index(request: Request, name: str, body: MetadataIndexIn, key: 
         lambda: store.create_metadata_index(collection=name, field=body.field, type=body.type)
     )
     return _index_out(made)
+
+
+@router.post("/{name}/seal", summary="Put a segmented collection's tail into a graph now", response_model=SealOut)
+async def seal(request: Request, name: str, key: Key, merge: bool = False) -> SealOut:
+    """For a collection made with ``write_path: segments``: its tail (the rows no graph holds yet,
+    searched exactly) gets a graph now, whatever its size, and the answer comes once it is built. A
+    stream's writer calls it at the end, so that every row it sent is searched through a graph.
+    ``merge=true``: then merge every graph into one (a build of every row). The background sealer
+    does both on its own as the tail fills and when writes pause."""
+    validate_name(name)
+    require(key, "write", name)
+    store = runtime(request).store
+    done = await run_in_threadpool(lambda: store.seal(collection=name, merge=merge))
+    return SealOut(done=done)
 
 
 @router.get("/{name}/indexes", summary="The collection's metadata indexes", response_model=MetadataIndexList)

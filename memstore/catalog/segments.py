@@ -1,0 +1,162 @@
+"""Segments: the write path of a collection made for streams of upserts (``write_path="segments"``).
+
+pgvector links a row into a live HNSW graph one at a time, at several times the cost per row of
+building a graph over rows already in the table (docs/performance.md, "Streams of upsert batches").
+A collection written as segments never links a new row into a graph:
+
+- its rows are numbered by ``id`` (the table's sequence: the order they arrived in);
+- its graphs are PARTIAL HNSW indexes over ranges of ids, contiguous from the first row: the first
+  covers ``id <= hi``, each later one ``lo < id <= hi``;
+- the rows above the last graph (the tail) are in none; a search reads them exactly, through the
+  primary key's btree, so a row is found the moment its upsert commits;
+- the sealer (``memstore.items.sealing``) gives the tail a graph of its own in one ``CREATE INDEX
+  CONCURRENTLY`` (parallel, at build speed) once it holds ``MEMSTORE_SEAL_ROWS`` rows, and merges the
+  graphs into one when writes pause or they grow too many (every search walks each graph).
+
+A search is one statement (``memstore.search.statements``): each graph's nearest rows, its WHERE
+repeating the graph's range as literals so that the planner proves the partial index applies, and the
+tail's, merged by distance. A layout a process read before a seal or a merge is still right: its ranges
+cover every id, and a range whose index was dropped since is read without it.
+
+An update keeps the row's id, so a row updated in a sealed range is linked again in that range's graph
+(pgvector's per-row path, as every update is in a collection with one graph).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import sql
+
+from memstore.catalog import index_spec as compact_spec
+from memstore.catalog.collections import Collection
+from memstore.errors import InvalidInputError
+
+WRITE_PATH = "write_path"  # options key: how new rows reach the graph
+GRAPH = "graph"  # every row linked into the one live graph as it is written
+SEGMENTS = "segments"  # the tail and sealed graphs of this module
+WRITE_PATHS = (GRAPH, SEGMENTS)
+LAYOUT = "segments"  # options key: the graphs a segmented collection has (``Layout.to_json``)
+
+
+@dataclass(frozen=True)
+class Graph:
+    """One partial HNSW index: the rows with ``lo < id <= hi``."""
+
+    lo: int
+    hi: int
+    index: str
+
+    @property
+    def rows_bound(self) -> int:
+        """The ids its range spans (an upper bound on its rows: deleted ids and upserts that updated
+        leave gaps)."""
+        return self.hi - self.lo
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A segmented collection's graphs, in id order; every id above the last is the tail's."""
+
+    graphs: tuple[Graph, ...] = ()
+
+    @property
+    def watermark(self) -> int:
+        """The highest id a graph covers (0: none yet, every row is the tail's)."""
+        return self.graphs[-1].hi if self.graphs else 0
+
+    @property
+    def ranges(self) -> tuple[tuple[int, int], ...]:
+        """What a search statement needs: each graph's range (the statement text depends on it alone)."""
+        return tuple((g.lo, g.hi) for g in self.graphs)
+
+    def to_json(self) -> list[list[Any]]:
+        return [[g.lo, g.hi, g.index] for g in self.graphs]
+
+    @classmethod
+    def from_json(cls, value: Any) -> Layout:
+        if not isinstance(value, list):
+            return cls()
+        return cls(tuple(Graph(int(lo), int(hi), str(index)) for lo, hi, index in value))
+
+
+def segmented(c: Collection) -> bool:
+    """Whether ``c`` is written as segments (new rows into an exact tail, never into a live graph)."""
+    return c.options.get(WRITE_PATH) == SEGMENTS
+
+
+def layout(c: Collection) -> Layout | None:
+    """The graphs of a segmented collection; None for a collection with one live graph."""
+    if not segmented(c):
+        return None
+    return Layout.from_json(c.options.get(LAYOUT))
+
+
+def search_ranges(c: Collection) -> tuple[tuple[int, int], ...] | None:
+    """The id ranges a search of ``c``'s own vectors walks a graph of (the rest is read exactly);
+    None: the one graph of the whole table."""
+    found = layout(c)
+    return None if found is None else found.ranges
+
+
+def validate_write_path(write_path: object, *, partitions: int, representation: str) -> str:
+    """A write path a new collection may have: segments need one table and full vectors (a compact
+    index's switch and a partitioned table's per-partition graphs have states of their own)."""
+    if write_path not in WRITE_PATHS:
+        raise InvalidInputError(f"write_path must be one of {', '.join(WRITE_PATHS)}, not {write_path!r}")
+    if write_path == SEGMENTS and partitions != 1:
+        raise InvalidInputError("write_path 'segments' needs partitions = 1 (its graphs are ranges of one table)")
+    if write_path == SEGMENTS and representation != "full":
+        raise InvalidInputError("write_path 'segments' keeps full vectors: use representation 'full'")
+    return str(write_path)
+
+
+def range_predicate(lo: int, hi: int | None) -> sql.Composed:
+    """``lo < id <= hi`` with the bounds as literals (``hi`` None: no upper bound, the tail)."""
+    parts = [] if lo <= 0 else [sql.SQL("id > {}").format(sql.Literal(lo))]
+    if hi is not None:
+        parts.append(sql.SQL("id <= {}").format(sql.Literal(hi)))
+    return sql.SQL(" AND ").join(parts) if parts else sql.SQL("TRUE").format()
+
+
+def index_name(c: Collection, lo: int, hi: int) -> str:
+    """A graph's index name: short (the table's name may already be 53 characters of PostgreSQL's
+    63) and unique per range, so a merge's graph and the ones it replaces coexist until the swap."""
+    return f"c{c.id}_g{lo}_{hi}"
+
+
+def index_prefix(c: Collection) -> str:
+    """What every graph index of ``c`` is named with (``index_name``), for finding leftovers."""
+    return f"c{c.id}_g"
+
+
+def graph_definition(c: Collection, lo: int, hi: int) -> sql.Composed:
+    """What follows the table in the CREATE INDEX of the graph over ``lo < id <= hi``."""
+    return sql.SQL("USING hnsw ({k} {o}) WITH (m = {m}, ef_construction = {ef}) WHERE {p}").format(
+        k=sql.SQL(compact_spec.key_expression("full", c.dimensions)),
+        o=sql.SQL(compact_spec.opclass("full", c.metric)),
+        m=sql.Literal(c.hnsw_m),
+        ef=sql.Literal(c.hnsw_ef_construction),
+        p=range_predicate(lo, hi),
+    )
+
+
+def merge_span(layout: Layout, *, quiet: bool, max_graphs: int, ratio: float = 0.25) -> tuple[int, int] | None:
+    """The graphs (``layout.graphs[start:end]``) to merge into one now, or None.
+
+    Graphs are merged when writes have paused (``quiet``) or when they reach ``max_graphs`` (each is
+    a walk in every search). The first graph is rebuilt with the rest only when the rest hold at least
+    ``ratio`` of its rows: a merge is a build of every row it covers, so the first graph grows
+    geometrically and each row is built a bounded number of times; until then the later graphs merge
+    among themselves, and a quiet collection keeps at most two graphs, the second under ``ratio`` of
+    the first."""
+    n = len(layout.graphs)
+    if n < 2 or (not quiet and n < max_graphs):
+        return None
+    first, rest = layout.graphs[0], layout.graphs[1:]
+    if sum(g.rows_bound for g in rest) >= ratio * first.rows_bound:
+        return (0, n)
+    if len(rest) >= 2:
+        return (1, n)
+    return None

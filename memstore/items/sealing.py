@@ -1,0 +1,260 @@
+"""Sealing and merging the graphs of collections written as segments (``memstore.catalog.segments``).
+
+- ``seal``: the tail's rows get a graph of their own, ``CREATE INDEX CONCURRENTLY`` over their id
+  range (parallel workers as the server allows: the bulk build's cost per row, whatever the batches
+  the rows came in); the layout in the registry gains it once it is valid.
+- ``merge``: several graphs become one, built the same way over their joint range; the layout names
+  it, then the graphs it replaces are dropped.
+- ``Sealer``: a thread that does both for the collections this process writes to, as their tails
+  fill and when their writes pause.
+
+Nothing here moves a row: a graph is an index over rows that stay where they are, so a build that
+dies (a killed backend, a server crash) loses nothing. The layout changes only after its new index is
+valid; an interrupted build leaves an INVALID index, and an index built but not yet recorded (or
+recorded and not yet dropped) is a leftover: the next seal or merge drops both before it builds
+(``_drop_leftovers``). Until then the rows it would have covered are the tail's, read exactly.
+
+One process seals a collection at a time: the collection's lock (``memstore.db.locks.collection_key``,
+which representation switches and bulk loads take too), tried without waiting by the sealer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from memstore.catalog import registry, segments
+from memstore.catalog.collections import Collection
+from memstore.catalog.segments import Graph, Layout
+from memstore.db import locks, online_ddl
+from memstore.db.core import Database
+from memstore.errors import CollectionNotFoundError
+from memstore.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class SealBusyError(RuntimeError):
+    """Another process is sealing or merging this collection, or changing its index."""
+
+
+@dataclass(frozen=True)
+class Sealed:
+    """One seal or merge: the graph built, its rows, the graphs it replaced and its seconds."""
+
+    action: str  # "seal" or "merge"
+    graph: Graph
+    rows: int
+    replaced: tuple[str, ...]
+    seconds: float
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "action": self.action,
+            "index": self.graph.index,
+            "lo": self.graph.lo,
+            "hi": self.graph.hi,
+            "rows": self.rows,
+            "replaced": list(self.replaced),
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def seal(
+    db: Database, c: Collection, settings: Settings, *, min_rows: int | None = None, wait_s: float = 0.0
+) -> Sealed | None:
+    """Give ``c``'s tail a graph when it holds at least ``min_rows`` rows (default: the
+    ``seal_rows`` setting; 1: whatever it holds). None when there was nothing to seal. Raises
+    ``SealBusyError`` when another process holds the collection for longer than ``wait_s``."""
+    least = settings.seal_rows if min_rows is None else max(1, min_rows)
+    with _held(db, c, settings, wait_s) as (conn, c, layout):
+        low = layout.watermark
+        row = conn.execute(sql.SQL("SELECT count(*), max(id) FROM {} WHERE id > %s").format(c.table), (low,)).fetchone()
+        rows, high = (int(row[0]), row[1]) if row else (0, None)
+        if rows < least or high is None:
+            return None
+        graph = Graph(low, int(high), segments.index_name(c, low, int(high)))
+        t0 = time.perf_counter()
+        _build(conn, c, graph)
+        _record(conn, c, Layout((*layout.graphs, graph)))
+        done = Sealed("seal", graph, rows, (), time.perf_counter() - t0)
+    log.info("collection %r: sealed %d rows (ids %d to %d) in %.1f s", c.name, rows, low + 1, high, done.seconds)
+    return done
+
+
+def merge(
+    db: Database, c: Collection, settings: Settings, *, quiet: bool, everything: bool = False, wait_s: float = 0.0
+) -> Sealed | None:
+    """Merge ``c``'s graphs as ``segments.merge_span`` says for a collection whose writes have (or
+    have not) paused; ``everything``: all of them into one. None when nothing is to be merged."""
+    with _held(db, c, settings, wait_s) as (conn, c, layout):
+        if everything:
+            span = (0, len(layout.graphs)) if len(layout.graphs) > 1 else None
+        else:
+            span = segments.merge_span(layout, quiet=quiet, max_graphs=settings.segments_max)
+        if span is None:
+            return None
+        start, end = span
+        old = layout.graphs[start:end]
+        graph = Graph(old[0].lo, old[-1].hi, segments.index_name(c, old[0].lo, old[-1].hi))
+        t0 = time.perf_counter()
+        with contextlib.ExitStack() as maintained:
+            # The maintenance worker rebuilds the first graph under its index lock; not while it goes.
+            for g in old:
+                maintained.enter_context(
+                    locks.session_lock(conn, locks.index_key(g.index), busy=_busy(c), wait_s=wait_s)
+                )
+            _build(conn, c, graph)
+            _record(conn, c, Layout((*layout.graphs[:start], graph, *layout.graphs[end:])))
+            # Searches that read the layout before now still name the old ranges: correct without
+            # their indexes (a range scan), and they read the new layout within seconds.
+            for g in old:
+                online_ddl.drop_index(conn, g.index, partitioned=False)
+        row = conn.execute(
+            sql.SQL("SELECT count(*) FROM {} WHERE {}").format(c.table, segments.range_predicate(graph.lo, graph.hi))
+        ).fetchone()
+        done = Sealed("merge", graph, int(row[0]) if row else 0, tuple(g.index for g in old), time.perf_counter() - t0)
+    log.info("collection %r: merged %d graphs into %s in %.1f s", c.name, len(old), graph.index, done.seconds)
+    return done
+
+
+def _busy(c: Collection) -> Any:
+    return lambda: SealBusyError(f"another process is changing the graphs of collection {c.name!r}")
+
+
+@contextlib.contextmanager
+def _held(
+    db: Database, c: Collection, settings: Settings, wait_s: float
+) -> Iterator[tuple[psycopg.Connection[Any], Collection, Layout]]:
+    """A build connection holding ``c``'s lock, ``c`` read afresh under it, and its layout with any
+    leftovers of an interrupted build dropped."""
+    with db.dedicated(application_name="memstore-sealer") as conn:
+        online_ddl.set_lock_timeout(conn)
+        online_ddl.build_resources(conn, settings)
+        with locks.session_lock(conn, locks.collection_key(c.id), busy=_busy(c), wait_s=wait_s):
+            fresh = registry.read_collection(conn, id=c.id)
+            found = segments.layout(fresh)
+            if found is None:
+                raise ValueError(f"collection {c.name!r} is not written as segments")
+            _drop_leftovers(conn, fresh, found)
+            yield conn, fresh, found
+
+
+def _build(conn: psycopg.Connection[Any], c: Collection, graph: Graph) -> None:
+    online_ddl.build_table_index(conn, graph.index, c.table, segments.graph_definition(c, graph.lo, graph.hi))
+    # The planner's row counts for the new graph and for the tail's range (a table that grew):
+    # without them the tail's branch may be planned as a scan of the whole table.
+    conn.execute(sql.SQL("ANALYZE {}").format(c.table))
+
+
+def _record(conn: psycopg.Connection[Any], c: Collection, layout: Layout) -> None:
+    with conn.transaction():
+        registry.set_option(conn, c, segments.LAYOUT, layout.to_json())
+
+
+def _drop_leftovers(conn: psycopg.Connection[Any], c: Collection, layout: Layout) -> None:
+    """Drop ``c``'s graph indexes the layout does not name: an INVALID one (a build that died), a
+    valid one built but not recorded, or one a merge recorded away but did not drop."""
+    named = {g.index for g in layout.graphs}
+    rows = conn.execute(
+        "SELECT i.relname FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid "
+        "WHERE x.indrelid = to_regclass(%s) AND starts_with(i.relname, %s)",
+        (c.table.as_string(conn), segments.index_prefix(c)),
+    ).fetchall()
+    for (name,) in rows:
+        if name not in named:
+            log.warning("collection %r: dropping %s, left by an interrupted seal or merge", c.name, name)
+            online_ddl.drop_index(conn, name, partitioned=False)
+
+
+def graphs_state(conn: psycopg.Connection[Any], c: Collection) -> dict[str, Any] | None:
+    """What status pages show of a segmented collection: its graphs and its tail's rows."""
+    layout = segments.layout(c)
+    if layout is None:
+        return None
+    row = conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE id > %s").format(c.table), (layout.watermark,)).fetchone()
+    return {
+        "graphs": [{"index": g.index, "lo": g.lo, "hi": g.hi} for g in layout.graphs],
+        "tail_rows": int(row[0]) if row else 0,
+    }
+
+
+class Sealer:
+    """Seals and merges, in a thread of its own, the segmented collections this process writes to.
+
+    ``wrote(c)`` after each write: the thread looks at ``c`` within ``seal_interval_s``, seals its
+    tail once it holds ``seal_rows`` rows, merges its graphs when they reach ``segments_max`` and,
+    once no write has come for ``segments_quiet_s``, as ``segments.merge_span`` says; then it forgets
+    ``c`` until the next write. Another process sealing the same collection is left to it."""
+
+    def __init__(
+        self, db: Database, settings: Settings, *, changed: Callable[[Collection], None] | None = None
+    ) -> None:
+        self.db, self.settings = db, settings
+        self._changed = changed  # told of each new layout (the store drops its cached registry row)
+        self._written: dict[int, float] = {}  # collection id: when this process last wrote to it
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.done: list[Sealed] = []  # the latest seals and merges, newest last (a few)
+
+    def wrote(self, c: Collection) -> None:
+        with self._lock:
+            self._written[c.id] = time.monotonic()
+            if self._thread is None and not self._stop.is_set():
+                self._thread = threading.Thread(target=self._run, name="memstore-sealer", daemon=True)
+                self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(30)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.settings.seal_interval_s)
+            self._wake.clear()
+            with self._lock:
+                written = dict(self._written)
+            for cid, at in written.items():
+                if self._stop.is_set():
+                    return
+                try:
+                    finished = self.step(cid, quiet=time.monotonic() - at >= self.settings.segments_quiet_s)
+                except SealBusyError:
+                    finished = False
+                except CollectionNotFoundError:
+                    finished = True
+                except Exception:  # a failed build is logged and tried again at the next look
+                    log.exception("sealing collection %d failed", cid)
+                    finished = False
+                if finished:
+                    with self._lock:
+                        if self._written.get(cid) == at:  # no write came meanwhile
+                            del self._written[cid]
+
+    def step(self, cid: int, *, quiet: bool) -> bool:
+        """One look at collection ``cid``: a seal if due, else a merge if due. True when nothing is
+        left to do until the next write (quiet, tail under the bound, nothing to merge)."""
+        with self.db.write() as conn:
+            c = registry.read_collection(conn, id=cid)
+        if not segments.segmented(c):
+            return True
+        done = seal(self.db, c, self.settings) or merge(self.db, c, self.settings, quiet=quiet)
+        if done is not None:
+            self.done = [*self.done[-9:], done]
+            if self._changed is not None:
+                self._changed(c)
+            self._wake.set()  # more may be due (a tail that filled while this one was built)
+            return False
+        return quiet

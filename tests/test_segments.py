@@ -1,0 +1,287 @@
+"""Collections written as segments (``write_path="segments"``): rows go to an exact tail and get
+partial HNSW graphs at build speed; every row is found right after its upsert in every state of the
+tail, the graphs and their merges; updates and deletes show at once; a seal that dies loses nothing."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import psycopg
+import pytest
+import sqlalchemy as sa
+
+from memstore.catalog import segments
+from memstore.catalog.segments import Graph, Layout
+from memstore.db.core import raw_connection
+from memstore.errors import InvalidInputError
+from memstore.items import sealing
+from memstore.models import ItemIn
+from memstore.search.statements import search_statement
+from memstore.settings import Settings
+from memstore.store import VectorStore
+
+DIMS = 16
+
+
+@pytest.fixture
+def seg_settings(settings: Settings) -> Settings:
+    """Small seals, and a sealer thread that only looks when a test asks (``step``)."""
+    return settings.model_copy(update={"seal_rows": 100, "seal_interval_s": 3600.0, "segments_max": 4})
+
+
+@pytest.fixture
+def seg_store(engine: sa.Engine, seg_settings: Settings) -> Iterator[VectorStore]:
+    store = VectorStore(engine, settings=seg_settings)
+    yield store
+    store.sealer.close()
+
+
+def _vectors(n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, DIMS)).astype(np.float32)
+
+
+def _write(store: VectorStore, name: str, x: np.ndarray, start: int, batch: int = 100) -> None:
+    for b in range(start, start + len(x), batch):
+        rows = x[b - start : b - start + batch]
+        store.upsert_items(
+            collection=name,
+            items=[ItemIn(vector=v, external_id=f"r{b + i}", metadata={"n": b + i}) for i, v in enumerate(rows)],
+        )
+
+
+def _all_found(store: VectorStore, name: str, x: np.ndarray, start: int = 0, every: int = 1) -> None:
+    """Each row is its own nearest neighbour (distance 0): a search finds it whether a graph or the tail holds it."""
+    for i in range(0, len(x), every):
+        hits = store.search(collection=name, vector=x[i], k=1)
+        assert hits and hits[0].external_id == f"r{start + i}", (i, hits)
+
+
+def _layout(store: VectorStore, name: str) -> Layout:
+    found = segments.layout(store.get_collection(name=name, fresh=True))
+    assert found is not None
+    return found
+
+
+def _graph_indexes(engine: sa.Engine, c_id: int) -> list[tuple[str, bool]]:
+    with raw_connection(engine) as conn:
+        return [
+            (str(r[0]), bool(r[1]))
+            for r in conn.execute(
+                "SELECT i.relname, x.indisvalid FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid "
+                "WHERE starts_with(i.relname, %s) ORDER BY 1",
+                (f"c{c_id}_g",),
+            )
+        ]
+
+
+# -- the layout, pure ----------------------------------------------------------------------------------
+
+
+def test_layout_round_trips_and_names_its_ranges() -> None:
+    layout = Layout((Graph(0, 500, "c1_g0_500"), Graph(500, 800, "c1_g500_800")))
+    assert Layout.from_json(layout.to_json()) == layout
+    assert layout.watermark == 800 and layout.ranges == ((0, 500), (500, 800))
+    assert Layout.from_json(None) == Layout() and Layout().watermark == 0
+
+
+def test_range_predicates_carry_their_bounds_as_literals() -> None:
+    assert segments.range_predicate(0, 500).as_string() == "id <= 500"
+    assert segments.range_predicate(500, 800).as_string() == "id > 500 AND id <= 800"
+    assert segments.range_predicate(800, None).as_string() == "id > 800"
+
+
+@pytest.mark.parametrize(
+    ("sizes", "quiet", "want"),
+    [
+        ([100], True, None),  # one graph: nothing to merge
+        ([1000, 100, 100], False, None),  # writes going on, under the cap
+        ([1000, 100, 100], True, (1, 3)),  # quiet: the small ones merge among themselves
+        ([1000, 100], True, None),  # quiet, one small graph after a large one: left
+        ([1000, 200, 100], True, (0, 3)),  # the rest reach a quarter of the first: everything
+        ([1000, 10, 10, 10], False, (1, 4)),  # at the cap while writing
+    ],
+)
+def test_merge_span_keeps_builds_geometric(sizes: list[int], quiet: bool, want: tuple[int, int] | None) -> None:
+    graphs, lo = [], 0
+    for size in sizes:
+        graphs.append(Graph(lo, lo + size, f"g{lo}"))
+        lo += size
+    assert segments.merge_span(Layout(tuple(graphs)), quiet=quiet, max_graphs=4) == want
+
+
+def test_write_path_is_checked() -> None:
+    assert segments.validate_write_path("segments", partitions=1, representation="full") == "segments"
+    with pytest.raises(InvalidInputError, match="write_path must be one of"):
+        segments.validate_write_path("fast", partitions=1, representation="full")
+    with pytest.raises(InvalidInputError, match="partitions = 1"):
+        segments.validate_write_path("segments", partitions=4, representation="full")
+    with pytest.raises(InvalidInputError, match="full vectors"):
+        segments.validate_write_path("segments", partitions=1, representation="binary")
+
+
+def test_statement_has_a_branch_per_graph_and_the_tail() -> None:
+    text = search_statement("t", "<=>", exact=False, limit=10, graphs=((0, 500), (500, 800))).as_string()
+    assert text.count("UNION ALL") == 2
+    assert "id <= 500" in text and "id > 500 AND id <= 800" in text and "id > 800" in text
+    # An exact search reads every row in one scan whatever the graphs.
+    exact = search_statement("t", "<=>", exact=True, limit=10, graphs=((0, 500),)).as_string()
+    assert "UNION" not in exact and "id <=" not in exact
+
+
+# -- the write path, on the database ---------------------------------------------------------------------
+
+
+def test_rows_are_found_in_every_state(seg_store: VectorStore, collection_name: str, engine: sa.Engine) -> None:
+    store, s = seg_store, seg_store.settings
+    c = store.create_collection(name=collection_name, dimensions=DIMS, write_path="segments")
+    assert _graph_indexes(engine, c.id) == []  # no graph at all: every row is the tail's
+    x = _vectors(700)
+    _write(store, collection_name, x[:250], 0)
+    _all_found(store, collection_name, x[:250])  # the tail alone, exactly
+    first = sealing.seal(store.db, c, s)
+    assert first is not None and first.rows == 250 and first.graph.lo == 0
+    _write(store, collection_name, x[250:400], 250)
+    store.forget_collection(collection_name)
+    _all_found(store, collection_name, x[:400])  # a graph and a tail
+    second = sealing.seal(store.db, c, s)
+    assert second is not None and second.graph.lo == first.graph.hi and second.rows == 150
+    _write(store, collection_name, x[400:520], 400)
+    third = sealing.seal(store.db, c, s)
+    assert third is not None
+    _write(store, collection_name, x[520:], 520)  # 180 in the tail again
+    store.forget_collection(collection_name)
+    assert len(_layout(store, collection_name).graphs) == 3
+    _all_found(store, collection_name, x)
+    # A layout read before the merge still finds every row once its indexes are gone.
+    stale = store.get_collection(name=collection_name, fresh=True)
+    merged = sealing.merge(store.db, c, s, quiet=True, everything=True)
+    assert merged is not None and merged.rows == 520 and len(merged.replaced) == 3
+    assert _graph_indexes(engine, c.id) == [(merged.graph.index, True)]
+    hits = store.search(collection=collection_name, vector=x[10], k=1)  # the store's cached, stale layout
+    assert segments.layout(stale) != _layout(store, collection_name) and hits[0].external_id == "r10"
+    store.forget_collection(collection_name)
+    _all_found(store, collection_name, x)
+    assert store.collection_stats(name=collection_name).extra["segments"]["tail_rows"] == 180
+
+
+def test_updates_deletes_and_filters_across_graphs_and_tail(seg_store: VectorStore, collection_name: str) -> None:
+    store = seg_store
+    c = store.create_collection(name=collection_name, dimensions=DIMS, write_path="segments")
+    x = _vectors(300, seed=1)
+    _write(store, collection_name, x[:200], 0)
+    assert sealing.seal(store.db, c, store.settings) is not None
+    _write(store, collection_name, x[200:], 200)
+    store.forget_collection(collection_name)
+    # An update of a sealed row moves it in its graph; of a tail row, in the tail.
+    far = -x[5]
+    store.upsert_items(collection=collection_name, items=[ItemIn(vector=far, external_id="r5", metadata={"n": 5})])
+    store.upsert_items(collection=collection_name, items=[ItemIn(vector=-x[250], external_id="r250")])
+    assert store.search(collection=collection_name, vector=far, k=1)[0].external_id == "r5"
+    assert store.search(collection=collection_name, vector=x[5], k=1)[0].external_id != "r5"
+    assert store.search(collection=collection_name, vector=-x[250], k=1)[0].external_id == "r250"
+    # Deletes show at once, from a graph and from the tail.
+    store.delete_items(collection=collection_name, external_ids=["r7", "r270"])
+    for i in (7, 270):
+        assert store.search(collection=collection_name, vector=x[i], k=1)[0].external_id != f"r{i}"
+    # A filter that keeps a few rows of each part still answers k of them, nearest first.
+    hits = store.search(collection=collection_name, vector=x[0], k=6, filter={"n": {"$in": [1, 2, 3, 201, 202, 203]}})
+    assert sorted(h.external_id for h in hits) == ["r1", "r2", "r201", "r202", "r203", "r3"]
+    assert [h.distance for h in hits] == sorted(h.distance for h in hits)
+
+
+def test_the_sealer_seals_full_tails_and_merges_when_writes_pause(
+    engine: sa.Engine, seg_settings: Settings, collection_name: str
+) -> None:
+    settings = seg_settings.model_copy(update={"seal_interval_s": 0.1, "segments_quiet_s": 1.0})
+    store = VectorStore(engine, settings=settings)
+    try:
+        store.create_collection(name=collection_name, dimensions=DIMS, write_path="segments")
+        x = _vectors(450, seed=2)
+        for start in (0, 150, 300):  # three tails over the bound, each sealed before the next arrives
+            _write(store, collection_name, x[start : start + 150], start)
+            deadline = time.monotonic() + 60
+            while _layout(store, collection_name).watermark < start + 150 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            # A new table's ids start at 1 and no upsert here updated: the highest id is the rows written.
+            assert _layout(store, collection_name).watermark == start + 150
+        # Then a pause: the two later graphs are a quarter of the first or more, so all merge into one.
+        deadline = time.monotonic() + 60
+        while len(_layout(store, collection_name).graphs) > 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(_layout(store, collection_name).graphs) == 1
+        assert [d.action for d in store.sealer.done][-1] == "merge"
+        _all_found(store, collection_name, x, every=7)
+    finally:
+        store.sealer.close()
+
+
+def test_bulk_load_returns_with_every_row_in_a_graph(seg_store: VectorStore, collection_name: str) -> None:
+    seg_store.create_collection(name=collection_name, dimensions=DIMS, write_path="segments")
+    x = _vectors(400, seed=3)
+    result = seg_store.bulk_load(
+        collection=collection_name, items=[ItemIn(vector=v, external_id=f"r{i}") for i, v in enumerate(x)]
+    )
+    assert result.created == 400
+    assert _layout(seg_store, collection_name).watermark == 400
+    assert seg_store.collection_stats(name=collection_name).extra["segments"]["tail_rows"] == 0
+
+
+def test_segments_refuse_what_they_do_not_support(seg_store: VectorStore, collection_name: str) -> None:
+    with pytest.raises(InvalidInputError, match="partitions"):
+        seg_store.create_collection(name=collection_name, dimensions=DIMS, write_path="segments", partitions=2)
+    seg_store.create_collection(name=collection_name, dimensions=DIMS, write_path="segments")
+    with pytest.raises(InvalidInputError, match="full vectors"):
+        seg_store.set_index_representation(collection=collection_name, representation="binary")
+    graph = f"{collection_name}_g"
+    seg_store.create_collection(name=graph, dimensions=DIMS)
+    with pytest.raises(InvalidInputError, match="not written as segments"):
+        seg_store.seal(collection=graph)
+
+
+def test_a_seal_killed_mid_build_loses_nothing(seg_store: VectorStore, collection_name: str, engine: sa.Engine) -> None:
+    """The backend building a graph is terminated (what a server crash does to it): the rows stay the
+    tail's and are found; the next seal drops the INVALID index it left and builds the graph."""
+    store = seg_store
+    c = store.create_collection(name=collection_name, dimensions=DIMS, write_path="segments")
+    x = _vectors(30_000, seed=4)
+    store.upsert_items(
+        collection=collection_name, items=[ItemIn(vector=v, external_id=f"r{i}") for i, v in enumerate(x)]
+    )
+    failed: list[BaseException] = []
+
+    def build() -> None:
+        try:
+            sealing.seal(store.db, c, store.settings.model_copy(update={"max_parallel_maintenance_workers": 0}))
+        except BaseException as exc:
+            failed.append(exc)
+
+    t = threading.Thread(target=build)
+    t.start()
+    killed = False
+    deadline = time.monotonic() + 60
+    with raw_connection(engine) as conn:
+        conn.autocommit = True
+        while not killed and t.is_alive() and time.monotonic() < deadline:
+            row = conn.execute(
+                "SELECT p.pid FROM pg_stat_progress_create_index p JOIN pg_stat_activity a USING (pid) "
+                "WHERE a.application_name = 'memstore-sealer' AND p.relid = to_regclass(%s)",
+                (c.table_name,),
+            ).fetchone()
+            if row is not None:
+                killed = bool(conn.execute("SELECT pg_terminate_backend(%s)", (row[0],)).fetchone()[0])
+            time.sleep(0.01)
+    t.join(120)
+    assert killed, "the build ended before it could be killed"
+    assert failed and isinstance(failed[0], psycopg.OperationalError)
+    assert _layout(store, collection_name).graphs == ()  # nothing recorded: every row is still the tail's
+    left = _graph_indexes(engine, c.id)
+    assert all(not valid for _, valid in left)  # an INVALID leftover at most
+    _all_found(store, collection_name, x, every=997)
+    done = sealing.seal(store.db, c, store.settings)
+    assert done is not None and done.rows == len(x)
+    assert _graph_indexes(engine, c.id) == [(done.graph.index, True)]
+    store.forget_collection(collection_name)
+    _all_found(store, collection_name, x, every=997)
