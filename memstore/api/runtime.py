@@ -81,6 +81,7 @@ class Runtime:
         # Background work yields to the searches this process answers (their latency, self.latency).
         self.foreground = ForegroundController.from_settings(self.settings, self.latency.since)
         self.workers = InProcessWorkers(self.engine, self.ingest, self.stop_event, pace=self.foreground)
+        self.store.sealer.pace = self.foreground  # seals and merges of segmented collections yield too
 
     def claimer(self) -> Claimer:
         """The identity under which ``?wait=true`` requests claim their own items."""
@@ -139,6 +140,7 @@ class Runtime:
         deadline = time.monotonic() + 20
         for t in self.threads():
             t.join(max(0.1, deadline - time.monotonic()))
+        self.store.sealer.close()
         self.foreground.close()
         self.sampler.close()
         self.executor.shutdown(wait=False, cancel_futures=True)

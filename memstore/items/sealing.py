@@ -206,6 +206,10 @@ class Sealer:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.done: list[Sealed] = []  # the latest seals and merges, newest last (a few)
+        # What each seal or merge waits on before it starts: the process's foreground controller
+        # (``memstore.workers.pacing``: held back while searches are slower than their target) where
+        # the process answers searches; None: at once.
+        self.pace: Any = None
 
     def wrote(self, c: Collection) -> None:
         with self._lock:
@@ -250,7 +254,12 @@ class Sealer:
             c = registry.read_collection(conn, id=cid)
         if not segments.segmented(c):
             return True
-        done = seal(self.db, c, self.settings) or merge(self.db, c, self.settings, quiet=quiet)
+        with contextlib.ExitStack() as paced:
+            if self.pace is not None:
+                paced.enter_context(self.pace.unit(self._stop, kind="seal")).did(1)
+            if self._stop.is_set():
+                return False
+            done = seal(self.db, c, self.settings) or merge(self.db, c, self.settings, quiet=quiet)
         if done is not None:
             self.done = [*self.done[-9:], done]
             if self._changed is not None:
