@@ -1,28 +1,28 @@
-"""``python -m bench.stream --json``: the write paths a stream of upsert batches could take, side by side.
+"""``python -m bench.stream --json``: streams of upsert batches, memstore's write path against raw pgvector.
 
-Clients send batches of a few hundred to a few thousand rows, again and again; this measures what
-each way of writing them costs and what graph it leaves, in one run, on one server, with the same
-rows (``--rows`` x ``--dim`` Gaussian mixture, seed fixed, or ``--data FILE.npz`` with ``base`` and
-``queries``), in batches of ``--batch``:
+Clients send batches of a few hundred to a few thousand rows, again and again. In one run, on one
+server, with the same rows (``--rows`` x ``--dim`` Gaussian mixture, seed fixed, or ``--data
+FILE.npz`` with ``base`` and ``queries``):
 
 1. ``copy_build_parallel`` / ``copy_build_serial``: COPY every row into a bare table, then one
    CREATE INDEX, with the server's ``max_parallel_maintenance_workers`` or with 0; built ``--builds``
-   times each, in turns, for the spread between builds (the reference of every ratio is the parallel
-   builds' mean time);
-2. ``memstore_upsert``: ``VectorStore.upsert_items`` per batch into a new collection (each batch is
-   below ``MEMSTORE_BULK_MIN_ROWS``, so it goes into the live graph), then the same collection after a
-   ``REINDEX`` (``memstore_reindexed``);
-3. ``live_copy_*``: COPY per batch into a bare table that already has its HNSW index, the rows in
-   the given order, shuffled, and grouped by cluster (a stream whose neighbours arrive together);
-4. ``watermark_*`` / ``segments_*``: the unindexed tail (``bench.stream_tail``), sealed at tail
-   fractions ``--fractions`` of the indexed rows: rows/s when every row is acknowledged (searchable,
-   the tail exactly) and when every row is in an index (a last seal), recall with the tail and after
-   the last seal, and search latency with the largest tail and with none, against the plain search of
-   the parallel build taking turns with it.
+   times each, in turns, for the spread between builds. The parallel builds' mean time is the
+   reference of every ratio, and their recall the fresh build's;
+2. ``segments_python_<batch>`` / ``segments_rest_<batch>``: what memstore ships for streams
+   (``write_path="segments"``, ``bench.stream_memstore``): batches of ``--batches`` rows through the
+   Python API and of ``--rest-batch`` through REST into a new segmented collection, sealed at the end:
+   end-to-end rows/s until every row is in a graph, recall@10 with the stream's graphs and after the
+   merge, search latency during the stream against after it;
+3. ``memstore_upsert``: ``upsert_items`` per batch into a collection with one live graph
+   (``write_path="graph"``, each batch below ``MEMSTORE_BULK_MIN_ROWS``), then the same collection
+   after a ``REINDEX`` (``memstore_reindexed``);
+4. with ``--designs``, the designs measured before one was chosen: ``live_copy_*`` (COPY per batch
+   into a bare table that has its HNSW index, rows in the given order, shuffled, and grouped by
+   cluster) and the unindexed-tail prototypes ``watermark_*`` / ``segments_*`` (``bench.stream_tail``)
+   sealed at tail fractions ``--fractions`` of the indexed rows.
 
-Recall@10 at ef_search 40 and 80 over ``--queries`` queries, against exact answers (numpy), every
-option searched by the same plain statement (``ORDER BY embedding <=> q LIMIT 10``) so that only the
-graph differs. The last line printed is one JSON object; ``--plot`` draws rows/s and recall per option.
+Recall@10 at ef_search 40 and 80 over ``--queries`` queries, against exact answers (numpy). The last
+line printed is one JSON object; ``--plot`` draws rows/s and recall per option.
 """
 
 from __future__ import annotations
@@ -41,12 +41,15 @@ import psycopg
 from psycopg import sql
 from tqdm import tqdm
 
+from bench import stream_memstore
 from bench import stream_sql as db
+from bench.api import Server
 from bench.data import clustered, exact_neighbours, load_npz
 from bench.databases import server_url
 from bench.peers_measure import time_searches
 from bench.stream_plot import plot
 from bench.stream_tail import TailTable, ingest
+from memstore.access import keys
 from memstore.db import migrate
 from memstore.db.core import create_engine
 from memstore.models import ItemIn
@@ -259,16 +262,34 @@ def run(url: str, settings: Settings, data: dict[str, Any], args: argparse.Names
     options: dict[str, Any] = {}
     with db.connect(url, settings) as conn, db.connect(url, settings) as raw:
         options |= copy_then_build(conn, url, settings, data, args.batch, args.builds)
-        options |= memstore_upsert(store, conn, url, data, args.batch)
-        given = np.arange(len(data["base"]))
-        shuffled = np.random.default_rng(args.seed + 1).permutation(len(data["base"]))
-        for name, order in (("given", given), ("shuffled", shuffled), ("clustered", cluster_order(data["base"], 1))):
-            options[f"live_copy_{name}"] = live_copy(conn, settings, f"live_copy_{name}", data, order, args.batch)
-        db.set_ef(raw, settings.default_ef_search)
-        for fraction in args.fractions:
-            for merge in (True, False):
-                options |= tail_option(conn, raw, url, settings, data, fraction=fraction, merge=merge, args=args)
+        for batch in args.batches:
+            streaming = VectorStore(engine, settings=settings)  # its sealer's record is this stream's alone
+            options[f"segments_python_{batch}"] = stream_memstore.stream(streaming, data, batch=batch)
+            streaming.sealer.close()
+        if args.rest_batch:
+            server = Server(url, workers=0)
+            try:
+                _, secret = keys.create_key(engine, name=f"bench-stream-{time.time_ns()}", scopes=["admin"])
+                rest = (f"http://127.0.0.1:{server.port}", secret)
+                options[f"segments_rest_{args.rest_batch}"] = stream_memstore.stream(
+                    store, data, batch=args.rest_batch, rest=rest
+                )
+            finally:
+                server.stop()
+        if not args.no_graph:
+            options |= memstore_upsert(store, conn, url, data, args.batch)
+        if args.designs:
+            given = np.arange(len(data["base"]))
+            shuffled = np.random.default_rng(args.seed + 1).permutation(len(data["base"]))
+            orders = (("given", given), ("shuffled", shuffled), ("clustered", cluster_order(data["base"], 1)))
+            for name, order in orders:
+                options[f"live_copy_{name}"] = live_copy(conn, settings, f"live_copy_{name}", data, order, args.batch)
+            db.set_ef(raw, settings.default_ef_search)
+            for fraction in args.fractions:
+                for merge in (True, False):
+                    options |= tail_option(conn, raw, url, settings, data, fraction=fraction, merge=merge, args=args)
         conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(COPY_TABLE)))
+    store.sealer.close()
     engine.dispose()
     reference = options["copy_build_parallel"]["rows_per_s"]
     for o in options.values():
@@ -283,9 +304,18 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m bench.stream", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--data", type=Path, help="an .npz with arrays base and queries (default: synthetic)")
-    parser.add_argument("--rows", type=int, default=20_000)
-    parser.add_argument("--dim", type=int, default=96)
-    parser.add_argument("--batch", type=int, default=2_000, help="rows per upsert batch")
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument(
+        "--batches",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[500, 5_000],
+        help="rows per upsert batch of the segmented streams through the Python API",
+    )
+    parser.add_argument("--rest-batch", type=int, default=500, help="rows per REST upsert (0: no REST stream)")
+    parser.add_argument("--batch", type=int, default=5_000, help="rows per batch of the other options")
+    parser.add_argument("--no-graph", action="store_true", help="leave out memstore_upsert (the one live graph)")
+    parser.add_argument("--designs", action="store_true", help="also the designs measured before the choice")
     parser.add_argument("--queries", type=int, default=1000, help="queries for recall")
     parser.add_argument("--latency-queries", type=int, default=300, help="queries timed per latency measurement")
     parser.add_argument("--builds", type=int, default=3, help="serial and parallel builds each, in turns")

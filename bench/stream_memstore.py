@@ -1,0 +1,177 @@
+"""The write path memstore ships for streams (``write_path="segments"``), measured as clients use it.
+
+A client upserts its rows in batches, through the Python API or REST, into a new segmented
+collection, then asks for the tail to be sealed (``VectorStore.seal``, ``POST .../seal``): the time
+until then is the end-to-end time, every row found through a graph. Meanwhile one thread searches the
+collection without pause (``k`` 10, the default ef): its latency during the stream is compared with
+the same searches once the stream is over and the graphs are merged (what the sealer does when writes
+pause). Recall@10 at ef 40 and 80 over the benchmark's queries, with the stream's graphs and after the
+merge, through the store's own search (the union of graphs and tail).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import numpy as np
+from tqdm import tqdm
+
+from bench import stream_sql as db
+from memstore.models import ItemIn
+from memstore.store import VectorStore
+
+PREFIX = "bench_stream_"
+
+
+class Watcher:
+    """Searches ``search`` in a loop on a thread of its own, keeping each search's latency."""
+
+    def __init__(self, search: Callable[[np.ndarray], Any], queries: np.ndarray) -> None:
+        self.search, self.queries = search, queries
+        self.latencies: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-stream-watcher", daemon=True)
+
+    def __enter__(self) -> Watcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+    def _run(self) -> None:
+        i = 0
+        while not self._stop.is_set():
+            q = self.queries[i % len(self.queries)]
+            t0 = time.perf_counter()
+            self.search(q)
+            self.latencies.append(time.perf_counter() - t0)
+            i += 1
+
+    def summary(self) -> dict[str, Any]:
+        if not self.latencies:
+            return {"searches": 0}
+        ms = np.asarray(self.latencies) * 1000
+        return {
+            "searches": len(ms),
+            "p50_ms": round(float(np.percentile(ms, 50)), 3),
+            "p99_ms": round(float(np.percentile(ms, 99)), 3),
+        }
+
+
+def _recall(store: VectorStore, name: str, data: dict[str, Any]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for ef in db.EFS:
+        hits = 0
+        for q, truth in zip(data["queries"], data["truth"], strict=True):
+            found = store.search(collection=name, vector=q, k=db.K, ef_search=ef)
+            hits += len({int(h.external_id) for h in found} & truth)
+        out[str(ef)] = round(hits / (db.K * len(data["truth"])), 4)
+    return out
+
+
+def _b64(v: np.ndarray) -> str:
+    return base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode()
+
+
+def stream(
+    store: VectorStore,
+    data: dict[str, Any],
+    *,
+    batch: int,
+    rest: tuple[str, str] | None = None,
+    settle_searches: int = 400,
+) -> dict[str, Any]:
+    """One stream of ``batch``-row upserts into a new segmented collection, through the Python API or
+    (``rest``: the server's URL and a key) REST, sealed at the end; its figures."""
+    base = data["base"]
+    name = f"{PREFIX}seg_{'rest' if rest else 'py'}_{batch}"
+    with contextlib.suppress(LookupError):
+        store.drop_collection(name=name)
+    store.create_collection(name=name, dimensions=base.shape[1], write_path="segments")
+    starts = range(0, len(base), batch)
+
+    def _rows(start: int) -> range:
+        return range(start, min(len(base), start + batch))
+
+    client: httpx.Client | None = None
+    if rest is None:
+        bodies: list[Any] = [[ItemIn(vector=base[i], external_id=str(i)) for i in _rows(s)] for s in starts]
+    else:
+        client = httpx.Client(base_url=rest[0], headers={"Authorization": f"Bearer {rest[1]}"}, timeout=600)
+        # The bodies made beforehand (the client's encoding is not the server's cost): binary vectors.
+        bodies = [
+            json.dumps(
+                {
+                    "items": [
+                        {"external_id": str(i), "vector_b64": _b64(base[i])}
+                        for i in range(s, min(len(base), s + batch))
+                    ]
+                }
+            ).encode()
+            for s in starts
+        ]
+
+    def search(q: np.ndarray) -> Any:
+        return store.search(collection=name, vector=q, k=db.K)
+
+    queries = data["queries"]
+    with Watcher(search, queries) as during:
+        t0 = time.perf_counter()
+        for body in tqdm(bodies, desc=name, file=sys.stderr):
+            if client is None:
+                store.upsert_items(collection=name, items=body)
+            else:
+                r = client.post(
+                    f"/v1/collections/{name}/items", content=body, headers={"Content-Type": "application/json"}
+                )
+                r.raise_for_status()
+        acked_s = time.perf_counter() - t0
+        if client is None:
+            sealed = store.seal(collection=name)
+        else:
+            r = client.post(f"/v1/collections/{name}/seal")
+            r.raise_for_status()
+            sealed = r.json()["done"]
+        indexed_s = time.perf_counter() - t0
+    stats = store.collection_stats(name=name).extra["segments"]
+    with_graphs = _recall(store, name, data)
+    t1 = time.perf_counter()
+    merged = store.seal(collection=name, merge=True)
+    merge_s = time.perf_counter() - t1
+    after = Watcher(search, queries)
+    with after:
+        while len(after.latencies) < settle_searches:
+            time.sleep(0.05)
+    out = {
+        "via": "rest" if rest else "python",
+        "batch": batch,
+        "acked_s": round(acked_s, 3),
+        "seconds": round(indexed_s, 3),
+        "rows_per_s": round(len(base) / indexed_s, 1),
+        "graphs_at_end": len(stats["graphs"]),
+        "last_seal": sealed,
+        "sealer": [d.as_json() for d in store.sealer.done] if rest is None else None,
+        "recall_at_10": with_graphs,
+        "merge_s": round(merge_s, 3),
+        "merged": merged,
+        "recall_after_merge": _recall(store, name, data),
+        "search_during_stream": during.summary(),
+        "search_after": after.summary(),
+    }
+    during_p99, after_p99 = during.summary().get("p99_ms"), after.summary().get("p99_ms")
+    if during_p99 and after_p99:
+        out["p99_ratio_during_vs_after"] = round(during_p99 / after_p99, 3)
+    if client is not None:
+        client.close()
+    store.drop_collection(name=name)
+    return out
