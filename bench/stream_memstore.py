@@ -143,6 +143,7 @@ def stream(
             r.raise_for_status()
             sealed = r.json()["done"]
         indexed_s = time.perf_counter() - t0
+    store.forget_collection(name)  # the layout as the seal left it (REST: another process sealed)
     stats = store.collection_stats(name=name).extra["segments"]
     with_graphs = _recall(store, name, data)
     t1 = time.perf_counter()

@@ -401,15 +401,24 @@ def test_recall_target_benchmark_tunes_to_each_target_on_held_out_queries(databa
 def test_stream_benchmark_measures_every_write_path(database_url: str, tmp_path: Path) -> None:
     """Every write path runs on the same rows; on 6,000 rows each graph is nearly exact, and the
     watermark's search plans its partial index (a segment of 2,000 rows may be scanned instead: the
-    planner's choice, which the JSON reports)."""
+    planner's choice, which the JSON reports). The segmented streams end with every row in a graph
+    and one graph after the merge, through the Python API and REST alike."""
     plot = tmp_path / "stream.png"
     result = _run(
         "bench.stream",
         database_url,
-        *("--database-url", database_url, "--rows", "6000", "--batch", "1000", "--queries", "30"),
+        *("--database-url", database_url, "--rows", "6000", "--dim", "48", "--batch", "1000", "--queries", "30"),
+        *("--batches", "1000,3000", "--rest-batch", "1000", "--designs"),
         *("--latency-queries", "30", "--builds", "2", "--min-seal", "2000", "--plot", str(plot)),
     )
     options = result["options"]
+    for name in ("segments_python_1000", "segments_python_3000", "segments_rest_1000"):
+        o = options.pop(name)
+        assert o["seconds"] >= o["acked_s"] > 0, name
+        assert o["graphs_at_end"] >= 1 and o["merged"] is not None, name
+        assert o["recall_after_merge"]["80"] >= 0.9 and o["recall_at_10"]["80"] >= 0.9, name
+        assert o["search_during_stream"]["searches"] > 0 and o["search_after"]["searches"] >= 400, name
+    assert options["copy_build_parallel"]["recall_at_10"]["80"] >= 0.9
     assert set(options) == {
         "copy_build_parallel",
         "copy_build_serial",
