@@ -61,13 +61,6 @@ COPY_TABLE = PREFIX + "copy"
 COLLECTION = PREFIX + "memstore"
 
 
-class Side:
-    """One way of searching, as ``time_searches`` takes turns between them."""
-
-    def __init__(self, name: str, search: db.Search) -> None:
-        self.name, self.search = name, search
-
-
 def summary(seconds: float, rows: int, recall: dict[str, float], **extra: Any) -> dict[str, Any]:
     return {"seconds": round(seconds, 3), "rows_per_s": round(rows / seconds, 1), "recall_at_10": recall, **extra}
 
@@ -174,7 +167,10 @@ def latency_vs_raw(
     conn: psycopg.Connection[Any], statement: sql.Composed, raw: psycopg.Connection[Any], queries: np.ndarray
 ) -> dict[str, float]:
     """This search and the parallel build's plain one, taking turns of 25 queries at the default ef."""
-    sides = [Side("tail", db.searcher(conn, statement)), Side("raw", db.searcher(raw, db.plain_search(COPY_TABLE)))]
+    sides = [
+        db.Side("tail", db.searcher(conn, statement)),
+        db.Side("raw", db.searcher(raw, db.plain_search(COPY_TABLE))),
+    ]
     tail, plain = time_searches(sides, queries, rounds=1, warmup=20)
     return {
         "p50_ms": round(tail.p50_ms, 3),

@@ -22,10 +22,14 @@ from typing import Any
 
 import httpx
 import numpy as np
+from psycopg import sql
 from tqdm import tqdm
 
 from bench import stream_sql as db
+from bench.peers_measure import time_searches
+from memstore.catalog import segments
 from memstore.models import ItemIn
+from memstore.search.statements import search_statement
 from memstore.store import VectorStore
 
 PREFIX = "bench_stream_"
@@ -153,6 +157,7 @@ def stream(
     with after:
         while len(after.latencies) < settle_searches:
             time.sleep(0.05)
+    idle_cost = merged_overhead(store, name, queries)
     out = {
         "via": "rest" if rest else "python",
         "batch": batch,
@@ -168,6 +173,7 @@ def stream(
         "recall_after_merge": _recall(store, name, data),
         "search_during_stream": during.summary(),
         "search_after": after.summary(),
+        "merged_search_vs_one_graph": idle_cost,
     }
     during_p99, after_p99 = during.summary().get("p99_ms"), after.summary().get("p99_ms")
     if during_p99 and after_p99:
@@ -176,3 +182,30 @@ def stream(
         client.close()
     store.drop_collection(name=name)
     return out
+
+
+def merged_overhead(store: VectorStore, name: str, queries: np.ndarray) -> dict[str, Any]:
+    """What a merged segmented collection's search costs over a collection with one graph: its
+    statement (the graph's branch and the empty tail's) against the graph's branch alone, both raw SQL
+    on one connection, taking turns of 25 queries at the default ef."""
+    c = store.get_collection(name=name, fresh=True)
+    ranges = segments.search_ranges(c)
+    assert ranges is not None and len(ranges) == 1
+    union = search_statement(c.table_name, c.spec.operator, exact=False, limit=db.K, graphs=ranges)
+    lo, hi = ranges[0]
+    one = sql.SQL("SELECT id FROM {} WHERE embedding IS NOT NULL AND {} ORDER BY embedding <=> %(q)s LIMIT {}").format(
+        c.table, segments.range_predicate(lo, hi), sql.Literal(db.K)
+    )
+    with store.db.dedicated(application_name="bench-stream") as conn:
+        db.set_ef(conn, c.default_ef_search)
+        merged_side = db.Side("merged", db.searcher(conn, sql.SQL(union.as_string(conn))))
+        one_side = db.Side("one_graph", db.searcher(conn, one))
+        merged, plain = time_searches([merged_side, one_side], queries, rounds=1, warmup=20)
+    return {
+        "p50_ms": round(merged.p50_ms, 3),
+        "p99_ms": round(merged.p99_ms, 3),
+        "one_graph_p50_ms": round(plain.p50_ms, 3),
+        "one_graph_p99_ms": round(plain.p99_ms, 3),
+        "p50_ratio": round(merged.p50_ms / plain.p50_ms, 3),
+        "p99_ratio": round(merged.p99_ms / plain.p99_ms, 3),
+    }

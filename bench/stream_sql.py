@@ -118,7 +118,14 @@ def plain_search(table: str, key: str = "id") -> sql.Composed:
 Search = Callable[[np.ndarray], list[int]]
 
 
-def searcher(conn: psycopg.Connection[Any], statement: sql.Composed) -> Search:
+class Side:
+    """One way of searching, as ``bench.peers_measure.time_searches`` takes turns between them."""
+
+    def __init__(self, name: str, search: Search) -> None:
+        self.name, self.search = name, search
+
+
+def searcher(conn: psycopg.Connection[Any], statement: sql.SQL | sql.Composed) -> Search:
     """Prepared, as an application's repeated search would be."""
     return lambda q: [int(r[0]) for r in conn.execute(statement, {"q": q}, prepare=True).fetchall()]
 

@@ -262,8 +262,7 @@ def test_a_seal_killed_mid_build_loses_nothing(seg_store: VectorStore, collectio
     t.start()
     killed = False
     deadline = time.monotonic() + 60
-    with raw_connection(engine) as conn:
-        conn.autocommit = True
+    with store.db.dedicated(application_name="test-watcher") as conn:  # autocommit, outside the pool
         while not killed and t.is_alive() and time.monotonic() < deadline:
             row = conn.execute(
                 "SELECT p.pid FROM pg_stat_progress_create_index p JOIN pg_stat_activity a USING (pid) "
@@ -285,3 +284,20 @@ def test_a_seal_killed_mid_build_loses_nothing(seg_store: VectorStore, collectio
     assert _graph_indexes(engine, c.id) == [(done.graph.index, True)]
     store.forget_collection(collection_name)
     _all_found(store, collection_name, x, every=997)
+
+
+def test_near_duplicates_across_graphs_and_tail(seg_store: VectorStore, collection_name: str) -> None:
+    store = seg_store
+    c = store.create_collection(name=collection_name, dimensions=DIMS, write_path="segments")
+    x = _vectors(300, seed=6)
+    _write(store, collection_name, x[:200], 0)
+    assert sealing.seal(store.db, c, store.settings) is not None
+    _write(store, collection_name, x[200:], 200)
+    # Copies of a sealed row and of a tail row, both in the tail.
+    store.upsert_items(
+        collection=collection_name,
+        items=[ItemIn(vector=x[10] * 1.0001, external_id="d10"), ItemIn(vector=x[250], external_id="d250")],
+    )
+    store.forget_collection(collection_name)
+    pairs, _ = store.duplicates(collection=collection_name, threshold=1e-4, scan=1000)
+    assert {(p.a_external_id, p.b_external_id) for p in pairs} >= {("r10", "d10"), ("r250", "d250")}

@@ -100,6 +100,11 @@ def search_ranges(c: Collection) -> tuple[tuple[int, int], ...] | None:
     return None if found is None else found.ranges
 
 
+def parts(graphs: tuple[tuple[int, int], ...]) -> list[tuple[int, int | None]]:
+    """The id ranges a search reads apart: each graph's, then the tail's (no upper bound)."""
+    return [*graphs, (graphs[-1][1] if graphs else 0, None)]
+
+
 def validate_write_path(write_path: object, *, partitions: int, representation: str) -> str:
     """A write path a new collection may have: segments need one table and full vectors (a compact
     index's switch and a partitioned table's per-partition graphs have states of their own)."""

@@ -227,7 +227,6 @@ def _build(
         )
     # One branch per graph and one for the tail (pgvector's scan of a partial index, then the
     # primary key's range and a sort): the k nearest of the union are among their k nearest each.
-    bounds = [*graphs, (graphs[-1][1] if graphs else 0, None)]
     branches = [
         sql.SQL("({})").format(
             nearest.format(
@@ -238,7 +237,7 @@ def _build(
                 limit=count,
             )
         )
-        for lo, hi in bounds
+        for lo, hi in segments.parts(graphs)
     ]
     return sql.SQL(
         "WITH c AS MATERIALIZED ({union}) SELECT {columns}, distance FROM c ORDER BY distance LIMIT {limit}"
@@ -341,12 +340,27 @@ def duplicates_statement(c: Collection) -> sql.Composed:
     index, one scan per item) within distance ``%(threshold)s`` of it, each pair once, from the side
     of its lower id, closest first."""
     op = sql.SQL(c.spec.operator)
+    nearest = sql.SQL(
+        "SELECT id, external_id, embedding {op} a.embedding AS distance FROM {t} WHERE embedding IS NOT NULL{more} "
+        "ORDER BY embedding {op} a.embedding LIMIT %(per)s"
+    )
+    graphs = segments.search_ranges(c)
+    if graphs is None:
+        lateral: sql.Composable = nearest.format(op=op, t=c.table, more=sql.SQL(""))
+    else:  # a segmented collection: each graph's and the tail's nearest, as search_statement's branches
+        branches = [
+            sql.SQL("({})").format(
+                nearest.format(op=op, t=c.table, more=sql.SQL(" AND {}").format(segments.range_predicate(lo, hi)))
+            )
+            for lo, hi in segments.parts(graphs)
+        ]
+        lateral = sql.SQL("SELECT * FROM ({}) AS u ORDER BY distance LIMIT %(per)s").format(
+            sql.SQL(" UNION ALL ").join(branches)
+        )
     return sql.SQL(
-        "SELECT a.id, a.external_id, b.id, b.external_id, b.distance FROM {t} a CROSS JOIN LATERAL ("
-        "SELECT id, external_id, embedding {op} a.embedding AS distance FROM {t} WHERE embedding IS NOT NULL "
-        "ORDER BY embedding {op} a.embedding LIMIT %(per)s) b "
+        "SELECT a.id, a.external_id, b.id, b.external_id, b.distance FROM {t} a CROSS JOIN LATERAL ({lateral}) b "
         "WHERE a.id = ANY(%(ids)s) AND b.id > a.id AND b.distance <= %(threshold)s ORDER BY b.distance, a.id, b.id"
-    ).format(t=c.table, op=op)
+    ).format(t=c.table, lateral=lateral)
 
 
 def run_search(
