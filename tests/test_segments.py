@@ -35,6 +35,7 @@ def seg_settings(settings: Settings) -> Settings:
 @pytest.fixture
 def seg_store(engine: sa.Engine, seg_settings: Settings) -> Iterator[VectorStore]:
     store = VectorStore(engine, settings=seg_settings)
+    store.sealer.BACKLOG = 10_000  # no back-pressure: these tests seal by hand
     yield store
     store.sealer.close()
 
@@ -301,3 +302,26 @@ def test_near_duplicates_across_graphs_and_tail(seg_store: VectorStore, collecti
     store.forget_collection(collection_name)
     pairs, _ = store.duplicates(collection=collection_name, threshold=1e-4, scan=1000)
     assert {(p.a_external_id, p.b_external_id) for p in pairs} >= {("r10", "d10"), ("r250", "d250")}
+
+
+def test_a_writer_faster_than_the_sealer_waits_for_it(
+    engine: sa.Engine, seg_settings: Settings, collection_name: str
+) -> None:
+    """A batch that leaves more than twice ``seal_rows`` in the tail returns once the sealer brought
+    the tail under that bound: searches never read an unbounded tail exactly."""
+    store = VectorStore(engine, settings=seg_settings.model_copy(update={"seal_interval_s": 0.1}))
+    try:
+        store.create_collection(name=collection_name, dimensions=DIMS, write_path="segments")
+        x = _vectors(1000, seed=8)
+        returned = store.upsert_items(
+            collection=collection_name, items=[ItemIn(vector=v, external_id=f"r{i}") for i, v in enumerate(x)]
+        )
+        high = max(r.id for r in returned)
+        layout = _layout(store, collection_name)
+        assert high - layout.watermark <= store.sealer.BACKLOG * store.settings.seal_rows
+        assert layout.graphs and store.sealer.done
+        # Under the bound, a write returns at once without waiting for a seal.
+        small = store.upsert_items(collection=collection_name, items=[ItemIn(vector=x[0], external_id="extra")])
+        assert _layout(store, collection_name).watermark < small[0].id
+    finally:
+        store.sealer.close()

@@ -150,9 +150,10 @@ def _held(
 
 def _build(conn: psycopg.Connection[Any], c: Collection, graph: Graph) -> None:
     online_ddl.build_table_index(conn, graph.index, c.table, segments.graph_definition(c, graph.lo, graph.hi))
-    # The planner's row counts for the new graph and for the tail's range (a table that grew):
-    # without them the tail's branch may be planned as a scan of the whole table.
-    conn.execute(sql.SQL("ANALYZE {}").format(c.table))
+    # The planner's row count and the ids' histogram (a table that grew): without them the tail's
+    # branch may be planned as a scan of the whole table. The id column alone: the sample is read
+    # either way, the vectors' statistics would only cost more.
+    conn.execute(sql.SQL("ANALYZE {} (id)").format(c.table))
 
 
 def _record(conn: psycopg.Connection[Any], c: Collection, layout: Layout) -> None:
@@ -190,18 +191,29 @@ def graphs_state(conn: psycopg.Connection[Any], c: Collection) -> dict[str, Any]
 class Sealer:
     """Seals and merges, in a thread of its own, the segmented collections this process writes to.
 
-    ``wrote(c)`` after each write: the thread looks at ``c`` within ``seal_interval_s``, seals its
-    tail once it holds ``seal_rows`` rows, merges its graphs when they reach ``segments_max`` and,
-    once no write has come for ``segments_quiet_s``, as ``segments.merge_span`` says; then it forgets
-    ``c`` until the next write. Another process sealing the same collection is left to it."""
+    ``wrote(c, high_id)`` after each write: the thread looks at ``c`` within ``seal_interval_s``, seals
+    its tail once it holds ``seal_rows`` rows, merges its graphs when they reach ``segments_max`` and,
+    once neither a write nor a seal has come for ``segments_quiet_s``, as ``segments.merge_span``
+    says; then it forgets ``c`` until the next write. Another process sealing the same collection is
+    left to it.
+
+    Back-pressure: a writer whose rows leave more than ``BACKLOG`` x ``seal_rows`` rows in the tail
+    waits (``wrote`` returns) until the sealer has brought it under that, for at most
+    ``BACKLOG_WAIT_S``. A writer faster than the builds would otherwise grow the tail without bound,
+    and every search reads the tail exactly. ``seal_now`` (a stream's end) goes before the thread's
+    next step."""
+
+    BACKLOG = 2
+    BACKLOG_WAIT_S = 120.0
 
     def __init__(
         self, db: Database, settings: Settings, *, changed: Callable[[Collection], None] | None = None
     ) -> None:
         self.db, self.settings = db, settings
         self._changed = changed  # told of each new layout (the store drops its cached registry row)
-        self._written: dict[int, float] = {}  # collection id: when this process last wrote to it
+        self._active: dict[int, float] = {}  # collection id: when this process last wrote to or sealed it
         self._lock = threading.Lock()
+        self._callers = 0  # seal_now calls under way: the thread starts nothing new meanwhile
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -211,12 +223,51 @@ class Sealer:
         # the process answers searches; None: at once.
         self.pace: Any = None
 
-    def wrote(self, c: Collection) -> None:
+    def wrote(self, c: Collection, high_id: int | None = None) -> None:
+        """``c`` was written to, its highest new id ``high_id``: wake the thread, and wait while the
+        tail is over the back-pressure bound."""
         with self._lock:
-            self._written[c.id] = time.monotonic()
+            self._active[c.id] = time.monotonic()
             if self._thread is None and not self._stop.is_set():
                 self._thread = threading.Thread(target=self._run, name="memstore-sealer", daemon=True)
                 self._thread.start()
+        layout = segments.layout(c)
+        if high_id is None or layout is None or high_id - layout.watermark <= self._bound():
+            return
+        self._wake.set()
+        deadline = time.monotonic() + self.BACKLOG_WAIT_S
+        pause = 0.05
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            with self.db.write() as conn:
+                fresh = segments.layout(registry.read_collection(conn, id=c.id))
+            if fresh is None or high_id - fresh.watermark <= self._bound():
+                return
+            time.sleep(pause)
+            pause = min(0.5, pause * 2)
+        log.warning(
+            "collection %r: the tail stayed over %d rows for %.0f s", c.name, self._bound(), self.BACKLOG_WAIT_S
+        )
+
+    def _bound(self) -> int:
+        return self.BACKLOG * self.settings.seal_rows
+
+    def seal_now(self, c: Collection, *, merge_all: bool = False, wait_s: float = 300.0) -> list[Sealed]:
+        """Seal ``c``'s tail now whatever its size (and with ``merge_all`` merge every graph into one),
+        waiting up to ``wait_s`` for a build under way; the thread starts nothing new meanwhile."""
+        with self._lock:
+            self._callers += 1
+        try:
+            done = [seal(self.db, c, self.settings, min_rows=1, wait_s=wait_s)]
+            if merge_all:
+                done.append(merge(self.db, c, self.settings, quiet=True, everything=True, wait_s=wait_s))
+        finally:
+            with self._lock:
+                self._callers -= 1
+                if c.id in self._active:
+                    self._active[c.id] = time.monotonic()
+        found = [d for d in done if d is not None]
+        self._record(c, found)
+        return found
 
     def close(self) -> None:
         self._stop.set()
@@ -229,10 +280,12 @@ class Sealer:
             self._wake.wait(self.settings.seal_interval_s)
             self._wake.clear()
             with self._lock:
-                written = dict(self._written)
-            for cid, at in written.items():
+                active = dict(self._active)
+            for cid, at in active.items():
                 if self._stop.is_set():
                     return
+                if self._callers:
+                    break  # a seal_now goes first; looked at again when it is done
                 try:
                     finished = self.step(cid, quiet=time.monotonic() - at >= self.settings.segments_quiet_s)
                 except SealBusyError:
@@ -242,10 +295,9 @@ class Sealer:
                 except Exception:  # a failed build is logged and tried again at the next look
                     log.exception("sealing collection %d failed", cid)
                     finished = False
-                if finished:
-                    with self._lock:
-                        if self._written.get(cid) == at:  # no write came meanwhile
-                            del self._written[cid]
+                with self._lock:
+                    if finished and self._active.get(cid) == at:  # nothing came meanwhile
+                        del self._active[cid]
 
     def step(self, cid: int, *, quiet: bool) -> bool:
         """One look at collection ``cid``: a seal if due, else a merge if due. True when nothing is
@@ -260,10 +312,18 @@ class Sealer:
             if self._stop.is_set():
                 return False
             done = seal(self.db, c, self.settings) or merge(self.db, c, self.settings, quiet=quiet)
-        if done is not None:
-            self.done = [*self.done[-9:], done]
-            if self._changed is not None:
-                self._changed(c)
-            self._wake.set()  # more may be due (a tail that filled while this one was built)
-            return False
-        return quiet
+        if done is None:
+            return quiet
+        self._record(c, [done])
+        with self._lock:
+            if done.action == "seal" and cid in self._active:
+                self._active[cid] = time.monotonic()  # a pause counts from the last seal too
+        self._wake.set()  # more may be due (a tail that filled while this one was built)
+        return False
+
+    def _record(self, c: Collection, done: list[Sealed]) -> None:
+        if not done:
+            return
+        self.done = [*self.done, *done][-10:]
+        if self._changed is not None:
+            self._changed(c)

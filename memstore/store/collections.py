@@ -296,13 +296,11 @@ class CollectionsPart(StoreBase):
         if not segments.segmented(c):
             raise InvalidInputError(f"collection {collection!r} is not written as segments (write_path 'graph')")
         try:
-            done = [sealing.seal(self.db, c, self.settings, min_rows=1, wait_s=wait_s)]
-            if merge:
-                done.append(sealing.merge(self.db, c, self.settings, quiet=True, everything=True, wait_s=wait_s))
+            done = self.sealer.seal_now(c, merge_all=merge, wait_s=wait_s)
         except sealing.SealBusyError as exc:
             raise ConflictError(f"{exc}; try again when it is done") from None
         self.forget_collection(collection)
-        return [d.as_json() for d in done if d is not None]
+        return [d.as_json() for d in done]
 
     def set_index_representation(
         self,

@@ -28,7 +28,7 @@ from memstore.errors import (
     ItemNotFoundError,
 )
 from memstore.inputs import check_external_id, check_item_text, check_metadata
-from memstore.items import bulk_load, sealing
+from memstore.items import bulk_load
 from memstore.items import writes as item_sql
 from memstore.items.vectors import as_matrix, as_vector
 from memstore.models import Item, ItemIn, UpsertResult
@@ -134,7 +134,7 @@ class ItemWritesPart(ItemReadsPart):
             self.forget_collection(c.name)
             raise CollectionNotFoundError(c.name) from None
         if segments.segmented(c):
-            self.sealer.wrote(c)
+            self.sealer.wrote(c, max((r[0] for r in returned.values()), default=None))
         return [UpsertResult(id=returned[eid][0], external_id=eid, status=returned[eid][1]) for eid in ids]
 
     def bulk_load(
@@ -208,7 +208,7 @@ class ItemWritesPart(ItemReadsPart):
         if segments.segmented(c):
             # Every row in a graph before this returns, as a load into one graph promises.
             t_seal = time.perf_counter()
-            sealing.seal(self.db, c, self.settings, min_rows=1, wait_s=bulk_load.SEAL_WAIT_S)
+            self.sealer.seal_now(c, wait_s=bulk_load.SEAL_WAIT_S)
             build_s.append(time.perf_counter() - t_seal)
         total_s = time.perf_counter() - t0
         built = build_s[0] if build_s else 0.0
