@@ -15,13 +15,15 @@ One step only: the denser graph is the one measured; none denser is chosen (not 
 
 A user's explicit ``hnsw_m`` or ``hnsw_ef_construction`` at creation is kept: the collection records
 ``hnsw_explicit`` in its options (``memstore.store.collections``). A row from before that option is
-taken as explicit when its graph is not the default one.
+taken as explicit when its graph is not the one this server gives new collections.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from memstore.settings import get_settings
 
 if TYPE_CHECKING:
     from memstore.catalog.collections import Collection
@@ -61,12 +63,17 @@ def of(c: Collection) -> Density:
     return Density(c.hnsw_m, c.hnsw_ef_construction)
 
 
-def explicit(c: Collection) -> bool:
-    """The user chose the graph at creation (kept as it is); see the module's docstring."""
+def explicit(c: Collection, default: Density | None = None) -> bool:
+    """The user chose the graph at creation (kept as it is); see the module's docstring. A row from
+    before the option is compared with ``default``: the graph new collections get on this server
+    (``MEMSTORE_DEFAULT_HNSW_M`` and ``MEMSTORE_DEFAULT_HNSW_EF_CONSTRUCTION``)."""
     flag = c.options.get(HNSW_EXPLICIT)
     if flag is not None:
         return bool(flag)
-    return of(c) != DEFAULT and c.options.get(HNSW_DENSITY) is None
+    if default is None:
+        settings = get_settings()
+        default = Density(settings.default_hnsw_m, settings.default_hnsw_ef_construction)
+    return of(c) != default and c.options.get(HNSW_DENSITY) is None
 
 
 def denser(current: Density) -> Density | None:

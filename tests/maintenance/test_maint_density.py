@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import numpy as np
+import pytest
 
 from maintenance import history
 from maintenance.actions import index_density
@@ -15,7 +16,7 @@ from memstore.catalog import density
 from memstore.catalog.collections import Collection
 from memstore.catalog.density import DENSE, DENSE_EF_BOUND, DENSE_ROWS, Density
 from memstore.models import ItemIn
-from memstore.settings import get_settings
+from memstore.settings import get_settings, reread
 from memstore.store import VectorStore
 from tests.maintenance.maint_helpers import clustered
 
@@ -74,6 +75,14 @@ def test_rows_from_before_the_flag_are_explicit_when_not_the_default_graph() -> 
     assert not density.explicit(row())
     assert density.explicit(row(m=24))
     assert not density.explicit(row(m=32, efc=128, hnsw_density={"by": "maintenance"}))
+
+
+def test_the_default_graph_is_this_servers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server whose new collections get m 24 takes an old row with m 24 as its default, not a choice."""
+    monkeypatch.setenv("MEMSTORE_DEFAULT_HNSW_M", "24")
+    reread()
+    assert not density.explicit(row(m=24))
+    assert density.explicit(row())  # 16 is not this server's default: someone chose it
 
 
 def test_a_load_picks_the_density_for_its_size() -> None:
