@@ -187,7 +187,7 @@ class Registry:
             return None
 
     def all(self) -> list[Collection]:
-        with self.db.write() as conn:
+        with self.db.read_primary() as conn:
             every = read_collections(conn)
         now = time.monotonic()
         for c in every:
@@ -207,7 +207,7 @@ class Registry:
 
     def _read(self, *, name: str | None = None, id: int | None = None) -> Collection:
         now = time.monotonic()  # before the read: a row is never trusted past ttl from when it was read
-        with self.db.write() as conn:
+        with self.db.read_primary() as conn:
             c = read_collection(conn, name=name, id=id)
         self._keep(now, c)
         return c

@@ -427,6 +427,14 @@ class Database:
             yield conn
 
     @contextmanager
+    def read_primary(self) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection to the primary for a read that must see every committed write, never a
+        replica's: the registry's catalog rows (a collection made a moment ago). Not a write: it is
+        neither routed nor counted as one."""
+        with raw_connection(self.engine) as conn:
+            yield conn
+
+    @contextmanager
     def read(self) -> Iterator[psycopg.Connection[Any]]:
         """A pooled connection for one read-only transaction: searches, item reads, listings. A
         healthy replica's when there is one (inside ``reading_after(lsn)``: one that has replayed
