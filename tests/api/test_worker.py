@@ -234,13 +234,14 @@ def test_an_idle_worker_waits_for_work_instead_of_polling(empty_database_url, mo
     from memstore.db.core import create_engine
 
     engine = create_engine(empty_database_url)
+    db = Database(engine)
     try:
-        assert claims.next_due_in(Database(engine)) is None
-        c = VectorStore(engine).create_collection(name="idle", dimensions=64, model="memstore-tiny")
-        jobs.enqueue(Database(engine), c, [PendingItem(text="later", external_id="later")])
+        assert claims.next_due_in(db) is None
+        c = VectorStore(db).create_collection(name="idle", dimensions=64, model="memstore-tiny")
+        jobs.enqueue(db, c, [PendingItem(text="later", external_id="later")])
         with engine.begin() as conn:
             conn.exec_driver_sql("UPDATE memstore_ingest_queue SET not_before = now() + interval '30 seconds'")
-        due = claims.next_due_in(Database(engine))
+        due = claims.next_due_in(db)
         assert due is not None and 25 < due <= 30
         with engine.begin() as conn:
             conn.exec_driver_sql("DELETE FROM memstore_ingest_queue")
@@ -248,13 +249,13 @@ def test_an_idle_worker_waits_for_work_instead_of_polling(empty_database_url, mo
         claimed: list[float] = []
         original = claims.claim
 
-        def counting_claim(claim_engine, *args, **kwargs):
-            if claim_engine is engine:  # the API servers of this test session claim too
+        def counting_claim(claim_db, *args, **kwargs):
+            if claim_db is db:  # the API servers of this test session claim too
                 claimed.append(time.monotonic())
-            return original(claim_engine, *args, **kwargs)
+            return original(claim_db, *args, **kwargs)
 
         monkeypatch.setattr(claims, "claim", counting_claim)
-        worker = IngestWorker(Database(engine), FakeBackend(), settings=IngestSettings(poll_interval_s=5.0))
+        worker = IngestWorker(db, FakeBackend(), settings=IngestSettings(poll_interval_s=5.0))
         thread = threading.Thread(target=worker.run)
         thread.start()
         time.sleep(2.0)
