@@ -37,7 +37,7 @@ import psycopg
 from bench.data import clustered
 from bench.databases import drop_database, new_database
 from memstore.access import keys
-from memstore.db.core import create_engine, libpq_url, normalise_url
+from memstore.db.core import Database, create_engine, libpq_url, normalise_url
 from memstore.db.embedded import start_embedded_server
 from memstore.models import ItemIn
 from memstore.settings import Settings
@@ -516,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
             for name in setups if args.only != "ingest" else setups[:1]:
                 servers[name] = Server(url, args.workers, name)
             server = servers[setups[0]]
-            _, key = keys.create_key(create_engine(url), name="bench", scopes=["admin"])
+            _, key = keys.create_key(Database(create_engine(url)), name="bench", scopes=["admin"])
             ingest: dict[str, Any] = {"ingest_images_per_s_ratio": None}
             client: dict[str, Any] = {"client_search_ratio": None, "client_upload_ratio": None}
             search: dict[str, Any] = {"search_qps_ratio": None}

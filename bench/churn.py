@@ -150,7 +150,7 @@ def setup_collection(
 def sample_user_queries(store: VectorStore, name: str, queries: np.ndarray) -> None:
     """The users' earlier searches, kept by the API's own sampler (at rate 1: the table keeps the most
     recent thousand per collection either way)."""
-    sampler = QuerySampler(store.engine, rate=1.0)
+    sampler = QuerySampler(store.db, rate=1.0)
     collection_id = store.get_collection(name=name).id
     for q in queries:
         sampler.offer(collection_id, q)
@@ -164,7 +164,7 @@ def run_strategy(strategy: str, ds: Dataset, args: argparse.Namespace, store: Ve
     queries = ds.queries[: args.queries]
     user_queries = ds.queries[args.queries :] if len(ds.queries) > args.queries else ds.queries
     sample_user_queries(store, name, user_queries)
-    worker = MaintenanceWorker(store.engine, settings=store.settings, config=MaintenanceConfig(), collections=[name])
+    worker = MaintenanceWorker(store.db, settings=store.settings, config=MaintenanceConfig(), collections=[name])
     worker.session()  # the worker's connection is opened up front, like the other strategies' connection
     out: dict[str, Any] = {
         "recall": [],

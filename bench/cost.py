@@ -45,7 +45,7 @@ from tqdm import tqdm
 from bench.databases import drop_database, new_database, server_url
 from bench.peers_rest import SearchConnection, Serve
 from memstore.access import keys
-from memstore.db.core import create_engine, libpq_url
+from memstore.db.core import Database, create_engine, libpq_url
 from memstore.settings import Settings
 
 WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet")
@@ -146,9 +146,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             ]
             for c in clients:
                 c.start()
-            engine = create_engine(url)
-            _, other_key = keys.create_key(engine, name="bench-cost-other", scopes=["read"])
-            engine.dispose()
+            db = Database(create_engine(url))
+            _, other_key = keys.create_key(db, name="bench-cost-other", scopes=["read"])
+            db.engine.dispose()
             other = SearchConnection(serve.port, other_key)
             latencies: list[float] = []
             statuses: dict[str, int] = {}
@@ -215,10 +215,10 @@ def run_images(args: argparse.Namespace, url: str, folder: Path) -> dict[str, An
         dims = serve.call("GET", "/v1/models", None)["data"][0]["dimensions"]
         for name in ("bombs", "others"):
             serve.call("POST", "/v1/collections", {"name": name, "dimensions": dims})
-        engine = create_engine(url)
-        _, writer_a = keys.create_key(engine, name="bench-cost-a", scopes=["write:bombs"])
-        _, writer_b = keys.create_key(engine, name="bench-cost-b", scopes=["write:others"])
-        engine.dispose()
+        db = Database(create_engine(url))
+        _, writer_a = keys.create_key(db, name="bench-cost-a", scopes=["write:bombs"])
+        _, writer_b = keys.create_key(db, name="bench-cost-b", scopes=["write:others"])
+        db.engine.dispose()
         bomb = scan_bomb(4000, 4000, 20_000)
         slow = scan_bomb(3000, 3000, 50)  # inside the scan limit: decoded, slowly
         statuses: dict[str, int] = {}

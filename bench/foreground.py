@@ -41,7 +41,6 @@ from statistics import median
 from typing import Any
 
 import psycopg
-import sqlalchemy as sa
 from pgvector.psycopg import register_vector
 from psycopg import sql
 
@@ -51,7 +50,7 @@ from bench.reembed import COLLECTION, WIDE, log, open_engine, store_images, stor
 from bench.search_stream import SearchStream
 from encoder.engine import EmbeddingEngine
 from encoder.settings import EncoderSettings
-from memstore.db.core import create_engine, libpq_url, normalise_url
+from memstore.db.core import Database, create_engine, libpq_url, normalise_url
 from memstore.db.embedded import start_embedded_server
 from memstore.services.foreground import ForegroundController
 from memstore.settings import IngestSettings, Settings
@@ -63,10 +62,10 @@ SETTLE_S = 1.0  # left out at the start of each phase
 
 @contextmanager
 def paced_workers(
-    engine: sa.Engine, backend: EmbeddingEngine, fg: ForegroundController, n: int, batch_size: int
+    db: Database, backend: EmbeddingEngine, fg: ForegroundController, n: int, batch_size: int
 ) -> Iterator[list[IngestWorker]]:
     settings = IngestSettings(batch_size=batch_size)
-    workers = [IngestWorker(engine, backend, settings=settings, name=f"ingest-{i}", pace=fg) for i in range(n)]
+    workers = [IngestWorker(db, backend, settings=settings, name=f"ingest-{i}", pace=fg) for i in range(n)]
     threads = [threading.Thread(target=w.run, name=w.name, daemon=True) for w in workers]
     for t in threads:
         t.start()
@@ -130,7 +129,7 @@ def run(args: argparse.Namespace, url: str, images: list[bytes]) -> dict[str, An
     trace: list[dict[str, Any]] = []
     phases: list[dict[str, Any]] = []
     try:
-        with paced_workers(engine, backend, fg, args.workers, args.batch_size) as workers:
+        with paced_workers(store.db, backend, fg, args.workers, args.batch_size) as workers:
             c = store_images(store, conn, images)
             queries = stored_queries(conn, c, 200)
             stream = SearchStream(store, COLLECTION, queries, rate_per_s=args.search_rate).start()

@@ -142,7 +142,7 @@ def run(args: argparse.Namespace, url: str, folder: Path) -> dict[str, Any]:
             table[s.name].update(_churn(s, w))
     finally:
         with contextlib.ExitStack() as cleanup:  # every step runs even when an earlier one raises
-            cleanup.callback(store.engine.dispose)
+            cleanup.callback(store.db.engine.dispose)
             if serve is not None:
                 cleanup.callback(serve.stop)
             for s in systems:

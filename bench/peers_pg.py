@@ -34,9 +34,7 @@ def _batches(n: int, size: int) -> Iterator[slice]:
 def maintenance_pass(store: VectorStore, collection: str) -> str:
     """One pass of the maintenance worker on ``collection``, as ``memstore-maint run --once`` runs it;
     returns its decisions (e.g. ``rebuild:ok``)."""
-    worker = MaintenanceWorker(
-        store.engine, settings=store.settings, config=MaintenanceConfig(), collections=[collection]
-    )
+    worker = MaintenanceWorker(store.db, settings=store.settings, config=MaintenanceConfig(), collections=[collection])
     try:
         if worker.run_once() != 0:
             raise RuntimeError(f"the maintenance pass on {collection} failed: {worker.last_outcomes}")
@@ -47,7 +45,7 @@ def maintenance_pass(store: VectorStore, collection: str) -> str:
 
 def sample_queries(store: VectorStore, collection: str, queries: np.ndarray) -> None:
     """The users' searches, kept the way the API keeps them, for the maintenance worker's recall probes."""
-    sampler = QuerySampler(store.engine, rate=1.0)
+    sampler = QuerySampler(store.db, rate=1.0)
     cid = store.get_collection(name=collection).id
     for q in queries:
         sampler.offer(cid, q)
@@ -103,7 +101,7 @@ class MemstorePython:
 
     def cleanup(self) -> str:
         # Closing the pooled connections flushes their statistics (dead tuples), which the policy reads.
-        self.store.engine.dispose()
+        self.store.db.engine.dispose()
         return maintenance_pass(self.store, self.collection)
 
     def close(self) -> None:

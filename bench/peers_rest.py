@@ -29,7 +29,7 @@ from tqdm import tqdm
 from bench.peers_measure import K
 from bench.peers_pg import maintenance_pass
 from memstore.access import keys
-from memstore.db.core import create_engine
+from memstore.db.core import Database, create_engine
 from memstore.store import VectorStore
 
 REQUEST_BYTES = 48 << 20
@@ -48,9 +48,9 @@ class Serve:
     def __init__(
         self, url: str, data_dir: Path, max_items: int, *, access_log: bool = True, tiny_encoder: bool = False
     ) -> None:
-        engine = create_engine(url)
-        _, self.key = keys.create_key(engine, name=f"bench-peers-{uuid.uuid4().hex[:6]}", scopes=["admin"])
-        engine.dispose()
+        db = Database(create_engine(url))
+        _, self.key = keys.create_key(db, name=f"bench-peers-{uuid.uuid4().hex[:6]}", scopes=["admin"])
+        db.engine.dispose()
         self.port = _free_port()
         env = os.environ | {
             "MEMSTORE_DATABASE_URL": url,

@@ -62,7 +62,7 @@ from tqdm import tqdm
 
 from encoder.types import EncoderInfo, Priority
 from memstore.db import migrate
-from memstore.db.core import create_engine, libpq_url, normalise_url, raw_connection
+from memstore.db.core import Database, create_engine, libpq_url, normalise_url
 from memstore.db.embedded import start_embedded_server
 from memstore.queue import jobs as ingest_queue
 from memstore.queue.jobs import PendingItem
@@ -255,27 +255,27 @@ class MemstoreSide:
         """Nothing: the migrations made the queue."""
 
     def enqueue(self, target: Target, texts: Sequence[str]) -> float:
-        engine = create_engine(target.url, pool_size=1, max_overflow=0)
+        db = Database(create_engine(target.url, pool_size=1, max_overflow=0))
         try:
-            collection = VectorStore(engine, settings=Settings(database_url=target.url)).get_collection(name=COLLECTION)
+            collection = VectorStore(db, settings=Settings(database_url=target.url)).get_collection(name=COLLECTION)
             items = [PendingItem(text=text, external_id=f"x{i}") for i, text in enumerate(texts)]
-            with raw_connection(engine) as conn:  # connected before the clock, as the libraries' sides are
+            with db.write() as conn:  # connected before the clock, as the libraries' sides are
                 conn.execute("SELECT 1")
             start = time.perf_counter()
-            ingest_queue.enqueue(engine, collection, items, priority=ingest_queue.PRIORITY_BULK)
+            ingest_queue.enqueue(db, collection, items, priority=ingest_queue.PRIORITY_BULK)
             return time.perf_counter() - start
         finally:
-            engine.dispose()
+            db.engine.dispose()
 
     def work(self, job: WorkerJob) -> None:
         """memstore's own worker, as ``memstore worker --once`` runs it."""
-        engine = create_engine(job.target.url, pool_size=2, max_overflow=0)
+        db = Database(create_engine(job.target.url, pool_size=2, max_overflow=0))
         if job.crash:
             _die_after_first_executemany()
         try:
-            IngestWorker(engine, HashBackend(), settings=IngestSettings(batch_size=BATCH), name="bench").run(once=True)
+            IngestWorker(db, HashBackend(), settings=IngestSettings(batch_size=BATCH), name="bench").run(once=True)
         finally:
-            engine.dispose()
+            db.engine.dispose()
 
     def after_crash(self, target: Target) -> dict[str, Any]:
         """The dead worker's transaction rolled back; the next claim takes the row over at once
@@ -284,15 +284,15 @@ class MemstoreSide:
             target,
             "SELECT i.status, q.attempts FROM {table} i LEFT JOIN memstore_ingest_queue q ON q.item_id = i.id",
         )
-        engine = create_engine(target.url, pool_size=1, max_overflow=0)
-        worker = IngestWorker(engine, HashBackend(), settings=IngestSettings(batch_size=BATCH), name="bench")
+        db = Database(create_engine(target.url, pool_size=1, max_overflow=0))
+        worker = IngestWorker(db, HashBackend(), settings=IngestSettings(batch_size=BATCH), name="bench")
         start = time.perf_counter()
         try:
             # The dead backend may take a moment to notice its client is gone; until then it holds the row.
             while time.perf_counter() - start < 10 and not worker.run_batch().written:
                 time.sleep(0.02)
         finally:
-            engine.dispose()
+            db.engine.dispose()
         recovered = _crash_state(target, "SELECT i.status, NULL FROM {table} i")
         return {
             "item_status": state[0],

@@ -65,7 +65,7 @@ def run_size(store: VectorStore, size: int, targets: list[float], *, samples: bo
     curve = {p.ef: p.recall for p in fine.points}
     out["held_out_curve"] = {str(ef): round(r, 4) for ef, r in curve.items()}
     config = MaintenanceConfig(_env_file=None, tune_sample=tune_sample)  # type: ignore[call-arg]
-    worker = MaintenanceWorker(store.engine, settings=store.settings, config=config, collections=[NAME])
+    worker = MaintenanceWorker(store.db, settings=store.settings, config=config, collections=[NAME])
     try:
         for goal in targets:
             store.set_recall_target(collection=NAME, target=goal)

@@ -65,7 +65,7 @@ from encoder.engine import EmbeddingEngine
 from encoder.settings import EncoderSettings
 from encoder.types import Priority
 from memstore.catalog.collections import Collection, Space
-from memstore.db.core import create_engine, libpq_url, normalise_url
+from memstore.db.core import Database, create_engine, libpq_url, normalise_url
 from memstore.db.embedded import start_embedded_server
 from memstore.queue import jobs
 from memstore.queue.jobs import PendingItem
@@ -104,10 +104,10 @@ def open_engine(batch_size: int, threads: int | None) -> tuple[EmbeddingEngine, 
 
 
 @contextmanager
-def ingest_workers(engine: Any, backend: EmbeddingEngine, n: int, batch_size: int) -> Iterator[list[IngestWorker]]:
+def ingest_workers(db: Database, backend: EmbeddingEngine, n: int, batch_size: int) -> Iterator[list[IngestWorker]]:
     """``n`` real ingest workers in threads (as ``memstore serve --workers n`` runs them)."""
     settings = IngestSettings(batch_size=batch_size)
-    workers = [IngestWorker(engine, backend, settings=settings, name=f"ingest-{i}") for i in range(n)]
+    workers = [IngestWorker(db, backend, settings=settings, name=f"ingest-{i}") for i in range(n)]
     threads = [threading.Thread(target=w.run, name=w.name, daemon=True) for w in workers]
     for t in threads:
         t.start()
@@ -143,7 +143,7 @@ def store_images(store: VectorStore, conn: psycopg.Connection[Any], images: list
             PendingItem(content=b, content_type="image/jpeg", external_id=f"p{start + i:06d}")
             for i, b in enumerate(chunk)
         ]
-        jobs.enqueue(store.engine, c, items)
+        jobs.enqueue(store.db, c, items)
     ready = sql.SQL("SELECT count(*) FROM {} WHERE embedding IS NOT NULL").format(c.table)
     watch(conn, ready, len(images), "embed (default space)")
     return c
@@ -270,7 +270,7 @@ def run(args: argparse.Namespace, url: str, images: list[bytes]) -> dict[str, An
     conn = psycopg.connect(libpq_url(url), autocommit=True)
     register_vector(conn)
     try:
-        with ingest_workers(engine, backend, args.workers, args.batch_size) as workers:
+        with ingest_workers(store.db, backend, args.workers, args.batch_size) as workers:
             t = time.perf_counter()
             c = store_images(store, conn, images)
             log(f"{n} images stored and embedded into the default space in {time.perf_counter() - t:.1f}s")

@@ -401,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.only in (None, "search", "lag"):
                 load(url, args.n, args.dims)
             if args.only in (None, "search"):
-                _, key = keys.create_key(create_engine(url), name="bench", scopes=["admin"])
+                _, key = keys.create_key(Database(create_engine(url)), name="bench", scopes=["admin"])
                 with psycopg.connect(libpq_url(url), autocommit=True) as conn:
                     lsn = parse_lsn(str(conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0]))  # type: ignore[index]
                 wait_replayed(standby.url, lsn)

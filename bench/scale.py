@@ -209,7 +209,7 @@ def measure_maintenance(
 ) -> dict[str, Any]:
     """VACUUM after one round of churn, then the policy after another; seconds of each and their ratio."""
     c = store.get_collection(name=name)
-    worker = MaintenanceWorker(store.engine, settings=store.settings, config=MaintenanceConfig(), collections=[name])
+    worker = MaintenanceWorker(store.db, settings=store.settings, config=MaintenanceConfig(), collections=[name])
     worker.session()  # opened up front: the connection is not part of the policy's cost
     _log(f"{name}: churn {fraction:.0%}, then VACUUM")
     churn_round(conn, c.table_name, mirror, fraction, np.random.default_rng(seed))

@@ -101,7 +101,7 @@ def bench_ingest(store: VectorStore, raw: psycopg.Connection[Any], base: np.ndar
 
 def _burst(store: VectorStore, connections: int) -> None:
     """Leave ``connections`` idle connections in the store's pool, as a load's side-by-side writers do."""
-    held = [store.engine.raw_connection() for _ in range(connections)]
+    held = [store.db.engine.raw_connection() for _ in range(connections)]  # the pool itself: SQLAlchemy's
     for proxied in held:
         proxied.close()
 
@@ -120,7 +120,7 @@ def bench_search(
     """The store's searches against raw ones; and the same store with its searches on the engine's
     general pool, which holds the connections a load's writers leave behind."""
     c = store.get_collection(name="bench_store")
-    general = VectorStore(_GeneralPool(store.engine), settings=store.settings)
+    general = VectorStore(_GeneralPool(store.db.engine), settings=store.settings)
     return _turns(store, general, raw, c, queries, k, rounds)
 
 

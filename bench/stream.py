@@ -265,7 +265,7 @@ def run(url: str, settings: Settings, data: dict[str, Any], args: argparse.Names
         if args.rest_batch:
             server = Server(url, workers=0)
             try:
-                _, secret = keys.create_key(engine, name=f"bench-stream-{time.time_ns()}", scopes=["admin"])
+                _, secret = keys.create_key(store.db, name=f"bench-stream-{time.time_ns()}", scopes=["admin"])
                 rest = (f"http://127.0.0.1:{server.port}", secret)
                 options[f"segments_rest_{args.rest_batch}"] = stream_memstore.stream(
                     store, data, batch=args.rest_batch, rest=rest

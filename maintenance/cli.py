@@ -34,7 +34,7 @@ from maintenance.display import Bars, fmt_bytes, table
 from maintenance.worker import EXIT_FAILED, EXIT_OK, ActionOutcome, MaintenanceWorker
 from memstore.catalog import density
 from memstore.catalog.collections import Collection
-from memstore.db.core import get_engine
+from memstore.db.core import get_database
 from memstore.settings import Settings, get_settings
 
 log = logging.getLogger("memstore-maint")
@@ -89,11 +89,9 @@ def _run(
     config = MaintenanceConfig()
     if interval:
         config = config.model_copy(update={"interval_s": interval})
-    engine = get_engine(settings)
+    db = get_database(settings, replicas=False)  # the primary: what maintenance acts on and measures
     bars = Bars(enabled=not common.as_json and sys.stderr.isatty())
-    worker = MaintenanceWorker(
-        engine, settings=settings, config=config, collections=common.collections, on_progress=bars
-    )
+    worker = MaintenanceWorker(db, settings=settings, config=config, collections=common.collections, on_progress=bars)
     with stop_on_signals(worker.stop, on_signal=_announce_stop):
         return body(worker)
 

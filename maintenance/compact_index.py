@@ -1,6 +1,6 @@
 """The compact-index maintenance action: measure recall against exact search, refit or rebuild online.
 
-``maintain_compact_index(engine, collection=..., min_recall=...)`` is the one entry point (the
+``maintain_compact_index(db, collection=..., min_recall=...)`` is the one entry point (the
 maintenance worker calls it for every collection whose options name a compact representation, or a
 pending one). It
 
@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 import psycopg
-import sqlalchemy as sa
 from psycopg import sql
 
 from memstore import action_log
@@ -38,6 +37,7 @@ from memstore.compact import ddl
 from memstore.compact import projection as proj
 from memstore.compact.switch import DEFAULT_GRACE_S, reconcile, set_representation
 from memstore.db import locks, online_ddl
+from memstore.db.core import Database
 from memstore.search import compact as compact_search
 from memstore.search import query_samples
 from memstore.search.exact_answers import exact_answers, recall_hits
@@ -128,7 +128,7 @@ def probe_compact_recall(
     started = time.monotonic()
     c = store.get_collection(name=collection, fresh=True)
     spec = specs.index_spec(c)
-    with ddl.connect(store.engine) as conn:
+    with ddl.connect(store.db) as conn:
         vectors, source = _queries(conn, c, queries)
         vectors = [v for v in vectors if v.shape == (c.dimensions,) and np.isfinite(v).all()]
         # The compact search's answers (the index as configured, re-ranked on full vectors), then the
@@ -228,7 +228,7 @@ def _reindex(conn: psycopg.Connection[Any], c: Any, spec: specs.IndexSpec) -> No
 
 
 def maintain_compact_index(
-    engine: sa.Engine,
+    db: Database,
     *,
     collection: str,
     min_recall: float = DEFAULT_MIN_RECALL,
@@ -239,8 +239,8 @@ def maintain_compact_index(
     settings: Settings | None = None,
 ) -> CompactUpkeep:
     """Check one collection's compact index and act when needed; returns what was seen and done."""
-    store = VectorStore(engine, settings=settings or get_settings())
-    with ddl.connect(engine) as conn:
+    store = VectorStore(db, settings=settings or get_settings())
+    with ddl.connect(db) as conn:
         c = read_collection(conn, name=collection)
         try:
             with ddl.collection_lock(conn, c):
@@ -274,7 +274,7 @@ def maintain_compact_index(
         try:
             if action == "refit_projection":
                 new = set_representation(
-                    engine, collection=collection, representation="lowrank", refit=True, grace_s=grace_s
+                    db, collection=collection, representation="lowrank", refit=True, grace_s=grace_s
                 )
             else:
                 _reindex(conn, c, spec)
@@ -318,7 +318,7 @@ def _make_pending(
     action_id = _start(conn, c.name, c.table_name, c.index_name, "make_pending", reason, {"spec": spec.to_json()})
     try:
         new = set_representation(
-            store.engine,
+            store.db,
             collection=c.name,
             representation=str(pending.get("representation", "lowrank")),
             rank=pending.get("rank"),

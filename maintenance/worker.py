@@ -16,7 +16,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
-import sqlalchemy as sa
 
 from maintenance import history, search_cost
 from maintenance.actions import Busy, Executor, Interrupted, index_density, wait_for_slo
@@ -41,7 +40,7 @@ from memstore.catalog.registry import (
     set_option,
 )
 from memstore.db import online_ddl
-from memstore.db.core import as_database, dedicated_connection, get_database
+from memstore.db.core import Database, get_database
 from memstore.items import bulk_load, sealing
 from memstore.settings import Settings, get_settings
 
@@ -73,7 +72,7 @@ class ActionOutcome:
 class MaintenanceWorker:
     def __init__(
         self,
-        engine: sa.Engine,
+        db: Database,
         *,
         settings: Settings | None = None,
         config: MaintenanceConfig | None = None,
@@ -83,7 +82,7 @@ class MaintenanceWorker:
     ) -> None:
         """``latency_source`` returns the foreground search p99 in ms (the API passes its own tracker);
         without one the worker back-offs on nothing but lock timeouts."""
-        self.engine = engine
+        self.db = db
         self.settings = settings or get_settings()
         self.config = config or MaintenanceConfig()
         self.collections = collections
@@ -97,7 +96,7 @@ class MaintenanceWorker:
 
     def connect(self) -> psycopg.Connection[Any]:
         """A dedicated autocommit connection (REINDEX CONCURRENTLY and VACUUM cannot run in a transaction)."""
-        conn = dedicated_connection(self.engine, application_name="memstore-maint")
+        conn = self.db.dedicated(application_name="memstore-maint")
         online_ddl.build_resources(conn, self.settings)
         conn.execute(
             "SELECT set_config('lock_timeout', %s, false), set_config('statement_timeout', '0', false), "
@@ -131,7 +130,7 @@ class MaintenanceWorker:
         healthy = [r for r in get_database(self.settings).replicas if r.healthy]
         for replica in healthy:
             try:
-                conn = dedicated_connection(replica.engine, application_name="memstore-maint-recall")
+                conn = replica.dedicated(application_name="memstore-maint-recall")
             except psycopg.OperationalError as exc:
                 log.warning("recall probe: replica %s refused (%s)", replica.url, exc)
                 continue
@@ -507,7 +506,7 @@ class MaintenanceWorker:
         for c in self.list_collections(conn):
             if bulk_load.in_progress(c) and not self.stop.is_set():
                 t0 = time.monotonic()
-                if bulk_load.finish_interrupted(as_database(self.engine), c, self.settings):
+                if bulk_load.finish_interrupted(self.db, c, self.settings):
                     reason = "a bulk load ended before it built its index"
                     self.last_outcomes.append(
                         ActionOutcome(c.name, c.table_name, "build", reason, "ok", duration_s=time.monotonic() - t0)
@@ -517,7 +516,7 @@ class MaintenanceWorker:
         """Seal the full tails and merge the graphs of segmented collections whose writer did not
         (a process that ended, a writer elsewhere): a tail under ``seal_rows`` is left to be read
         exactly; graphs are merged as for a collection whose writes paused, unless a tail was due."""
-        db = as_database(self.engine)
+        db = self.db
         for c in self.list_collections(conn):
             if self.stop.is_set() or not segments.segmented(c):
                 continue
@@ -545,7 +544,7 @@ class MaintenanceWorker:
         t0 = time.monotonic()
         try:
             seen = maintain_compact_index(
-                self.engine, collection=c.name, min_recall=self.config.recall_floor, settings=self.settings
+                self.db, collection=c.name, min_recall=self.config.recall_floor, settings=self.settings
             )
         except (psycopg.Error, LookupError) as exc:
             log.error("%s: compact index maintenance failed: %s", c.name, exc)

@@ -15,12 +15,11 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-import sqlalchemy as sa
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from memstore.db import sqlfiles
-from memstore.db.core import raw_connection
+from memstore.db.core import Database
 
 
 def start_action(
@@ -72,34 +71,34 @@ def _default(value: Any) -> Any:
     return str(value)
 
 
-def recent_probes(engine: sa.Engine, *, collection: str, limit: int = 500) -> list[dict[str, Any]]:
+def recent_probes(db: Database, *, collection: str, limit: int = 500) -> list[dict[str, Any]]:
     """A collection's probes, newest first."""
-    return _read(engine, "history_probes", collection, limit)
+    return _read(db, "history_probes", collection, limit)
 
 
-def recent_actions(engine: sa.Engine, *, collection: str, limit: int = 50) -> list[dict[str, Any]]:
+def recent_actions(db: Database, *, collection: str, limit: int = 50) -> list[dict[str, Any]]:
     """A collection's maintenance actions, newest first."""
-    return _read(engine, "history_actions", collection, limit)
+    return _read(db, "history_actions", collection, limit)
 
 
-def _read(engine: sa.Engine, statement: str, collection: str, limit: int) -> list[dict[str, Any]]:
+def _read(db: Database, statement: str, collection: str, limit: int) -> list[dict[str, Any]]:
     params = {"collection": collection, "since": None, "limit": limit}
-    with raw_connection(engine) as conn:
+    with db.write() as conn:
         return conn.cursor(row_factory=dict_row).execute(sqlfiles.text(statement), params).fetchall()
 
 
-def request_pass(engine: sa.Engine, *, collection: str, requested_by: str) -> None:
+def request_pass(db: Database, *, collection: str, requested_by: str) -> None:
     """Ask the maintenance worker for a pass now (it probes, and acts where its policy says so)."""
-    with raw_connection(engine) as conn:
+    with db.write() as conn:
         conn.execute(
             "INSERT INTO memstore_maintenance_requests (collection, requested_by) VALUES (%s, %s)",
             (collection, requested_by),
         )
 
 
-def pending_requests(engine: sa.Engine) -> dict[str, datetime]:
+def pending_requests(db: Database) -> dict[str, datetime]:
     """Collections with a request no worker has taken yet, and since when."""
-    with raw_connection(engine) as conn:
+    with db.write() as conn:
         rows = conn.execute(
             "SELECT collection, min(requested_at) FROM memstore_maintenance_requests GROUP BY collection"
         ).fetchall()

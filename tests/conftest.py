@@ -22,7 +22,7 @@ import sqlalchemy as sa
 
 from bench.data import load_bge_m3
 from encoder.settings import encoder_settings
-from memstore.db.core import create_engine, normalise_url
+from memstore.db.core import Database, create_engine, normalise_url
 from memstore.db.embedded import start_embedded_server
 from memstore.settings import Settings, reread
 from memstore.store import VectorStore
@@ -154,7 +154,7 @@ def server(settings: Settings, tiny_engine: Any) -> Iterator[Any]:
 def admin_key(engine: sa.Engine) -> str:
     from memstore.access import keys
 
-    _, secret = keys.create_key(engine, name=f"admin-{uuid.uuid4().hex[:8]}", scopes=["admin"])
+    _, secret = keys.create_key(Database(engine), name=f"admin-{uuid.uuid4().hex[:8]}", scopes=["admin"])
     return secret
 
 

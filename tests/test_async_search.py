@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from psycopg import sql
 
-from memstore.db.core import raw_connection
 from memstore.errors import DimensionMismatchError
 from memstore.models import ItemIn
 from memstore.search.request import SearchQuery, check_query
@@ -34,7 +33,7 @@ def _settle_statistics(store: VectorStore, name: str) -> None:
     the HNSW scan once it keeps the generic plan (after five runs on that connection); the two sides,
     on connections with different histories, would then differ for that reason alone."""
     table = store.get_collection(name=name).table
-    with raw_connection(store.engine) as conn:
+    with store.db.write() as conn:
         conn.execute(sql.SQL("ALTER TABLE {} SET (autovacuum_enabled = off)").format(table))
         conn.execute(sql.SQL("ANALYZE {}").format(table))
 

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from psycopg import sql
 
 from maintenance.worker import MaintenanceWorker
-from memstore.db.core import raw_connection
+from memstore.db.core import Database, raw_connection
 from memstore.items import bulk_load
 from memstore.models import ItemIn
 from memstore.settings import Settings
@@ -226,7 +226,7 @@ def test_a_load_killed_mid_way_leaves_nothing_unindexed_for_long(
     assert _hnsw_indexes(engine, c.table_name) == []  # the index is gone and nobody is building it
     assert _indexes(engine, c.table_name, "gin") == []  # the metadata and keyword indexes too
     committed = bulk_store.collection_stats(name=collection_name).items
-    worker = MaintenanceWorker(engine, settings=bulk_store.settings, collections=[collection_name])
+    worker = MaintenanceWorker(Database(engine), settings=bulk_store.settings, collections=[collection_name])
     try:
         worker.run_once()
     finally:

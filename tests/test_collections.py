@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from memstore.catalog.collections import HNSW_MAX_DIMENSIONS
-from memstore.db.core import raw_connection
 from memstore.errors import CollectionExistsError, CollectionNotFoundError, InvalidInputError
 from memstore.store import VectorStore
 
@@ -19,7 +18,7 @@ def test_create_get_list_drop(store: VectorStore, collection_name: str) -> None:
     store.drop_collection(name=collection_name)
     with pytest.raises(CollectionNotFoundError):
         store.get_collection(name=collection_name)
-    with raw_connection(store.engine) as conn:
+    with store.db.write() as conn:
         assert conn.execute("SELECT to_regclass(%s)", (created.table_name,)).fetchone() == (None,)
 
 
@@ -65,7 +64,7 @@ def test_invalid_parameters_are_refused(
 def test_partitioned_layout_has_an_hnsw_index_per_partition(store: VectorStore, collection_name: str) -> None:
     c = store.create_collection(name=collection_name, dimensions=4, partitions=4)
     assert c.partition_tables() == [f"{c.table_name}_p{i}" for i in range(4)]
-    with raw_connection(store.engine) as conn:
+    with store.db.write() as conn:
         rows = conn.execute(
             """
             SELECT tbl.relname, idx.relname, am.amname, i.indisvalid

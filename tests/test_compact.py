@@ -9,7 +9,6 @@ from psycopg import sql
 
 from memstore.catalog import index_spec as specs
 from memstore.compact import projection as proj
-from memstore.db.core import raw_connection
 from memstore.errors import InvalidInputError
 from memstore.models import ItemIn
 from memstore.search import compact as compact_search
@@ -89,7 +88,7 @@ def test_sql_projection_matches_numpy(store: VectorStore) -> None:
     data = low_rank_data(500, 48, 6, seed=4)
     for metric in ("cosine", "l2", "inner_product"):
         p = proj.fit(data * 3.0, metric=metric, rank=6)
-        with raw_connection(store.engine) as conn:
+        with store.db.write() as conn:
             row = conn.execute(
                 "SELECT memstore_project(%s, %s, %s::real[], %s)::real[]",
                 (data[0] * 3.0, [Vector(v) for v in p.components], p.offsets.tolist(), p.normalize),
@@ -115,7 +114,7 @@ def test_reranking_returns_exactly_the_exact_order_among_candidates(
     for q in low_rank_data(10, 64, 10, seed=7) + 0.01 * rng.normal(size=(10, 64)).astype(np.float32):
         q = q.astype(np.float32)
         results = store.search(collection=collection_name, vector=q, k=10)
-        with raw_connection(store.engine) as conn:
+        with store.db.write() as conn:
             # The store's own settings for this search, so the HNSW scan visits the same candidates.
             efs = max(c.default_ef_search, spec.pool(10))
             statements.apply(conn.cursor(), compact_search.settings(ef_search=efs, max_scan_tuples=20_000))
@@ -135,7 +134,7 @@ def test_compact_search_plans_use_the_compact_index(store: VectorStore, collecti
     c = store.get_collection(name=collection_name)
     spec = specs.index_spec(c)
     q = np.ones(32, dtype=np.float32)
-    with raw_connection(store.engine) as conn:
+    with store.db.write() as conn:
         conn.execute("SELECT set_config('enable_seqscan', 'off', true)")
         plan = conn.execute(
             sql.SQL("EXPLAIN ") + compact_search.statement(c, spec, where=None),
@@ -160,7 +159,7 @@ def test_recall_and_size_on_real_bge_m3(store: VectorStore, collection_name: str
         c = store.get_collection(name=collection_name, fresh=True)
         spec = specs.index_spec(c)
         index = specs.side_index(c.id, spec.version) if representation == "lowrank" else c.index_name  # type: ignore[arg-type]
-        with raw_connection(store.engine) as conn:
+        with store.db.write() as conn:
             row = conn.execute("SELECT pg_relation_size(to_regclass(%s))", (index,)).fetchone()
         sizes[representation] = int(row[0]) if row else 0
         found = [
@@ -184,7 +183,7 @@ def test_query_projection_is_what_the_side_table_holds(store: VectorStore, colle
     spec = store.set_index_representation(collection=collection_name, representation="lowrank", rank=8, grace_s=0)
     c = store.get_collection(name=collection_name, fresh=True)
     assert spec.version is not None and spec.projection_id is not None
-    with raw_connection(store.engine) as conn:
+    with store.db.write() as conn:
         stored = conn.execute(
             sql.SQL("SELECT s.v FROM {} s JOIN {} m USING (id) WHERE m.external_id = '7'").format(
                 sql.Identifier(specs.side_table(c.id, spec.version)), c.table
@@ -199,7 +198,7 @@ def test_compact_collections_keep_vectors_in_the_row(store: VectorStore, collect
     """Re-ranking reads pool-many vectors: they are stored inline, not TOASTed (full ones keep the default)."""
 
     def storage(table: str) -> str:
-        with raw_connection(store.engine) as conn:
+        with store.db.write() as conn:
             row = conn.execute(
                 "SELECT attstorage FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = 'embedding'",
                 (table,),
@@ -215,7 +214,7 @@ def test_compact_collections_keep_vectors_in_the_row(store: VectorStore, collect
     binary = store.create_collection(name=collection_name + "_b", dimensions=768, representation="binary", partitions=2)
     assert [storage(t) for t in binary.partition_tables()] == ["m", "m"]
     _fill(store, binary.name, low_rank_data(20, 768, 8, seed=21))
-    with raw_connection(store.engine) as conn:
+    with store.db.write() as conn:
         row = conn.execute(
             "SELECT sum(pg_relation_size(to_regclass(t))) FROM unnest(%s::text[]) AS t", (binary.partition_tables(),)
         ).fetchone()

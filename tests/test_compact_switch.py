@@ -13,7 +13,6 @@ from maintenance.compact_index import maintain_compact_index
 from memstore.catalog import index_spec as specs
 from memstore.compact import ddl
 from memstore.compact.switch import reconcile
-from memstore.db.core import raw_connection
 from memstore.models import ItemIn
 from memstore.store import VectorStore
 from tests.test_compact import _fill, low_rank_data
@@ -26,7 +25,7 @@ def _side_consistent(store: VectorStore, name: str) -> tuple[int, int, int]:
     assert spec.version is not None
     side = sql.Identifier(specs.side_table(c.id, spec.version))
     # One statement, so one snapshot: the test's writer keeps adding rows while this counts.
-    with raw_connection(store.engine) as conn:
+    with store.db.write() as conn:
         row = conn.execute(
             sql.SQL(
                 "SELECT (SELECT count(*) FROM {t} WHERE embedding IS NOT NULL), (SELECT count(*) FROM {s}), "
@@ -49,7 +48,7 @@ def test_switching_online_keeps_searches_answering(store: VectorStore, collectio
     stop = threading.Event()
     answered: list[int] = []
     errors: list[BaseException] = []
-    reader = VectorStore(store.engine, settings=store.settings)  # its own collection cache, as another process
+    reader = VectorStore(store.db, settings=store.settings)  # its own collection cache, as another process
 
     def search_loop() -> None:
         rng = np.random.default_rng(12)
@@ -94,7 +93,7 @@ def test_switching_online_keeps_searches_answering(store: VectorStore, collectio
     assert seen == ["lowrank", "halfvec", "binary", "full"]
     assert answered and set(answered) == {5}
     c = store.get_collection(name=collection_name, fresh=True)
-    with raw_connection(store.engine) as conn:
+    with store.db.write() as conn:
         names = {
             r[0]
             for r in conn.execute(
@@ -119,7 +118,7 @@ def test_every_write_path_reaches_the_side_table(store: VectorStore, collection_
     store.update_item(collection=collection_name, external_id="4", vector=new[42])
     store.update_item(collection=collection_name, external_id="5", metadata={"only": "metadata"})
     store.delete_items(collection=collection_name, external_ids=["6", "7"])
-    with raw_connection(store.engine) as conn:
+    with store.db.write() as conn:
         # As the ingest queue writes vectors, and as it re-queues an item (vector cleared).
         conn.execute(sql.SQL("UPDATE {} SET embedding = %s WHERE external_id = '8'").format(c.table), (new[43],))
         conn.execute(sql.SQL("UPDATE {} SET embedding = NULL WHERE external_id = '9'").format(c.table))
@@ -140,10 +139,10 @@ def test_low_rank_at_creation_waits_for_rows_then_is_made(store: VectorStore, co
     }
     rows = low_rank_data(300, 32, 6, seed=15)
     _fill(store, collection_name, rows[:50])
-    early = maintain_compact_index(store.engine, collection=collection_name, grace_s=0)
+    early = maintain_compact_index(store.db, collection=collection_name, grace_s=0)
     assert early.outcome == "skipped" and early.action is None
     _fill(store, collection_name, rows[50:], start=50)
-    made = maintain_compact_index(store.engine, collection=collection_name, grace_s=0)
+    made = maintain_compact_index(store.db, collection=collection_name, grace_s=0)
     assert made.action == "make_pending" and made.outcome == "ok", made
     assert made.spec["representation"] == "lowrank" and made.spec["rank"] == 8
     assert made.recall_after >= 0.9
@@ -154,15 +153,15 @@ def test_recall_drop_after_drift_triggers_a_recorded_refit(store: VectorStore, c
     store.create_collection(name=collection_name, dimensions=64)
     _fill(store, collection_name, low_rank_data(2000, 64, 8, seed=16, noise=0.05, block=0))
     store.set_index_representation(collection=collection_name, representation="lowrank", rank=8, grace_s=0)
-    healthy = maintain_compact_index(store.engine, collection=collection_name, min_recall=0.9, grace_s=0)
+    healthy = maintain_compact_index(store.db, collection=collection_name, min_recall=0.9, grace_s=0)
     assert healthy.action is None and healthy.recall >= 0.9, healthy
     # Every item replaced by a point of an orthogonal 8-dimensional subspace.
     _fill(store, collection_name, low_rank_data(2000, 64, 8, seed=17, noise=0.05, block=1))
-    result = maintain_compact_index(store.engine, collection=collection_name, min_recall=0.9, grace_s=0)
+    result = maintain_compact_index(store.db, collection=collection_name, min_recall=0.9, grace_s=0)
     assert result.action == "refit_projection" and result.outcome == "ok", result
     assert result.recall < 0.9 <= result.recall_after
     assert result.spec["version"] == 2
-    with raw_connection(store.engine) as conn:
+    with store.db.write() as conn:
         action = conn.execute(
             "SELECT action, outcome, reason, index_name, before -> 'probe' ->> 'recall', after -> 'spec' ->> 'version' "
             "FROM memstore_maintenance_actions WHERE collection = %s ORDER BY id DESC LIMIT 1",
@@ -187,15 +186,15 @@ def test_an_action_that_left_recall_low_is_not_repeated_every_pass(store: Vector
     store.create_collection(name=collection_name, dimensions=64)
     _fill(store, collection_name, low_rank_data(1500, 64, 16, seed=21, noise=0.3))
     store.set_index_representation(collection=collection_name, representation="binary", pool_factor=1.0, grace_s=0)
-    first = maintain_compact_index(store.engine, collection=collection_name, min_recall=0.99, grace_s=0)
+    first = maintain_compact_index(store.db, collection=collection_name, min_recall=0.99, grace_s=0)
     assert first.action == "rebuild_compact_index" and first.outcome == "ok" and first.still_below, first
-    again = maintain_compact_index(store.engine, collection=collection_name, min_recall=0.99, grace_s=0)
+    again = maintain_compact_index(store.db, collection=collection_name, min_recall=0.99, grace_s=0)
     assert again.action is None and again.outcome == "skipped", again
     assert "would not help" in again.reason and again.recall < 0.99
-    late = maintain_compact_index(store.engine, collection=collection_name, min_recall=0.99, grace_s=0, retry_after_s=0)
+    late = maintain_compact_index(store.db, collection=collection_name, min_recall=0.99, grace_s=0, retry_after_s=0)
     assert late.action == "rebuild_compact_index", late
     store.set_index_representation(collection=collection_name, representation="binary", pool_factor=2.0, grace_s=0)
-    changed = maintain_compact_index(store.engine, collection=collection_name, min_recall=0.99, grace_s=0)
+    changed = maintain_compact_index(store.db, collection=collection_name, min_recall=0.99, grace_s=0)
     assert changed.outcome == "ok", changed  # measured, and acted on if still low: not skipped
 
 
@@ -203,7 +202,7 @@ def test_reconcile_drops_what_a_crashed_switch_left(store: VectorStore, collecti
     store.create_collection(name=collection_name, dimensions=16)
     _fill(store, collection_name, low_rank_data(300, 16, 4, seed=18))
     c = store.get_collection(name=collection_name)
-    with ddl.connect(store.engine) as conn:
+    with ddl.connect(store.db) as conn:
         ddl.build_next_index(conn, c, "binary")  # built, never flipped
         conn.execute(f"CREATE TABLE memstore_lr_c{c.id}_v9 (id bigint PRIMARY KEY, v halfvec(4))")
         done = reconcile(conn, c)
@@ -219,7 +218,7 @@ def test_drop_collection_drops_side_tables(store: VectorStore, collection_name: 
     store.set_index_representation(collection=collection_name, representation="lowrank", rank=4, grace_s=0)
     cid = store.get_collection(name=collection_name).id
     store.drop_collection(name=collection_name)
-    with raw_connection(store.engine) as conn:
+    with store.db.write() as conn:
         left = conn.execute("SELECT count(*) FROM pg_class WHERE starts_with(relname, %s)", (f"memstore_lr_c{cid}_",))
         assert left.fetchone() == (0,)
         assert conn.execute(
@@ -237,7 +236,7 @@ def test_the_maintenance_worker_looks_after_compact_indexes(store: VectorStore, 
         collection=collection_name,
         items=[ItemIn(vector=v, external_id=str(i)) for i, v in enumerate(rng.normal(size=(300, 16)))],
     )
-    worker = MaintenanceWorker(store.engine, settings=store.settings, collections=[collection_name])
+    worker = MaintenanceWorker(store.db, settings=store.settings, collections=[collection_name])
     try:
         assert worker.run_once() == 0
         compact = [o for o in worker.last_outcomes if "compact_index" in o.decision or o.decision == "refit_projection"]

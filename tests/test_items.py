@@ -7,7 +7,6 @@ import math
 import numpy as np
 import pytest
 
-from memstore.db.core import raw_connection
 from memstore.errors import (
     CollectionNotFoundError,
     DimensionMismatchError,
@@ -163,7 +162,7 @@ def test_delete_by_id_external_id_and_filter(store: VectorStore, coll: str) -> N
 def test_bulk_upsert_uses_copy_binary(store: VectorStore, coll: str) -> None:
     """The bulk path stages rows with COPY; the staging table exists on the connection afterwards."""
     store.upsert_items(collection=coll, items=_items(COPY_THRESHOLD + 1))
-    with raw_connection(store.engine) as conn:
+    with store.db.write() as conn:
         # pg_class lists the temporary tables of every session of this database.
         copies = conn.execute(
             "SELECT count(*) FROM pg_class WHERE relname = 'memstore_stage2' AND relpersistence = 't'"
@@ -178,7 +177,7 @@ def test_stats_count_exactly_then_estimate_past_the_limit(store: VectorStore, co
 
     store.upsert_items(collection=coll, items=_items(60))
     c = store.get_collection(name=coll)
-    with raw_connection(store.engine) as conn:
+    with store.db.write() as conn:
         # In one transaction with the enqueue: not due for an hour, so that no ingest worker still
         # running in this test session (the API tests' server) claims them while they are counted.
         jobs._enqueue(
@@ -198,7 +197,7 @@ def test_stats_count_exactly_then_estimate_past_the_limit(store: VectorStore, co
         )
     exact = store.collection_stats(name=coll)
     assert (exact.items, exact.ready, exact.pending, exact.failed, exact.counts_exact) == (64, 60, 3, 1, True)
-    with raw_connection(store.engine) as conn:
+    with store.db.write() as conn:
         for table in c.partition_tables():
             conn.execute(f'ANALYZE "{table}"')
     estimated = store.collection_stats(name=coll, exact_limit=10)
@@ -211,14 +210,13 @@ def test_a_vector_written_by_hand_is_not_overwritten_by_a_queued_embedding(
 ) -> None:
     """PATCHing a vector onto an item still waiting for its embedding drops the queue row: a worker
     would otherwise overwrite the caller's vector, and the item would count as pending."""
-    from memstore.db.core import raw_connection
     from memstore.queue import jobs
     from memstore.queue.jobs import PendingItem
 
     c = store.create_collection(name=collection_name, dimensions=3)
-    [done] = jobs.enqueue(store.engine, c, [PendingItem(text="waiting for the encoder", external_id="w")])
+    [done] = jobs.enqueue(store.db, c, [PendingItem(text="waiting for the encoder", external_id="w")])
     store.update_item(collection=collection_name, id=done.id, vector=[1.0, 2.0, 3.0])
-    with raw_connection(store.engine) as conn:
+    with store.db.write() as conn:
         assert jobs.counts(conn, c)["pending"] == 0
     item = store.get_item(collection=collection_name, id=done.id, with_vector=True)
     assert item.status == "ready" and item.vector is not None and item.vector.tolist() == [1.0, 2.0, 3.0]

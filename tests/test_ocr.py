@@ -13,6 +13,7 @@ import pytest
 from PIL import Image
 
 from bench import ocr_images
+from memstore.db.core import Database
 from memstore.media import ocr
 
 if shutil.which("tesseract") is None:
@@ -91,6 +92,6 @@ def test_a_database_that_is_gone_never_stops_the_worker_it_reads_for() -> None:
 
     engine = create_engine("postgresql+psycopg://nobody@127.0.0.1:1/none")
     try:
-        assert OcrPass(engine).step() == 0  # logged, not raised: the ingest loop goes on
+        assert OcrPass(Database(engine)).step() == 0  # logged, not raised: the ingest loop goes on
     finally:
         engine.dispose()

@@ -12,7 +12,7 @@ from alembic import command
 
 from bench import ocr_images
 from memstore.db import migrate
-from memstore.db.core import create_engine, libpq_url
+from memstore.db.core import Database, create_engine, libpq_url
 from memstore.queue import jobs
 from memstore.queue.jobs import PendingItem
 from memstore.settings import Settings
@@ -46,7 +46,9 @@ def test_collections_made_before_0009_get_the_columns_and_can_turn_ocr_on(empty_
         store = VectorStore(engine, settings=Settings(database_url=empty_database))
         for name, partitions in (("old_plain", 1), ("old_parts", 3)):
             c = store.create_collection(name=name, dimensions=4, partitions=partitions)
-            jobs.enqueue(engine, c, [PendingItem(content=rendered.content, content_type="image/png", external_id="a")])
+            jobs.enqueue(
+                Database(engine), c, [PendingItem(content=rendered.content, content_type="image/png", external_id="a")]
+            )
         engine.dispose()
         command.downgrade(migrate.alembic_config(empty_database), "0008")
         assert _columns(empty_database) == {}
@@ -72,7 +74,7 @@ def test_collections_made_before_0009_get_the_columns_and_can_turn_ocr_on(empty_
         with engine.begin() as conn:  # as if embedded: reading waits for the vector
             for table in (store.get_collection(name=n).table_name for n in ("old_plain", "old_parts")):
                 conn.exec_driver_sql(f"UPDATE {table} SET status = 'ready', embedding = '[1,0,0,0]'")
-        reader = OcrPass(engine)
+        reader = OcrPass(Database(engine))
         while reader.step():
             pass
         item = store.get_item(collection="old_parts", external_id="a")
@@ -83,7 +85,7 @@ def test_collections_made_before_0009_get_the_columns_and_can_turn_ocr_on(empty_
         # New images reach every partition's trigger.
         parts = store.get_collection(name="old_parts")
         more = [PendingItem(content=rendered.content + bytes([i]), content_type="image/png") for i in range(6)]
-        jobs.enqueue(engine, parts, more)
+        jobs.enqueue(Database(engine), parts, more)
         for m in more:
             assert store.get_item(collection="old_parts", external_id=m.key()).ocr_status == "pending"
         with engine.connect() as conn:

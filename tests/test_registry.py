@@ -6,6 +6,7 @@ import pytest
 import sqlalchemy as sa
 
 from memstore.catalog.registry import Registry
+from memstore.db.core import Database
 from memstore.errors import CollectionExistsError, CollectionNotFoundError
 from memstore.store import VectorStore
 
@@ -16,7 +17,7 @@ def test_a_change_made_elsewhere_is_seen_once_the_cache_expires(
     """Another process (here: another Registry) keeps its copy for ttl seconds, then reads again;
     the process that made the change forgets its copy at once."""
     c = store.create_collection(name=collection_name, dimensions=3)
-    other = Registry(engine, ttl=3600)
+    other = Registry(Database(engine), ttl=3600)
     assert other.get(collection_name).id == c.id
     store.set_index_representation(collection=collection_name, representation="halfvec", grace_s=0)
     assert store.get_collection(name=collection_name).options != c.options  # the writer sees it at once
@@ -27,7 +28,7 @@ def test_a_change_made_elsewhere_is_seen_once_the_cache_expires(
 
 def test_ids_names_drops_and_duplicates(store: VectorStore, engine: sa.Engine, collection_name: str) -> None:
     c = store.create_collection(name=collection_name, dimensions=3)
-    registry = Registry(engine)
+    registry = Registry(Database(engine))
     assert registry.by_id(c.id) == registry.get(collection_name) == c
     assert registry.cached(collection_name) == c
     with pytest.raises(CollectionExistsError):

@@ -491,7 +491,7 @@ def test_the_recall_probe_can_read_a_standbys_copy_of_the_index(
         _wait(lambda: _rows_on(replica, c.table_name) == 1500, "the rows on the standby")
         primary_before, standby_before = _index_scans(engine, c.index_name), _index_scans(replica, c.index_name)
         worker = MaintenanceWorker(
-            engine,
+            Database(engine),
             settings=settings.model_copy(update={"read_database_urls": [standby.url]}),
             config=MaintenanceConfig(recall_on_replica=True, recall_sample=5),
             collections=[collection_name],

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 from psycopg import sql
 
-from memstore.db.core import raw_connection
 from memstore.errors import CollectionNotFoundError, DimensionMismatchError, InvalidInputError
 from memstore.models import ItemIn
 from memstore.search import statements
@@ -106,7 +105,7 @@ def test_bad_queries_are_refused(store: VectorStore, collection_name: str) -> No
 def test_search_skips_items_without_vectors(store: VectorStore, collection_name: str) -> None:
     c = store.create_collection(name=collection_name, dimensions=4)
     store.upsert_item(collection=collection_name, vector=[1, 0, 0, 0], external_id="ready")
-    with raw_connection(store.engine) as conn:
+    with store.db.write() as conn:
         conn.execute(
             sql.SQL("INSERT INTO {} (external_id, status, text) VALUES ('waiting', 'pending', 'hello')").format(c.table)
         )
@@ -148,7 +147,7 @@ def test_plans_use_the_hnsw_index_unless_exact(store: VectorStore, collection_na
         collection=collection_name,
         items=[ItemIn(vector=v, metadata={"g": i % 3}) for i, v in enumerate(rng.normal(size=(12_000, 8)))],
     )
-    with raw_connection(store.engine) as conn:
+    with store.db.write() as conn:
         conn.execute(sql.SQL("ANALYZE {}").format(c.table))
     for filtered in (False, True):
         for exact in (False, True):
@@ -160,7 +159,7 @@ def test_plans_use_the_hnsw_index_unless_exact(store: VectorStore, collection_na
             if matching:
                 params.update(matching.params)
             settings = statements.SearchSettings(ef_search=40, exact=exact, max_scan_tuples=20000)
-            with raw_connection(store.engine) as conn, conn.cursor() as cur:
+            with store.db.write() as conn, conn.cursor() as cur:
                 statements.apply(cur, settings)
                 cur.execute(sql.SQL("EXPLAIN ") + statement, params)
                 plan = "\n".join(r[0] for r in cur.fetchall())

@@ -17,7 +17,7 @@ import pytest
 import sqlalchemy as sa
 from psycopg import sql
 
-from memstore.db.core import raw_connection, search_connections
+from memstore.db.core import search_connections
 from memstore.models import ItemIn
 from memstore.search.request import check_query
 from memstore.search.runner import AsyncSearcher
@@ -37,7 +37,7 @@ def filled(store: VectorStore, collection_name: str) -> Iterator[np.ndarray]:
         collection=collection_name,
         items=[ItemIn(vector=v, external_id=str(i), metadata={"g": i % 3}) for i, v in enumerate(base)],
     )
-    with raw_connection(store.engine) as conn:
+    with store.db.write() as conn:
         conn.execute(sql.SQL("ANALYZE {}").format(c.table))
     yield base
     store.drop_collection(name=collection_name)

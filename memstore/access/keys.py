@@ -15,11 +15,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import sqlalchemy as sa
 from psycopg.types.json import Jsonb
 
 from memstore.catalog.collections import NAME_PATTERN
-from memstore.db.core import raw_connection
+from memstore.db.core import Database
 from memstore.errors import ConflictError, InvalidInputError, NotFoundError
 
 ROLES = ("read", "write", "admin")
@@ -91,7 +90,7 @@ def _row_to_key(row: tuple[Any, ...]) -> ApiKey:
 _COLUMNS = "id, name, prefix, scopes, created_at, last_used_at, revoked_at"
 
 
-def create_key(engine: sa.Engine, *, name: str, scopes: list[str]) -> tuple[ApiKey, str]:
+def create_key(db: Database, *, name: str, scopes: list[str]) -> tuple[ApiKey, str]:
     """A new key; the secret is returned here and never again."""
     if not name or len(name) > 100 or not name.isprintable():
         raise InvalidInputError("a key name is 1 to 100 printable characters")
@@ -99,7 +98,7 @@ def create_key(engine: sa.Engine, *, name: str, scopes: list[str]) -> tuple[ApiK
         raise InvalidInputError("give at least one scope, e.g. --scope admin or --scope read:photos")
     parsed = [parse_scope(s) for s in scopes]
     secret = KEY_PREFIX + secrets.token_urlsafe(24)
-    with raw_connection(engine) as conn:
+    with db.write() as conn:
         if conn.execute("SELECT 1 FROM memstore_api_keys WHERE name = %s AND revoked_at IS NULL", (name,)).fetchone():
             raise ConflictError(f"an active key named {name!r} exists; revoke it first or pick another name")
         row = conn.execute(
@@ -111,16 +110,16 @@ def create_key(engine: sa.Engine, *, name: str, scopes: list[str]) -> tuple[ApiK
     return _row_to_key(row), secret
 
 
-def list_keys(engine: sa.Engine, *, include_revoked: bool = False) -> list[ApiKey]:
+def list_keys(db: Database, *, include_revoked: bool = False) -> list[ApiKey]:
     where = "" if include_revoked else " WHERE revoked_at IS NULL"
-    with raw_connection(engine) as conn:
+    with db.write() as conn:
         rows = conn.execute(f"SELECT {_COLUMNS} FROM memstore_api_keys{where} ORDER BY id").fetchall()
     return [_row_to_key(r) for r in rows]
 
 
-def revoke_key(engine: sa.Engine, *, name_or_id: str) -> ApiKey:
+def revoke_key(db: Database, *, name_or_id: str) -> ApiKey:
     clause, value = ("id = %s", int(name_or_id)) if name_or_id.isdigit() else ("name = %s", name_or_id)
-    with raw_connection(engine) as conn:
+    with db.write() as conn:
         row = conn.execute(
             f"UPDATE memstore_api_keys SET revoked_at = now() WHERE {clause} AND revoked_at IS NULL "
             f"RETURNING {_COLUMNS}",
@@ -134,8 +133,8 @@ def revoke_key(engine: sa.Engine, *, name_or_id: str) -> ApiKey:
 class KeyVerifier:
     """Look keys up by hash, caching answers for ``ttl`` seconds (a revocation takes that long to bite)."""
 
-    def __init__(self, engine: sa.Engine, *, ttl: float = 5.0) -> None:
-        self.engine = engine
+    def __init__(self, db: Database, *, ttl: float = 5.0) -> None:
+        self.db = db
         self.ttl = ttl
         self._cache: dict[bytes, tuple[float, ApiKey | None]] = {}
         self._lock = threading.Lock()
@@ -156,7 +155,7 @@ class KeyVerifier:
             return key
         digest = hash_key(secret)
         now = time.monotonic()
-        with raw_connection(self.engine) as conn:
+        with self.db.write() as conn:
             row = conn.execute(
                 f"UPDATE memstore_api_keys SET last_used_at = now() WHERE key_hash = %s AND revoked_at IS NULL "
                 f"RETURNING {_COLUMNS}",

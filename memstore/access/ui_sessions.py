@@ -13,10 +13,8 @@ import hashlib
 import secrets
 from dataclasses import dataclass
 
-import sqlalchemy as sa
-
 from memstore.access.keys import ApiKey, parse_scope
-from memstore.db.core import raw_connection
+from memstore.db.core import Database
 
 TOKEN_BYTES = 32
 _CSRF_CONTEXT = b"memstore-ui-csrf:"
@@ -37,11 +35,11 @@ def csrf_token(token: str) -> str:
     return base64.urlsafe_b64encode(hashlib.sha256(_CSRF_CONTEXT + token.encode()).digest()).decode().rstrip("=")
 
 
-def create(engine: sa.Engine, *, key_id: int, hours: float) -> str:
+def create(db: Database, *, key_id: int, hours: float) -> str:
     """A new session for the key; returns its token (shown once, in the cookie). Expired sessions
     are swept here, so the table stays as small as the number of live sessions."""
     token = secrets.token_urlsafe(TOKEN_BYTES)
-    with raw_connection(engine) as conn:
+    with db.write() as conn:
         conn.execute("DELETE FROM memstore_ui_sessions WHERE expires_at < now()")
         conn.execute(
             "INSERT INTO memstore_ui_sessions (token_hash, key_id, expires_at) "
@@ -51,11 +49,11 @@ def create(engine: sa.Engine, *, key_id: int, hours: float) -> str:
     return token
 
 
-def find(engine: sa.Engine, token: str) -> Session | None:
+def find(db: Database, token: str) -> Session | None:
     """The live session of ``token`` with its key, or None (unknown, expired, or its key revoked)."""
     if not token or len(token) > 200:
         return None
-    with raw_connection(engine) as conn:
+    with db.write() as conn:
         row = conn.execute(
             """
             SELECT s.id, k.id, k.name, k.prefix, k.scopes, k.created_at, k.last_used_at
@@ -71,7 +69,7 @@ def find(engine: sa.Engine, token: str) -> Session | None:
     return Session(int(sid), key)
 
 
-def end(engine: sa.Engine, token: str) -> None:
+def end(db: Database, token: str) -> None:
     """Sign out: the session is deleted (its cookie is worth nothing afterwards)."""
-    with raw_connection(engine) as conn:
+    with db.write() as conn:
         conn.execute("DELETE FROM memstore_ui_sessions WHERE token_hash = %s", (_digest(token),))

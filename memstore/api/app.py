@@ -76,15 +76,14 @@ def build_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         database = await run_in_threadpool(get_database, settings)
-        engine = database.engine
         rt = Runtime(
             settings=settings,
             api=api,
             ingest=ingest,
-            engine=engine,
+            db=database,
             store=VectorStore(database, settings=settings),
-            verifier=KeyVerifier(engine, ttl=api.key_cache_s),
-            sampler=QuerySampler(engine, api.query_sample_rate),
+            verifier=KeyVerifier(database, ttl=api.key_cache_s),
+            sampler=QuerySampler(database, api.query_sample_rate),
         )
         loop = asyncio.get_running_loop()
         rt.searcher = AsyncSearcher(
@@ -288,7 +287,7 @@ class QueueFigures:
             if time.monotonic() - self.read_at < self.ttl_s:
                 return  # read meanwhile, by the scrape this one waited for
             try:
-                self.depth = await rt.off_loop(jobs.queue_depth, rt.engine)
+                self.depth = await rt.off_loop(jobs.queue_depth, rt.db)
             except Exception:
                 self.depth = None
             self.readings += 1
@@ -403,9 +402,9 @@ def _health(rt: Runtime, detailed: bool) -> dict[str, Any]:
     body: dict[str, Any] = {"status": "ok", "reasons": reasons, "auth": rt.api.auth}
     unavailable = degraded = False
     try:
-        body["database"] = migrate.database_facts(rt.engine)
+        body["database"] = migrate.database_facts(rt.db)
         if detailed:
-            body["queue"] = jobs.queue_depth(rt.engine)
+            body["queue"] = jobs.queue_depth(rt.db)
     except Exception as exc:
         unavailable = True
         body["database"] = {"error": str(exc)}

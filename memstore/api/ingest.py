@@ -108,7 +108,7 @@ async def store_json_items(rt: Runtime, c: Collection, items: Sequence[ItemBody]
 
 
 async def enqueue(rt: Runtime, c: Collection, pending: list[PendingItem], *, wait: bool) -> list[ItemAck]:
-    done = await run_in_threadpool(lambda: jobs.enqueue(rt.engine, c, [with_facts(p) for p in pending]))
+    done = await run_in_threadpool(lambda: jobs.enqueue(rt.db, c, [with_facts(p) for p in pending]))
     acks = [ItemAck(id=d.id, external_id=d.external_id, status=d.status, change=d.change) for d in done]
     waiting = sorted({a.id for a in acks if a.status == "pending"})
     if wait and waiting:
@@ -138,7 +138,7 @@ def settle(rt: Runtime, c: Collection, item_ids: list[int]) -> dict[int, tuple[s
         # all are claimed, so the item is found by whichever space searches use when this answers.
         # It is ours when its own row is: that row's outcome is the item's status.
         held = claims.claim(
-            rt.engine, claimer, limit=len(item_ids) * len(c.all_spaces()), collection_id=c.id, item_ids=item_ids
+            rt.db, claimer, limit=len(item_ids) * len(c.all_spaces()), collection_id=c.id, item_ids=item_ids
         )
         ours = {cl.item_id for cl in held if cl.space_id == 0}
         if held:
@@ -147,13 +147,13 @@ def settle(rt: Runtime, c: Collection, item_ids: list[int]) -> dict[int, tuple[s
             except Exception as exc:  # the items are stored: a worker will take them over
                 log.warning("?wait=true: encoding failed (%s); leaving the items to the workers", exc)
                 try:
-                    claims.release(rt.engine, held, delay_s=0)
+                    claims.release(rt.db, held, delay_s=0)
                 except Exception:
                     claimer.connect()  # a new identity: the old claims become claimable at once
     others = [i for i in item_ids if i not in ours]
-    state = jobs.statuses(rt.engine, c, [i for i in item_ids if i in ours])
+    state = jobs.statuses(rt.db, c, [i for i in item_ids if i in ours])
     if others:
-        state |= jobs.wait_until_settled(rt.engine, c, others, timeout=rt.ingest.wait_timeout_s)
+        state |= jobs.wait_until_settled(rt.db, c, others, timeout=rt.ingest.wait_timeout_s)
     return state
 
 

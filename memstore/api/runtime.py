@@ -17,10 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import sqlalchemy as sa
-
 from encoder.types import EmbeddingBackend
 from memstore.access.keys import KeyVerifier
+from memstore.db.core import Database
 from memstore.db.search_pool import CANCEL, Cancel
 from memstore.queue.claims import Claimer
 from memstore.search.runner import AsyncSearcher
@@ -57,7 +56,7 @@ class Runtime:
     settings: Settings
     api: ApiSettings
     ingest: IngestSettings
-    engine: sa.Engine
+    db: Database
     store: VectorStore
     verifier: KeyVerifier
     sampler: QuerySampler
@@ -80,14 +79,14 @@ class Runtime:
         self.encoder = EncoderHost(self.stop_event)
         # Background work yields to the searches this process answers (their latency, self.latency).
         self.foreground = ForegroundController.from_settings(self.settings, self.latency.since)
-        self.workers = InProcessWorkers(self.engine, self.ingest, self.stop_event, pace=self.foreground)
+        self.workers = InProcessWorkers(self.db, self.ingest, self.stop_event, pace=self.foreground)
         self.store.sealer.pace = self.foreground  # seals and merges of segmented collections yield too
 
     def claimer(self) -> Claimer:
         """The identity under which ``?wait=true`` requests claim their own items."""
         with self._claimer_lock:
             if self._claimer is None:
-                self._claimer = Claimer(self.engine)
+                self._claimer = Claimer(self.db)
             else:
                 self._claimer.ensure()
             return self._claimer
@@ -102,7 +101,7 @@ class Runtime:
             self.workers.start(backend)
 
         self.encoder.start(options.encoder_choice(), on_ready)
-        context = ServiceContext(self.engine, self.settings, self.latency.p99_ms, self.stop_event)
+        context = ServiceContext(self.db, self.settings, self.latency.p99_ms, self.stop_event)
         for service in options.services:
             thread, note = service.start(context)
             self.notes[service.name] = note
@@ -128,7 +127,7 @@ class Runtime:
         """The ``?wait=true`` path's processor (kept: it caches collection rows)."""
         backend = self.encoder.require("wait=true needs the encoder")
         if self._processor is None or self._processor.backend is not backend:
-            self._processor = Processor(self.engine, backend, self.ingest, registry=self.store.registry)
+            self._processor = Processor(self.db, backend, self.ingest, registry=self.store.registry)
         return self._processor
 
     def threads(self) -> list[threading.Thread]:

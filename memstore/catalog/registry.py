@@ -6,7 +6,7 @@ a drop) therefore reaches every process within ``CACHE_SECONDS``, which is what 
 grace period waits for (``memstore.compact.switch.DEFAULT_GRACE_S``).
 
 ``read_collection`` and ``read_collections`` read on a connection the caller holds (inside its
-transaction, or a maintenance session); ``Registry`` reads through the engine and caches.
+transaction, or a maintenance session); ``Registry`` reads through the ``Database`` (on the primary) and caches.
 """
 
 from __future__ import annotations
@@ -17,13 +17,12 @@ from dataclasses import replace
 from typing import Any
 
 import psycopg
-import sqlalchemy as sa
 from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from memstore.catalog.collections import Collection, validate_name
-from memstore.db.core import raw_connection
+from memstore.db.core import Database
 from memstore.errors import CollectionExistsError, CollectionNotFoundError
 
 # How long a process trusts its cached copy of a collection's registry row.
@@ -157,10 +156,10 @@ def clear_option(conn: psycopg.Connection[Any], c: Collection, key: str) -> Coll
 
 
 class Registry:
-    """Registry rows by name or id through ``engine``, cached for ``ttl`` seconds."""
+    """Registry rows by name or id through ``db``, cached for ``ttl`` seconds."""
 
-    def __init__(self, engine: sa.Engine, *, ttl: float = CACHE_SECONDS) -> None:
-        self.engine = engine
+    def __init__(self, db: Database, *, ttl: float = CACHE_SECONDS) -> None:
+        self.db = db
         self.ttl = ttl
         self._by_name: dict[str, tuple[float, Collection]] = {}
         self._lock = threading.Lock()
@@ -188,7 +187,7 @@ class Registry:
             return None
 
     def all(self) -> list[Collection]:
-        with raw_connection(self.engine) as conn:
+        with self.db.read_primary() as conn:
             every = read_collections(conn)
         now = time.monotonic()
         for c in every:
@@ -208,7 +207,7 @@ class Registry:
 
     def _read(self, *, name: str | None = None, id: int | None = None) -> Collection:
         now = time.monotonic()  # before the read: a row is never trusted past ttl from when it was read
-        with raw_connection(self.engine) as conn:
+        with self.db.read_primary() as conn:
             c = read_collection(conn, name=name, id=id)
         self._keep(now, c)
         return c

@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import click
-import sqlalchemy as sa
 
 from encoder.cli_support import emit, json_option
 
 if TYPE_CHECKING:
     from memstore.access.keys import ApiKey
+    from memstore.db.core import Database
 
 
 @click.group("keys", short_help="API keys and their scopes")
@@ -32,7 +32,7 @@ def create(name: str, scopes: tuple[str, ...], as_json: bool) -> int:
     """
     from memstore.access.keys import create_key
 
-    key, secret = create_key(_engine(), name=name, scopes=list(scopes))
+    key, secret = create_key(_db(), name=name, scopes=list(scopes))
     emit(as_json, {**key.as_dict(), "key": secret}, lambda: _created(key, secret))
     return 0
 
@@ -44,7 +44,7 @@ def list_command(include_revoked: bool, as_json: bool) -> int:
     """List keys (never their secrets)."""
     from memstore.access.keys import list_keys
 
-    found = list_keys(_engine(), include_revoked=include_revoked)
+    found = list_keys(_db(), include_revoked=include_revoked)
     emit(as_json, [k.as_dict() for k in found], lambda: _table(found))
     return 0
 
@@ -56,15 +56,15 @@ def revoke(key: str, as_json: bool) -> int:
     """Revoke a key by its name or id."""
     from memstore.access.keys import revoke_key
 
-    revoked = revoke_key(_engine(), name_or_id=key)
+    revoked = revoke_key(_db(), name_or_id=key)
     emit(as_json, revoked.as_dict(), lambda: f"revoked key {revoked.name!r} (id {revoked.id})")
     return 0
 
 
-def _engine() -> sa.Engine:
-    from memstore.db.core import get_engine
+def _db() -> Database:
+    from memstore.db.core import get_database
 
-    return get_engine()
+    return get_database(replicas=False)
 
 
 def _created(key: ApiKey, secret: str) -> str:

@@ -30,7 +30,11 @@ class MaintenanceService:
         except ImportError as exc:
             log.warning("--maintenance: maintenance.worker is not installed here (%s); running without it", exc)
             return None, f"unavailable: {exc}"
-        worker = MaintenanceWorker(context.engine, settings=context.settings, latency_source=context.latency_p99_ms)
+        from memstore.db.core import get_database
+
+        # The primary alone (its pool is the API's): maintenance acts on the primary and measures there.
+        db = get_database(context.settings, replicas=False)
+        worker = MaintenanceWorker(db, settings=context.settings, latency_source=context.latency_p99_ms)
         t = threading.Thread(target=worker.run_forever, args=(context.stop_event,), name="maintenance", daemon=True)
         t.start()
         return t, "running"

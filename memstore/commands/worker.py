@@ -32,7 +32,7 @@ def command(
     """Claim pending items from the durable queue, embed them and write the vectors. Any number of
     these may run against one database. SIGTERM finishes the batch in hand, then exits."""
     from memstore.db import migrate
-    from memstore.db.core import get_engine, resolve_database_url
+    from memstore.db.core import get_database, resolve_database_url
     from memstore.queue import claims
     from memstore.services.encoder_host import EncoderChoice, open_backend
     from memstore.settings import get_ingest_settings
@@ -44,9 +44,9 @@ def command(
     settings = get_ingest_settings()
     if batch_size:
         settings = settings.model_copy(update={"batch_size": batch_size})
-    engine = get_engine()
+    db = get_database(replicas=False)  # workers write: the primary alone, no replica pools or probes
     started = time.monotonic()
-    if once and claims.next_due_in(engine) != 0:
+    if once and claims.next_due_in(db) != 0:
         # Nothing is due: no model to load (seconds to minutes) for a run that would claim nothing.
         if not as_json:
             click.echo("memstore worker: nothing is due in the queue; the model was not loaded", err=True)
@@ -60,7 +60,7 @@ def command(
         return EXIT_USAGE
     stop = threading.Event()
     workers = [
-        IngestWorker(engine, backend, settings=settings, stop_event=stop, name=f"worker-{i}")
+        IngestWorker(db, backend, settings=settings, stop_event=stop, name=f"worker-{i}")
         for i in range(max(1, threads))
     ]
     codes = [0] * len(workers)

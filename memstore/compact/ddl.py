@@ -16,7 +16,6 @@ from functools import partial
 from typing import Any
 
 import psycopg
-import sqlalchemy as sa
 from pgvector import Vector
 from psycopg import sql
 
@@ -24,7 +23,7 @@ from memstore.catalog import index_spec as specs
 from memstore.catalog.collections import Collection
 from memstore.compact.projection import Projection
 from memstore.db import locks, online_ddl
-from memstore.db.core import dedicated_connection
+from memstore.db.core import Database
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +35,8 @@ class CompactBusyError(RuntimeError):
 
 
 @contextlib.contextmanager
-def connect(engine: sa.Engine) -> Iterator[psycopg.Connection[Any]]:
-    with dedicated_connection(engine, application_name="memstore-compact") as conn:
+def connect(db: Database) -> Iterator[psycopg.Connection[Any]]:
+    with db.dedicated(application_name="memstore-compact") as conn:
         online_ddl.set_lock_timeout(conn)
         yield conn
 

@@ -19,7 +19,6 @@ from dataclasses import replace
 from typing import Any
 
 import psycopg
-import sqlalchemy as sa
 
 from memstore.catalog import index_spec as specs
 from memstore.catalog.collections import Collection
@@ -27,6 +26,7 @@ from memstore.catalog.registry import CACHE_SECONDS, read_collection, set_option
 from memstore.compact import ddl
 from memstore.compact import projection as proj
 from memstore.db import online_ddl
+from memstore.db.core import Database
 from memstore.errors import InvalidInputError
 
 log = logging.getLogger(__name__)
@@ -124,7 +124,7 @@ def _retire_old(conn: psycopg.Connection[Any], c: Collection, old: specs.IndexSp
 
 
 def set_representation(
-    engine: sa.Engine,
+    db: Database,
     *,
     collection: str,
     representation: str,
@@ -139,7 +139,7 @@ def set_representation(
     Returns the spec now in force. A low-rank switch on a collection with too few vectors to fit on is
     recorded as pending (the full index keeps serving) and made by ``maintain_compact_index`` later.
     """
-    with ddl.connect(engine) as conn:
+    with ddl.connect(db) as conn:
         c = read_collection(conn, name=collection)
         specs.validate_choice(
             representation=representation, dimensions=c.dimensions, rank=rank, pool_factor=pool_factor

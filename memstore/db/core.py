@@ -1,5 +1,10 @@
 """The database layer: the only module that renders the URL or opens connections.
 
+Everything outside ``memstore.db`` holds one handle on the database, a ``Database`` (below), and asks
+it for what it needs: ``write()``, ``read()``, ``dedicated(...)``, ``run_search``, ``run_read``. The
+engine and the functions that take one are this package's own (and ``get_engine``, for users' scripts
+that hand ``VectorStore`` an engine: it wraps it).
+
 - ``get_engine``: the process's pooled engine (SQLAlchemy's pool; pgvector's types registered on every
   new connection, dead connections dropped at checkout without a round trip);
 - ``raw_connection``: a pooled psycopg connection for one transaction;
@@ -350,6 +355,11 @@ class Replica:
     reads: int = 0  # reads it served (counted when its connection was handed out)
     conflicts: int = 0  # reads it cancelled for a recovery conflict (each run again on the primary)
 
+    def dedicated(self, *, application_name: str, autocommit: bool = True) -> psycopg.Connection[Any]:
+        """A new connection to this standby, outside its pool; the caller closes it (the maintenance
+        worker's recall measured on a replica)."""
+        return dedicated_connection(self.engine, application_name=application_name, autocommit=autocommit)
+
 
 _LSN = re.compile(r"^([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})$")
 
@@ -413,6 +423,14 @@ class Database:
     @contextmanager
     def write(self) -> Iterator[psycopg.Connection[Any]]:
         """A pooled connection to the primary for one transaction (committed on success)."""
+        with raw_connection(self.engine) as conn:
+            yield conn
+
+    @contextmanager
+    def read_primary(self) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection to the primary for a read that must see every committed write, never a
+        replica's: the registry's catalog rows (a collection made a moment ago). Not a write: it is
+        neither routed nor counted as one."""
         with raw_connection(self.engine) as conn:
             yield conn
 
@@ -681,6 +699,8 @@ class Database:
     def dedicated(
         self, *, application_name: str, autocommit: bool = True, vector_types: bool = True
     ) -> psycopg.Connection[Any]:
+        """A new connection to the primary, outside the pool (``dedicated_connection``); the caller
+        closes it."""
         return dedicated_connection(
             self.engine, application_name=application_name, autocommit=autocommit, vector_types=vector_types
         )
@@ -712,22 +732,25 @@ _REPLICA_STATE_SQL = (
 )
 
 
-def get_database(settings: Settings | None = None) -> Database:
+def get_database(settings: Settings | None = None, *, replicas: bool = True) -> Database:
     """The process's database: the primary's engine and, with ``MEMSTORE_READ_DATABASE_URLS``, its
-    replicas (created once per process)."""
+    replicas (created once per process). ``replicas=False``: the primary alone, whatever the settings
+    name (what writes alone, or must read the primary: the ingest worker, the maintenance worker, the
+    key commands), with no replica pools or probes; it shares the primary's pool all the same."""
     settings = settings or get_settings()
     engine = get_engine(settings)
-    key = (str(engine.url), tuple(settings.read_database_urls))
+    read_urls = tuple(settings.read_database_urls) if replicas else ()
+    key = (str(engine.url), read_urls)
     with _lock:
         found = _databases.get(key)
         if found is None:
-            replicas = [
+            standbys = [
                 create_engine(url, pool_size=settings.pool_size, max_overflow=settings.pool_max_overflow)
-                for url in settings.read_database_urls
+                for url in read_urls
             ]
             found = _databases[key] = Database(
                 engine,
-                replicas,
+                standbys,
                 max_lag_s=settings.max_replica_lag_s,
                 wait_s=settings.replica_wait_s,
                 search_timeout_ms=settings.search_timeout_ms,
@@ -736,4 +759,7 @@ def get_database(settings: Settings | None = None) -> Database:
 
 
 def as_database(target: sa.Engine | Database) -> Database:
+    """``target`` as a ``Database``: an engine (from a user's script: ``VectorStore(get_engine())``)
+    is wrapped, the primary alone. Only the public entry points that still accept an engine call this;
+    everything else takes a ``Database``."""
     return target if isinstance(target, Database) else Database(target)

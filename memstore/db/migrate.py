@@ -6,11 +6,10 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 
-from memstore.db.core import raw_connection
+from memstore.db.core import Database
 
 # The top-level migrations/ folder, installed as the package memstore_migrations (pyproject.toml).
 MIGRATIONS_DIR = Path(str(files("memstore_migrations")))
@@ -45,9 +44,9 @@ def current_revision(url: str) -> str | None:
         engine.dispose()
 
 
-def database_facts(engine: sa.Engine) -> dict[str, Any]:
+def database_facts(db: Database) -> dict[str, Any]:
     """The server's version, pgvector's and the schema revision (what /health shows to a key)."""
-    with raw_connection(engine) as conn:
+    with db.write() as conn:
         row = conn.execute(
             "SELECT current_setting('server_version'), "
             "(SELECT extversion FROM pg_extension WHERE extname = 'vector'), "

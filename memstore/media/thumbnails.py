@@ -20,14 +20,13 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-import sqlalchemy as sa
 from PIL import Image
 from psycopg import sql
 
 from encoder.images import ImageOptions, decode_image
 from encoder.settings import stored_options
 from memstore.catalog.collections import Collection
-from memstore.db.core import raw_connection
+from memstore.db.core import Database
 
 log = logging.getLogger(__name__)
 
@@ -114,11 +113,11 @@ class Preview:
         return self.has_thumbnail or (self.is_image and self.status == "ready")
 
 
-def previews(engine: sa.Engine, collection: Collection, item_ids: list[int]) -> dict[int, Preview]:
+def previews(db: Database, collection: Collection, item_ids: list[int]) -> dict[int, Preview]:
     """Previews of many items in one query (search results carry no content facts)."""
     if not item_ids:
         return {}
-    with raw_connection(engine) as conn:
+    with db.write() as conn:
         rows = conn.execute(
             sql.SQL(
                 "SELECT id, coalesce(content_type LIKE 'image/%%', false), thumbnail IS NOT NULL, left(text, %s), "
@@ -129,10 +128,10 @@ def previews(engine: sa.Engine, collection: Collection, item_ids: list[int]) -> 
     return {int(r[0]): Preview(int(r[0]), bool(r[1]), bool(r[2]), r[3], str(r[4])) for r in rows}
 
 
-def read(engine: sa.Engine, collection: Collection, item_id: int) -> bytes | None:
+def read(db: Database, collection: Collection, item_id: int) -> bytes | None:
     """The item's thumbnail; made and stored now when a ready image item has none. None when the
     item is not an image, is not ready, or cannot be decoded."""
-    with raw_connection(engine) as conn:
+    with db.write() as conn:
         row = conn.execute(
             sql.SQL(
                 "SELECT thumbnail, status = 'ready' AND content IS NOT NULL AND content_type LIKE 'image/%%', "
@@ -145,7 +144,7 @@ def read(engine: sa.Engine, collection: Collection, item_id: int) -> bytes | Non
     stored, fillable, updated_at = row
     if stored is not None:
         return bytes(stored)
-    return _fill(engine, collection, item_id, updated_at) if fillable else None
+    return _fill(db, collection, item_id, updated_at) if fillable else None
 
 
 # Originals this process could not make a thumbnail of, by (table, item, content version): each is
@@ -168,11 +167,11 @@ def _remember_failure(key: tuple[str, int, Any]) -> None:
             _FAILED.popitem(last=False)
 
 
-def _fill(engine: sa.Engine, collection: Collection, item_id: int, updated_at: Any) -> bytes | None:
+def _fill(db: Database, collection: Collection, item_id: int, updated_at: Any) -> bytes | None:
     key = (collection.table_name, item_id, updated_at)
     if _failed_before(key):
         return None
-    with raw_connection(engine) as conn:
+    with db.write() as conn:
         found = conn.execute(
             sql.SQL("SELECT content FROM {} WHERE id = %s").format(collection.table),
             (item_id,),
@@ -182,7 +181,7 @@ def _fill(engine: sa.Engine, collection: Collection, item_id: int, updated_at: A
     if made is None:
         _remember_failure(key)
         return None
-    with raw_connection(engine) as conn:
+    with db.write() as conn:
         # Only over the content it was made from: content re-sent meanwhile changed updated_at.
         conn.execute(
             sql.SQL("UPDATE {} SET thumbnail = %s WHERE id = %s AND updated_at = %s AND thumbnail IS NULL").format(

@@ -15,11 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-import sqlalchemy as sa
 from psycopg import sql
 
 from memstore.catalog.collections import Collection, Space
-from memstore.db.core import dedicated_connection, raw_connection
+from memstore.db.core import Database
 from memstore.queue.jobs import CHANNEL
 from memstore.settings import IngestSettings
 
@@ -40,15 +39,15 @@ class Claim:
 class Claimer:
     """A worker identity: a connection holding the advisory lock on its number, also used to LISTEN."""
 
-    def __init__(self, engine: sa.Engine) -> None:
-        self.engine = engine
+    def __init__(self, db: Database) -> None:
+        self.db = db
         self.conn: psycopg.Connection[Any] | None = None
         self.number = 0
         self.connect()
 
     def connect(self) -> None:
         self.close()
-        conn = dedicated_connection(self.engine, application_name="memstore-ingest", vector_types=False)
+        conn = self.db.dedicated(application_name="memstore-ingest", vector_types=False)
         while True:
             number = secrets.randbelow(2**31 - 2) + 1
             row = conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (LOCK_NAMESPACE, number)).fetchone()
@@ -102,7 +101,7 @@ RETURNING q.id, q.collection_id, q.item_id, q.attempts, q.space_id
 
 
 def claim(
-    engine: sa.Engine,
+    db: Database,
     claimer: Claimer,
     *,
     limit: int,
@@ -123,13 +122,13 @@ def claim(
     if space_id is not None:
         scope += " AND space_id = %(space)s"
         params["space"] = space_id
-    with raw_connection(engine) as conn:
+    with db.write() as conn:
         rows = conn.execute(_CLAIM.format(scope=scope), params).fetchall()
     return [Claim(int(r[0]), int(r[1]), int(r[2]), int(r[3]), claimer.number, int(r[4])) for r in rows]
 
 
 def complete(
-    engine: sa.Engine,
+    db: Database,
     collection: Collection,
     claims: Sequence[Claim],
     vectors: dict[int, Any],
@@ -140,11 +139,11 @@ def complete(
     write = sql.SQL(
         "UPDATE {} SET embedding = %s, thumbnail = %s, status = 'ready', error = NULL, updated_at = now() WHERE id = %s"
     ).format(collection.table)
-    return _settle_held(engine, collection, claims, write, lambda i: (vectors[i], (thumbnails or {}).get(i), i))
+    return _settle_held(db, collection, claims, write, lambda i: (vectors[i], (thumbnails or {}).get(i), i))
 
 
 def complete_space(
-    engine: sa.Engine, collection: Collection, space: Space, claims: Sequence[Claim], vectors: dict[int, Any]
+    db: Database, collection: Collection, space: Space, claims: Sequence[Claim], vectors: dict[int, Any]
 ) -> list[int]:
     """Write the vectors of still-held claims into a side space's table and drop their queue rows;
     returns the item ids written. An item whose original changed meanwhile had its claim reset by
@@ -156,11 +155,11 @@ def complete_space(
         "WHERE EXISTS (SELECT 1 FROM {t} WHERE id = %(id)s) "
         "ON CONFLICT (id) DO UPDATE SET embedding = EXCLUDED.embedding"
     ).format(side=sql.Identifier(space.table_name), t=collection.table)
-    return _settle_held(engine, collection, claims, write, lambda i: {"id": i, "v": vectors[i]})
+    return _settle_held(db, collection, claims, write, lambda i: {"id": i, "v": vectors[i]})
 
 
 def _settle_held(
-    engine: sa.Engine,
+    db: Database,
     collection: Collection,
     claims: Sequence[Claim],
     write: sql.Composed,
@@ -175,7 +174,7 @@ def _settle_held(
     if not claims:
         return []
     by_queue = {c.queue_id: c for c in claims}
-    with raw_connection(engine) as conn:
+    with db.write() as conn:
         lock_items(conn, collection, [c.item_id for c in claims])
         held = conn.execute(
             "DELETE FROM memstore_ingest_queue WHERE id = ANY(%s) AND claimed_by = %s RETURNING id",
@@ -204,7 +203,7 @@ def backoff_seconds(attempts: int, settings: IngestSettings) -> float:
 
 
 def fail(
-    engine: sa.Engine,
+    db: Database,
     claims: Sequence[Claim],
     error: str,
     *,
@@ -215,7 +214,7 @@ def fail(
     """Record a failed attempt: retry later with back-off, or mark the item failed; returns failed item ids."""
     failed: list[int] = []
     error = error[:2000]
-    with raw_connection(engine) as conn:
+    with db.write() as conn:
         # Item rows first, in id order, as every writer takes them (then the queue rows, below).
         for cid in sorted({c.collection_id for c in claims}):
             known = (collections or {}).get(cid)
@@ -247,11 +246,11 @@ def fail(
     return failed
 
 
-def release(engine: sa.Engine, claims: Sequence[Claim], *, delay_s: float) -> None:
+def release(db: Database, claims: Sequence[Claim], *, delay_s: float) -> None:
     """Give claims back without counting the attempt (the encoder was busy, not the item at fault)."""
     if not claims:
         return
-    with raw_connection(engine) as conn:
+    with db.write() as conn:
         conn.execute(
             """
             UPDATE memstore_ingest_queue
@@ -263,19 +262,19 @@ def release(engine: sa.Engine, claims: Sequence[Claim], *, delay_s: float) -> No
         )
 
 
-def drop(engine: sa.Engine, claims: Sequence[Claim]) -> None:
+def drop(db: Database, claims: Sequence[Claim]) -> None:
     """Forget claims whose item no longer exists (deleted while it waited)."""
     if claims:
-        with raw_connection(engine) as conn:
+        with db.write() as conn:
             conn.execute(
                 "DELETE FROM memstore_ingest_queue WHERE id = ANY(%s) AND claimed_by = %s",
                 ([c.queue_id for c in claims], claims[0].claimer),
             )
 
 
-def next_due_in(engine: sa.Engine) -> float | None:
+def next_due_in(db: Database) -> float | None:
     """Seconds until the earliest pending row becomes due (0 if one is due now); None if none waits."""
-    with raw_connection(engine) as conn:
+    with db.write() as conn:
         # No greatest(0, ...) here: PostgreSQL's greatest ignores NULL, so an empty queue would read
         # as "a row is due now" and an idle worker would poll without pause.
         row = conn.execute(

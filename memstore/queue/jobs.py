@@ -16,13 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-import sqlalchemy as sa
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from memstore.catalog.collections import Collection
 from memstore.db import retrying
-from memstore.db.core import raw_connection
+from memstore.db.core import Database
 from memstore.errors import CollectionNotFoundError, InvalidInputError
 from memstore.inputs import check_external_id, check_metadata
 
@@ -75,7 +74,7 @@ DEADLOCK_RETRIES = 3
 
 
 def enqueue(
-    engine: sa.Engine, collection: Collection, items: Sequence[PendingItem], *, priority: int = PRIORITY_DEFAULT
+    db: Database, collection: Collection, items: Sequence[PendingItem], *, priority: int = PRIORITY_DEFAULT
 ) -> list[Enqueued]:
     """Store ``items`` as pending and queue them for encoding; results in input order (last duplicate wins)."""
     for item in items:
@@ -86,7 +85,7 @@ def enqueue(
         # batches naming the same new external ids in different orders. The transaction was rolled
         # back whole; running it again is safe.
         for attempt in retrying.deadlocks(attempts=DEADLOCK_RETRIES + 1):
-            with attempt, raw_connection(engine) as conn:
+            with attempt, db.write() as conn:
                 done = _enqueue(conn, collection, latest, priority)
     except psycopg.errors.UndefinedTable:
         raise CollectionNotFoundError(collection.name) from None
@@ -215,17 +214,15 @@ def unqueue(
         )
 
 
-def queue_depth(engine: sa.Engine) -> dict[str, int]:
-    with raw_connection(engine) as conn:
+def queue_depth(db: Database) -> dict[str, int]:
+    with db.write() as conn:
         rows = conn.execute("SELECT status, count(*) FROM memstore_ingest_queue GROUP BY status").fetchall()
     return {"pending": 0, "failed": 0} | {str(s): int(n) for s, n in rows}
 
 
-def attempts_of(
-    engine: sa.Engine, collection: Collection, item_ids: Sequence[int]
-) -> dict[int, tuple[int, str | None]]:
+def attempts_of(db: Database, collection: Collection, item_ids: Sequence[int]) -> dict[int, tuple[int, str | None]]:
     """Queue facts (attempts, last error) of items that still have a queue row."""
-    with raw_connection(engine) as conn:
+    with db.write() as conn:
         rows = conn.execute(
             "SELECT item_id, attempts, last_error FROM memstore_ingest_queue "
             "WHERE collection_id = %s AND item_id = ANY(%s) AND space_id = 0",
@@ -234,8 +231,8 @@ def attempts_of(
     return {int(r[0]): (int(r[1]), r[2]) for r in rows}
 
 
-def statuses(engine: sa.Engine, collection: Collection, item_ids: Sequence[int]) -> dict[int, tuple[str, str | None]]:
-    with raw_connection(engine) as conn:
+def statuses(db: Database, collection: Collection, item_ids: Sequence[int]) -> dict[int, tuple[str, str | None]]:
+    with db.write() as conn:
         rows = conn.execute(
             sql.SQL("SELECT id, status, error FROM {} WHERE id = ANY(%s)").format(collection.table), (list(item_ids),)
         ).fetchall()
@@ -243,13 +240,13 @@ def statuses(engine: sa.Engine, collection: Collection, item_ids: Sequence[int])
 
 
 def wait_until_settled(
-    engine: sa.Engine, collection: Collection, item_ids: Sequence[int], *, timeout: float
+    db: Database, collection: Collection, item_ids: Sequence[int], *, timeout: float
 ) -> dict[int, tuple[str, str | None]]:
     """Poll until none of ``item_ids`` is pending (or ``timeout``); returns their (status, error)."""
     deadline = time.monotonic() + timeout
     delay = 0.02
     while True:
-        state = statuses(engine, collection, item_ids)
+        state = statuses(db, collection, item_ids)
         if all(s != "pending" for s, _ in state.values()) or time.monotonic() >= deadline:
             return state
         time.sleep(min(delay, max(0.0, deadline - time.monotonic())))

@@ -10,9 +10,8 @@ import threading
 
 import numpy as np
 import numpy.typing as npt
-import sqlalchemy as sa
 
-from memstore.db.core import raw_connection
+from memstore.db.core import Database
 from memstore.search import query_samples
 
 log = logging.getLogger(__name__)
@@ -21,8 +20,8 @@ log = logging.getLogger(__name__)
 class QuerySampler:
     """Keeps a random share of query vectors in ``memstore_query_samples``, written off the request path."""
 
-    def __init__(self, engine: sa.Engine, rate: float, *, capacity: int = 1000, keep: int = 1000) -> None:
-        self.engine = engine
+    def __init__(self, db: Database, rate: float, *, capacity: int = 1000, keep: int = 1000) -> None:
+        self.db = db
         self.rate = rate
         self.keep = keep  # samples kept per collection (the probes draw from them at random)
         self._queue: stdqueue.Queue[tuple[int, np.ndarray] | None] = stdqueue.Queue(capacity)
@@ -56,7 +55,7 @@ class QuerySampler:
                     break
                 batch.append(nxt)
             try:
-                with raw_connection(self.engine) as conn:
+                with self.db.write() as conn:
                     query_samples.keep(conn, batch, per_collection=self.keep)
             except Exception as exc:
                 log.warning("query sampler: %s", exc)

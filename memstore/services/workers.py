@@ -8,9 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import sqlalchemy as sa
-
 from encoder.types import EmbeddingBackend
+from memstore.db.core import Database
 from memstore.settings import IngestSettings, Settings
 from memstore.workers.ingest import IngestWorker
 from memstore.workers.pacing import FULL_SPEED, Pace
@@ -21,7 +20,7 @@ class ServiceContext:
     """What a background service may use: the database, the settings, the foreground latency (to
     back off while searches are slow) and the process's stop signal."""
 
-    engine: sa.Engine
+    db: Database
     settings: Settings
     latency_p99_ms: Callable[[], float | None]
     stop_event: threading.Event
@@ -40,7 +39,7 @@ class InProcessWorkers:
     """Ingest worker threads sharing the process's encoder: ``configured`` are asked for, and they
     start once the encoder is ready (``threads``)."""
 
-    engine: sa.Engine
+    db: Database
     settings: IngestSettings
     stop_event: threading.Event
     configured: int = 0
@@ -55,7 +54,7 @@ class InProcessWorkers:
             raise ValueError("in-process ingest workers need an encoder; drop --no-encoder or use --no-worker")
         for i in range(count):
             worker = IngestWorker(
-                self.engine,
+                self.db,
                 backend,
                 settings=self.settings,
                 stop_event=self.stop_event,

@@ -17,7 +17,7 @@ from memstore.store.search import SearchPart
 
 
 class VectorStore(SearchPart):
-    """Collections and their items in one PostgreSQL database, reached through ``engine``."""
+    """Collections and their items in one PostgreSQL database, reached through ``db`` (a ``Database``)."""
 
 
 __all__ = ["VectorStore"]

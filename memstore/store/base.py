@@ -25,11 +25,12 @@ from memstore.settings import Settings, get_settings
 class StoreBase:
     """The store's database, settings and registry cache."""
 
-    def __init__(self, engine: sa.Engine | Database, *, settings: Settings | None = None) -> None:
-        self.db = as_database(engine)
-        self.engine = self.db.engine
+    def __init__(self, db: Database | sa.Engine, *, settings: Settings | None = None) -> None:
+        # A Database; an engine (``VectorStore(get_engine())`` in users' scripts) is still accepted
+        # here, the one public entry point that takes one, and wrapped at once (the primary alone).
+        self.db = as_database(db)
         self.settings = settings or get_settings()
-        self.registry = Registry(self.engine)
+        self.registry = Registry(self.db)
         self.second_walk_count = SecondWalks()
         # Seals and merges the graphs of the segmented collections this store writes to (a thread,
         # started by the first such write).

@@ -318,7 +318,7 @@ class CollectionsPart(StoreBase):
         from memstore.compact.switch import DEFAULT_GRACE_S, set_representation
 
         spec = set_representation(
-            self.engine,
+            self.db,
             collection=collection,
             representation=representation,
             rank=rank,

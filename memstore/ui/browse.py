@@ -62,7 +62,7 @@ def _summaries(rt: Runtime, identity: Identity) -> list[Summary]:
             continue
         try:
             stats: CollectionStats | None = rt.store.collection_stats(name=c.name)
-            probes = action_log.recent_probes(rt.engine, collection=c.name, limit=1)
+            probes = action_log.recent_probes(rt.db, collection=c.name, limit=1)
         except MemstoreError:  # dropped meanwhile
             stats, probes = None, []
         health, tone = health_of(stats, probes[0] if probes else None)

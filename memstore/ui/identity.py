@@ -85,7 +85,7 @@ async def identify(rt: Runtime, scope: MutableMapping[str, Any], local: LocalIde
     token = cookie_of(scope, SESSION_COOKIE)
     if not token:
         return None
-    session = await run_in_threadpool(ui_sessions.find, rt.engine, token)
+    session = await run_in_threadpool(ui_sessions.find, rt.db, token)
     if session is None:
         return None
     return Identity(key=session.key, csrf=ui_sessions.csrf_token(token), session_token=token)

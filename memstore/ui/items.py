@@ -35,14 +35,14 @@ MAX_METADATA_FORM = 70_000  # characters: the metadata limit (64 KiB) with room 
 
 def _item_context(rt: Runtime, c: Collection, view: search.SearchView, item_id: int) -> dict[str, Any]:
     item = rt.store.get_item(collection=c.name, id=item_id)
-    attempts = jobs.attempts_of(rt.engine, c, [item.id]) if item.status != "ready" else {}
+    attempts = jobs.attempts_of(rt.db, c, [item.id]) if item.status != "ready" else {}
     neighbours: list[search.Card] = []
     vector = rt.store.vectors(collection=c.name, ids=[item.id]).get(item.id)  # in the active space
     if vector is not None:
         hits = search.nearest(rt, c, vector, k=get_ui_settings().neighbours + 1, chips=(), sample=False)
         rows = [(r.id, r.external_id, r.metadata, r.score) for r in hits if r.id != item.id]
         neighbours = search.cards(rt, c, view, rows[: get_ui_settings().neighbours])
-    preview = thumbnails.previews(rt.engine, c, [item.id]).get(item.id)
+    preview = thumbnails.previews(rt.db, c, [item.id]).get(item.id)
     tries = attempts.get(item.id)
     return {
         "item": item,
@@ -121,7 +121,7 @@ async def delete_item(request: Request, name: str, item_id: ItemId) -> Response:
 @router.get("/{item_id}/thumbnail")
 async def thumbnail(request: Request, name: str, item_id: ItemId) -> Response:
     rt, _, c = await collection_for(request, name)
-    data = await run_in_threadpool(thumbnails.read, rt.engine, c, item_id)
+    data = await run_in_threadpool(thumbnails.read, rt.db, c, item_id)
     if data is None:
         raise Problem("not-found", f"item {item_id} has no thumbnail (not an image, or not ready yet)")
     tag = thumbnails.etag(data)

@@ -126,12 +126,12 @@ def charts_of(
 
 def _histories(rt: Runtime, identity: Identity, only: str | None) -> list[CollectionHistory]:
     out = []
-    requested = action_log.pending_requests(rt.engine)
+    requested = action_log.pending_requests(rt.db)
     for c in rt.store.list_collections():
         if not identity.key.allows("read", c.name) or (only and c.name != only):
             continue
-        probes = action_log.recent_probes(rt.engine, collection=c.name, limit=PROBES_SHOWN)
-        actions = action_log.recent_actions(rt.engine, collection=c.name, limit=ACTIONS_SHOWN)
+        probes = action_log.recent_probes(rt.db, collection=c.name, limit=PROBES_SHOWN)
+        actions = action_log.recent_actions(rt.db, collection=c.name, limit=ACTIONS_SHOWN)
         names = table_names(c)
         out.append(
             CollectionHistory(
@@ -167,8 +167,6 @@ async def probe_now(request: Request, name: str) -> Response:
     rt, identity, c = await collection_for(request, name, "admin")  # before the body is read
     form = await request.form(max_files=0, max_fields=4)
     check_csrf_field(request, identity, form.get(CSRF_FIELD))
-    await run_in_threadpool(
-        lambda: action_log.request_pass(rt.engine, collection=c.name, requested_by=identity.key.name)
-    )
+    await run_in_threadpool(lambda: action_log.request_pass(rt.db, collection=c.name, requested_by=identity.key.name))
     target = f"{base_path(request)}/maintenance?{urlencode({'c': c.name, 'notice': 'probe'})}"
     return RedirectResponse(target, status_code=303)

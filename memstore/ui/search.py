@@ -424,7 +424,7 @@ def cards(
 ) -> list[Card]:
     """Cards for (id, external id, metadata, score) rows, with their previews read in one query;
     ``found``: the hits of a hybrid search by id, to say which list found each."""
-    previews = thumbnails.previews(rt.engine, c, [h[0] for h in hits])
+    previews = thumbnails.previews(rt.db, c, [h[0] for h in hits])
     out = []
     for item_id, external_id, metadata, score in hits:
         preview = previews.get(item_id)

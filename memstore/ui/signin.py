@@ -134,7 +134,7 @@ async def signin(request: Request) -> Response:
     if found is None:
         return _signin_form(request, next_page=next_page, error="That key is unknown or revoked.", status_code=401)
     hours = get_ui_settings().session_hours
-    token = await run_in_threadpool(lambda: ui_sessions.create(rt.engine, key_id=found.id, hours=hours))
+    token = await run_in_threadpool(lambda: ui_sessions.create(rt.db, key_id=found.id, hours=hours))
     response = RedirectResponse(safe_next(request, next_page), status_code=303)
     set_cookie(request, response, SESSION_COOKIE, token, max_age=int(hours * 3600))
     clear_cookie(request, response, SIGNIN_COOKIE)
@@ -151,7 +151,7 @@ async def signout(request: Request) -> Response:
     form = await request.form(max_files=0, max_fields=4)
     check_csrf_field(request, identity, form.get(CSRF_FIELD))
     if identity.session_token is not None:
-        await run_in_threadpool(ui_sessions.end, runtime(request).engine, identity.session_token)
+        await run_in_threadpool(ui_sessions.end, runtime(request).db, identity.session_token)
     response = RedirectResponse(base_path(request) + "/signin?notice=signed-out", status_code=303)
     clear_cookie(request, response, SESSION_COOKIE)
     return response

@@ -80,6 +80,6 @@ async def statuses(
         raise Problem("invalid-input", f"at most {MAX_STATUS_IDS} ids at a time")
     if any(not 1 <= i < 2**63 for i in wanted):
         raise Problem("invalid-input", "ids are positive 64-bit integers")
-    found = await run_in_threadpool(jobs.statuses, rt.engine, c, wanted) if wanted else {}
+    found = await run_in_threadpool(jobs.statuses, rt.db, c, wanted) if wanted else {}
     items = {str(i): {"status": status, "error": error} for i, (status, error) in found.items()}
     return JSONResponse({"items": items})

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import sqlalchemy as sa
 from PIL import Image
 from psycopg import sql
 
@@ -29,7 +28,7 @@ from encoder.tenancy import TENANT
 from encoder.types import EmbeddingBackend, Priority
 from memstore.catalog.collections import Collection
 from memstore.catalog.registry import Registry
-from memstore.db.core import raw_connection
+from memstore.db.core import Database
 from memstore.media import thumbnails
 from memstore.queue import claims as queue_claims
 from memstore.queue.claims import Claim, Claimer
@@ -161,16 +160,16 @@ class Processor:
 
     def __init__(
         self,
-        engine: sa.Engine,
+        db: Database,
         backend: EmbeddingBackend,
         settings: IngestSettings,
         *,
         registry: Registry | None = None,
     ) -> None:
-        self.engine = engine
+        self.db = db
         self.backend = backend
         self.settings = settings
-        self.registry = registry or Registry(engine)  # the API passes its store's: one cache per process
+        self.registry = registry or Registry(db)  # the API passes its store's: one cache per process
 
     def collection(self, cid: int) -> Collection | None:
         return self.registry.by_id(cid)
@@ -179,7 +178,7 @@ class Processor:
         report = Report(claimed=len(claims))
         loaded, missing = self._load(claims)
         if missing:
-            queue_claims.drop(self.engine, missing)
+            queue_claims.drop(self.db, missing)
             report.dropped += len(missing)
         for group in group_for_encoding(loaded):
             report.add(self._encode_group(group, priority))
@@ -196,7 +195,7 @@ class Processor:
             if collection is None:
                 missing.extend(members)
                 continue
-            with raw_connection(self.engine) as conn:
+            with self.db.write() as conn:
                 # In binary: the originals come as their bytes. As text, bytea is hex, twice the size
                 # on the wire and decoded by the client in one call that holds the interpreter lock
                 # (32 photos of 150 kB: 11 ms and 7 ms of CPU, against 3 ms and 1.5 ms in binary),
@@ -242,7 +241,7 @@ class Processor:
             collection = self.registry.by_id(group.collection_id, fresh=True)
             space = collection.space_by_id(group.space_id) if collection is not None else None
         if collection is None or space is None:  # dropped since it was queued
-            queue_claims.drop(self.engine, claims)
+            queue_claims.drop(self.db, claims)
             report.dropped += len(claims)
             return report
         how, mismatch = model_for(self.backend, collection, space)
@@ -262,7 +261,7 @@ class Processor:
         try:
             vectors = self._encode(group, priority, how, thumbs)
         except QueueFullError as exc:
-            queue_claims.release(self.engine, claims, delay_s=exc.retry_after)
+            queue_claims.release(self.db, claims, delay_s=exc.retry_after)
             report.released += len(claims)
             return report
         except EncoderUnreachableError:
@@ -282,11 +281,11 @@ class Processor:
             return report
         if space.side:
             made = {it.claim.item_id: vectors[i] for i, it in enumerate(group.items)}
-            done = queue_claims.complete_space(self.engine, collection, space, claims, made)
+            done = queue_claims.complete_space(self.db, collection, space, claims, made)
             report.written += len(done)
             return report
         written = queue_claims.complete(
-            self.engine,
+            self.db,
             collection,
             claims,
             {it.claim.item_id: vectors[i] for i, it in enumerate(group.items)},
@@ -297,7 +296,7 @@ class Processor:
 
     def _settle_failure(self, claims: list[Claim], error: str, *, permanent: bool, collection: Collection) -> Report:
         failed = queue_claims.fail(
-            self.engine,
+            self.db,
             claims,
             error,
             settings=self.settings,
@@ -318,7 +317,7 @@ class IngestWorker:
 
     def __init__(
         self,
-        engine: sa.Engine,
+        db: Database,
         backend: EmbeddingBackend,
         *,
         settings: IngestSettings | None = None,
@@ -327,23 +326,23 @@ class IngestWorker:
         name: str = "ingest-worker",
         pace: Pace = FULL_SPEED,
     ) -> None:
-        self.engine = engine
+        self.db = db
         # Each batch and each pass's step is one unit of background work: the process's foreground
         # controller (memstore.services.foreground) holds them back while searches are slow.
         self.pace = pace
         self.settings = settings or get_ingest_settings()
-        self.processor = Processor(engine, backend, self.settings)
+        self.processor = Processor(db, backend, self.settings)
         self.stop_event = stop_event or threading.Event()
         self.priority = priority
         self.name = name
         self.totals = Report()
         self._claimer: Claimer | None = None
         # Text in images, read whenever the ingest queue has nothing due (memstore.workers.ocr_pass).
-        self.ocr = OcrPass(engine, registry=self.processor.registry)
+        self.ocr = OcrPass(db, registry=self.processor.registry)
         # Facts of images stored before they were read at ingest, when idle too (memstore.workers.photo_pass).
-        self.photo_facts = PhotoFactsPass(engine, registry=self.processor.registry)
+        self.photo_facts = PhotoFactsPass(db, registry=self.processor.registry)
         # New embedding spaces: their backlog queued, their index built (memstore.workers.space_pass).
-        self.spaces = SpacePass(engine, registry=self.processor.registry)
+        self.spaces = SpacePass(db, registry=self.processor.registry)
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -351,9 +350,9 @@ class IngestWorker:
     def run_batch(self) -> Report:
         """Claim one batch and settle it; an empty report when nothing was due."""
         if self._claimer is None:
-            self._claimer = Claimer(self.engine)
+            self._claimer = Claimer(self.db)
         self._claimer.ensure()
-        claims = queue_claims.claim(self.engine, self._claimer, limit=self.settings.batch_size)
+        claims = queue_claims.claim(self.db, self._claimer, limit=self.settings.batch_size)
         if not claims:
             return Report()
         try:
@@ -362,7 +361,7 @@ class IngestWorker:
             # Never sit on claims after an unexpected error (a database blip mid-batch): give them
             # back, or, if even that fails, drop this identity so its lock, and the claims, go.
             try:
-                queue_claims.release(self.engine, claims, delay_s=self.settings.backoff_base_s)
+                queue_claims.release(self.db, claims, delay_s=self.settings.backoff_base_s)
             except Exception:
                 self._claimer.connect()
             raise
@@ -411,7 +410,7 @@ class IngestWorker:
             now = time.monotonic()
             if now >= next_poll:
                 next_poll = now + self.settings.poll_interval_s
-                due = queue_claims.next_due_in(self.engine)
+                due = queue_claims.next_due_in(self.db)
                 if due is not None and due < self.settings.poll_interval_s:
                     next_poll = now + due
             try:

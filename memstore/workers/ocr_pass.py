@@ -17,12 +17,11 @@ import logging
 import time
 
 import psycopg
-import sqlalchemy as sa
 
 from memstore.catalog import ocr_items
 from memstore.catalog.collections import Collection
 from memstore.catalog.registry import CACHE_SECONDS, Registry
-from memstore.db.core import raw_connection
+from memstore.db.core import Database
 from memstore.media import ocr
 
 log = logging.getLogger(__name__)
@@ -35,10 +34,10 @@ class OcrPass:
     """One step at a time (``step``), run by an ingest worker whenever its queue has nothing due."""
 
     def __init__(
-        self, engine: sa.Engine, *, registry: Registry | None = None, settings: ocr.OcrSettings | None = None
+        self, db: Database, *, registry: Registry | None = None, settings: ocr.OcrSettings | None = None
     ) -> None:
-        self.engine = engine
-        self.registry = registry or Registry(engine)
+        self.db = db
+        self.registry = registry or Registry(db)
         self.settings = settings or ocr.OcrSettings()
         self._checked_at: float | None = None
         self._missing: str | None = None
@@ -62,7 +61,7 @@ class OcrPass:
 
     def read_one(self, c: Collection) -> bool:
         """Read one pending image of ``c``; False when none waits (or another worker has them all)."""
-        with raw_connection(self.engine) as conn:
+        with self.db.write() as conn:
             claimed = ocr_items.claim(conn, c)
             if claimed is None:
                 return False
@@ -83,7 +82,7 @@ class OcrPass:
         work = 0
         try:
             if c.options.get(ocr_items.BACKFILL) is not None:  # as of the registry row, CACHE_SECONDS old at most
-                with raw_connection(self.engine) as conn:
+                with self.db.write() as conn:
                     work += int(ocr_items.backfill_step(conn, c))
             work += int(self.read_one(c))
         except psycopg.errors.UndefinedTable:  # dropped since it was listed

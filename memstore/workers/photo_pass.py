@@ -25,13 +25,12 @@ import time
 from typing import Any
 
 import psycopg
-import sqlalchemy as sa
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from memstore.catalog.collections import Collection
 from memstore.catalog.registry import CACHE_SECONDS, Registry, read_collection, set_option
-from memstore.db.core import raw_connection
+from memstore.db.core import Database
 from memstore.media import photo_facts
 
 log = logging.getLogger(__name__)
@@ -101,9 +100,9 @@ def backfilling(c: Collection) -> bool:
 class PhotoFactsPass:
     """One step at a time (``step``), run by an ingest worker whenever its queue has nothing due."""
 
-    def __init__(self, engine: sa.Engine, *, registry: Registry | None = None) -> None:
-        self.engine = engine
-        self.registry = registry or Registry(engine)
+    def __init__(self, db: Database, *, registry: Registry | None = None) -> None:
+        self.db = db
+        self.registry = registry or Registry(db)
         self._listed_at = -CACHE_SECONDS
         self._collections: list[Collection] = []
 
@@ -124,7 +123,7 @@ class PhotoFactsPass:
 
     def _step_collection(self, c: Collection) -> int:
         try:
-            with raw_connection(self.engine) as conn:
+            with self.db.write() as conn:
                 moved = backfill_step(conn, c)
         except psycopg.errors.UndefinedTable:  # dropped since it was listed
             self._listed_at = -CACHE_SECONDS

@@ -14,12 +14,11 @@ import time
 from typing import Any
 
 import psycopg
-import sqlalchemy as sa
 
 from memstore.catalog.collections import Collection, Space
 from memstore.catalog.registry import CACHE_SECONDS, Registry, read_collection
 from memstore.db import online_ddl
-from memstore.db.core import dedicated_connection, raw_connection
+from memstore.db.core import Database
 from memstore.settings import Settings, get_settings
 from memstore.spaces import lifecycle
 
@@ -30,11 +29,9 @@ INTERVAL_S = 0.5
 
 
 class SpacePass:
-    def __init__(
-        self, engine: sa.Engine, *, registry: Registry | None = None, settings: Settings | None = None
-    ) -> None:
-        self.engine = engine
-        self.registry = registry or Registry(engine)
+    def __init__(self, db: Database, *, registry: Registry | None = None, settings: Settings | None = None) -> None:
+        self.db = db
+        self.registry = registry or Registry(db)
         self.settings = settings or get_settings()
         self._conn: psycopg.Connection[Any] | None = None
         self._due = 0.0
@@ -74,7 +71,7 @@ class SpacePass:
         """The pass's own autocommit connection (its index builds set session settings and hold a
         session lock, which must not reach a pooled connection)."""
         if self._conn is None or self._conn.closed or self._conn.broken:
-            self._conn = dedicated_connection(self.engine, application_name="memstore-spaces")
+            self._conn = self.db.dedicated(application_name="memstore-spaces")
             online_ddl.build_resources(self._conn, self.settings)
         return self._conn
 
@@ -109,7 +106,7 @@ class SpacePass:
         return self._filling
 
     def _filling_ids(self) -> list[int]:
-        with raw_connection(self.engine) as conn:
+        with self.db.write() as conn:
             rows = conn.execute("SELECT id FROM memstore_spaces WHERE state = 'filling' ORDER BY id").fetchall()
         return [int(r[0]) for r in rows]
 

@@ -9,7 +9,7 @@ import pytest
 import sqlalchemy as sa
 
 from memstore.access import keys
-from memstore.db.core import create_engine
+from memstore.db.core import Database, create_engine
 from memstore.settings import Settings
 from tests.api.api_helpers import FakeBackend, LiveServer, start_server
 from tests.databases import scratch_database
@@ -37,7 +37,7 @@ def fake_backend() -> FakeBackend:
 def fake_admin_key(fake_url: str) -> str:
     engine = create_engine(fake_url)
     try:
-        return keys.create_key(engine, name="fake-admin", scopes=["admin"])[1]
+        return keys.create_key(Database(engine), name="fake-admin", scopes=["admin"])[1]
     finally:
         engine.dispose()
 

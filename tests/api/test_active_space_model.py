@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from memstore.access import keys
-from memstore.db.core import create_engine
+from memstore.db.core import Database, create_engine
 from memstore.settings import Settings
 from tests.api.api_helpers import WIDE, LiveServer, start_server, two_model_engine
 from tests.databases import scratch_database
@@ -26,9 +26,9 @@ def two_models(settings: Settings, server_url: str, tiny_engine: Any) -> Iterato
         scratch_database(server_url, "memstore_active_space") as url,
         start_server(settings.model_copy(update={"database_url": url}), backend=engine) as live,
     ):
-        db = create_engine(url)
+        db = Database(create_engine(url))
         secret = keys.create_key(db, name="active-space-admin", scopes=["admin"])[1]
-        db.dispose()
+        db.engine.dispose()
         yield live, secret
 
 

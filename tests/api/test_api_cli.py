@@ -13,6 +13,7 @@ import pytest
 import uvicorn
 
 from memstore.cli import main
+from memstore.db.core import Database
 from memstore.queue import jobs
 from memstore.queue.jobs import PendingItem
 from memstore.store import VectorStore
@@ -174,8 +175,8 @@ def test_worker_once_with_the_tiny_model(worker_url, settings, collection_name) 
         c = VectorStore(engine, settings=settings).create_collection(
             name=collection_name, dimensions=64, model="memstore-tiny"
         )
-        jobs.enqueue(engine, c, [PendingItem(text=f"t{i}") for i in range(6)])
-        jobs.enqueue(engine, c, [PendingItem(content=make_image(7), content_type="image/jpeg")])
+        jobs.enqueue(Database(engine), c, [PendingItem(text=f"t{i}") for i in range(6)])
+        jobs.enqueue(Database(engine), c, [PendingItem(content=make_image(7), content_type="image/jpeg")])
         env = {"MEMSTORE_DATABASE_URL": worker_url, "MEMSTORE_MODEL": "memstore-tiny", "MEMSTORE_PRETRAINED": "none"}
         done = memstore("worker", "--once", "--json", env=env)
         assert done.returncode == 0, done.stderr

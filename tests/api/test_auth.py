@@ -9,13 +9,14 @@ import httpx
 import pytest
 
 from memstore.access import keys
+from memstore.db.core import Database
 from tests.api.api_helpers import start_server
 
 
 @pytest.fixture
 def make_key(engine):
     def make(*scopes: str) -> str:
-        return keys.create_key(engine, name=f"k-{uuid.uuid4().hex[:8]}", scopes=list(scopes))[1]
+        return keys.create_key(Database(engine), name=f"k-{uuid.uuid4().hex[:8]}", scopes=list(scopes))[1]
 
     return make
 
@@ -76,10 +77,10 @@ def test_listing_shows_only_readable_collections(server, collection, make_key) -
 
 def test_revoked_keys_stop_working(server, engine, collection) -> None:
     name = f"k-{uuid.uuid4().hex[:8]}"
-    _, secret = keys.create_key(engine, name=name, scopes=["read"])
+    _, secret = keys.create_key(Database(engine), name=name, scopes=["read"])
     with as_key(server, secret) as c:
         assert c.get(f"/v1/collections/{collection}").status_code == 200
-        keys.revoke_key(engine, name_or_id=name)
+        keys.revoke_key(Database(engine), name_or_id=name)
         time.sleep(0.6)  # the test server trusts a verified key for 0.5 s
         assert c.get(f"/v1/collections/{collection}").status_code == 401
 
@@ -97,7 +98,7 @@ def test_bad_scopes_are_refused(engine) -> None:
 
     for scope in ("superuser", "read:Bad-Name", ""):
         with pytest.raises(InvalidInputError):
-            keys.create_key(engine, name="bad", scopes=[scope])
+            keys.create_key(Database(engine), name="bad", scopes=[scope])
 
 
 def test_auth_off_needs_no_key(settings, collection_name) -> None:

@@ -18,6 +18,7 @@ from PIL import Image
 
 import encoder.images
 from bench.cost import scan_bomb
+from memstore.db.core import Database
 from memstore.media import thumbnails
 from memstore.queue import jobs
 from memstore.queue.jobs import PendingItem
@@ -78,9 +79,11 @@ def test_an_ingested_image_is_decoded_once_for_its_vector_and_thumbnail_and_a_bo
     bomb = scan_bomb(512, 512, 2000)
     pending = [PendingItem(content=data, content_type="image/png", external_id=name) for name, data in images.items()]
     pending.append(PendingItem(content=bomb, content_type="image/jpeg", external_id="bomb"))
-    jobs.enqueue(worker_engine, c, pending)
+    jobs.enqueue(Database(worker_engine), c, pending)
 
-    assert IngestWorker(worker_engine, tiny_engine, settings=IngestSettings(batch_size=16)).run(once=True) == 0
+    assert (
+        IngestWorker(Database(worker_engine), tiny_engine, settings=IngestSettings(batch_size=16)).run(once=True) == 0
+    )
 
     rows = _rows(worker_engine, c.table_name)
     store = VectorStore(worker_engine, settings=settings)
@@ -117,8 +120,8 @@ def test_with_an_encoder_elsewhere_the_thumbnail_is_decoded_here(
         name=collection_name, dimensions=64, model=backend.info.model
     )
     photo = make_image(13, size=(800, 600))
-    jobs.enqueue(worker_engine, c, [PendingItem(content=photo, content_type="image/jpeg", external_id="p")])
-    assert IngestWorker(worker_engine, backend, settings=IngestSettings(batch_size=4)).run(once=True) == 0
+    jobs.enqueue(Database(worker_engine), c, [PendingItem(content=photo, content_type="image/jpeg", external_id="p")])
+    assert IngestWorker(Database(worker_engine), backend, settings=IngestSettings(batch_size=4)).run(once=True) == 0
     status, thumb, _ = _rows(worker_engine, c.table_name)["p"]
     assert status == "ready" and thumb is not None
     assert decodes[_digest(photo)] == 1

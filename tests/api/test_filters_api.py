@@ -9,6 +9,7 @@ import numpy as np
 import sqlalchemy as sa
 
 from memstore.access import keys
+from memstore.db.core import Database
 
 
 def _problem(r: httpx.Response, status: int) -> dict:
@@ -89,7 +90,7 @@ def test_typed_indexes_are_made_listed_used_and_dropped(
     assert len(r.json()["results"]) == sum(1 for i in range(60) if 3 <= 1 + i % 12 <= 5)
 
     # Abuse: a read key lists but cannot build or drop; bad input is a 422; unknown names a 404.
-    _, reader = keys.create_key(engine, name=f"r-{uuid.uuid4().hex[:8]}", scopes=[f"read:{collection_name}"])
+    _, reader = keys.create_key(Database(engine), name=f"r-{uuid.uuid4().hex[:8]}", scopes=[f"read:{collection_name}"])
     with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {reader}"}, timeout=30) as c:
         assert c.get(url).status_code == 200
         _problem(c.post(url, json={"field": "iso", "type": "number"}), 403)

@@ -9,6 +9,7 @@ import time
 import httpx
 import sqlalchemy as sa
 
+from memstore.db.core import Database
 from memstore.queue import jobs
 from memstore.queue.jobs import PendingItem
 from memstore.services.foreground import ForegroundController
@@ -30,11 +31,11 @@ def test_an_ingest_worker_waits_while_the_share_is_zero_and_resumes(
     c = store.create_collection(name=collection_name, dimensions=64, model="memstore-tiny")
     fg = ForegroundController(lambda start: [])
     fg.force(0.0)
-    worker = IngestWorker(worker_engine, FakeBackend(), settings=IngestSettings(batch_size=4), pace=fg)
+    worker = IngestWorker(Database(worker_engine), FakeBackend(), settings=IngestSettings(batch_size=4), pace=fg)
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     try:
-        jobs.enqueue(worker_engine, c, [PendingItem(text=f"t {i}", external_id=f"t{i}") for i in range(10)])
+        jobs.enqueue(Database(worker_engine), c, [PendingItem(text=f"t {i}", external_id=f"t{i}") for i in range(10)])
         time.sleep(1.0)
         assert embedded(worker_engine, c.table_name) == 0
         assert worker.totals.claimed == 0  # nothing claimed either: no claim is held while it waits

@@ -95,10 +95,10 @@ def test_metrics_read_the_queue_once_per_interval_off_the_event_loop(settings: S
     readings: list[str] = []
     original = jobs.queue_depth
 
-    def slow_depth(engine: Any) -> dict[str, int]:
+    def slow_depth(db: Any) -> dict[str, int]:
         readings.append(threading.current_thread().name)
         time.sleep(1.0)
-        return original(engine)
+        return original(db)
 
     monkeypatch.setattr(jobs, "queue_depth", slow_depth)
     with start_server(settings, backend=None, workers=0, metrics_cache_s=3.0) as live:

@@ -11,6 +11,7 @@ import numpy as np
 import sqlalchemy as sa
 
 from memstore.access import keys
+from memstore.db.core import Database
 
 PRODUCTS = {
     "p1": ("Stainless kettle, 1.7 litres", "KT-1700-S"),
@@ -99,7 +100,7 @@ def test_keyword_settings_change_online_and_only_for_admins(
 ) -> None:
     _products(client, collection_name)
     url = f"/v1/collections/{collection_name}"
-    _, reader = keys.create_key(engine, name=f"r-{uuid.uuid4().hex[:8]}", scopes=[f"read:{collection_name}"])
+    _, reader = keys.create_key(Database(engine), name=f"r-{uuid.uuid4().hex[:8]}", scopes=[f"read:{collection_name}"])
     with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {reader}"}, timeout=30) as c:
         _problem(c.patch(url, json={"text_fields": []}), 403)
     with httpx.Client(base_url=server.url, timeout=30) as anonymous:
@@ -194,7 +195,7 @@ def test_batches_of_searches_and_vectors_with_the_hits(
     assert body["detail"].startswith("searches[1]: ")
     _problem(client.post(f"{url}/batch", json={"searches": []}), 422)
     _problem(client.post(f"{url}/batch", json={"searches": [searches[1]] * 101}), 422)
-    _, other = keys.create_key(engine, name=f"o-{uuid.uuid4().hex[:8]}", scopes=["read:someone_else"])
+    _, other = keys.create_key(Database(engine), name=f"o-{uuid.uuid4().hex[:8]}", scopes=["read:someone_else"])
     with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {other}"}, timeout=30) as c:
         _problem(c.post(f"{url}/batch", json={"searches": [searches[0]]}), 403)
 

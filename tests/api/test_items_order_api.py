@@ -12,6 +12,7 @@ import httpx
 import sqlalchemy as sa
 
 from memstore.access import keys
+from memstore.db.core import Database
 
 TAKEN = ["image", "taken_at"]
 # external id -> date taken (None: no date); b equals a, e equals d.
@@ -181,7 +182,7 @@ def test_abuse_of_the_ordered_listing(client: httpx.Client, collection_name: str
     with httpx.Client(base_url=server.url, timeout=30) as anonymous:
         _problem(anonymous.get(base, params=params), 401)
         _problem(anonymous.post(f"{base}/list", json={"order_by": TAKEN, "cursor": "forged"}), 401)
-    _, other = keys.create_key(engine, name=f"r-{uuid.uuid4().hex[:8]}", scopes=["read:someone_else"])
+    _, other = keys.create_key(Database(engine), name=f"r-{uuid.uuid4().hex[:8]}", scopes=["read:someone_else"])
     with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {other}"}, timeout=30) as c:
         _problem(c.get(base, params=params), 403)
         _problem(c.post(f"{base}/list", json={"order_by": TAKEN, "cursor": cursor}), 403)

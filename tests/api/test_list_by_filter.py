@@ -10,6 +10,7 @@ import httpx
 import sqlalchemy as sa
 
 from memstore.access import keys
+from memstore.db.core import Database
 
 
 def _problem(r: httpx.Response, status: int) -> dict:
@@ -107,7 +108,7 @@ def test_bad_filters_and_unknown_parameters_are_refused(
     with httpx.Client(base_url=server.url, timeout=30) as anonymous:
         _problem(anonymous.get(base, params={"filter": json.dumps({"tags": "pets"})}), 401)
         _problem(anonymous.get(base, params={"bogus": "1"}), 401)
-    _, other = keys.create_key(engine, name=f"r-{uuid.uuid4().hex[:8]}", scopes=["read:someone_else"])
+    _, other = keys.create_key(Database(engine), name=f"r-{uuid.uuid4().hex[:8]}", scopes=["read:someone_else"])
     with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {other}"}, timeout=30) as c:
         _problem(c.get(f"{base}/count"), 403)
         _problem(c.post(f"{base}/list", json={"filter": {"tags": "pets"}}), 403)

@@ -12,6 +12,7 @@ import numpy as np
 import sqlalchemy as sa
 
 from memstore.access import keys
+from memstore.db.core import Database
 from tests.api.test_errors import problem
 
 NDJSON = {"content-type": "application/x-ndjson"}
@@ -85,10 +86,10 @@ def test_keys_media_types_and_missing_collections(
     line = b'{"external_id": "a", "vector": [1, 0, 0, 0]}\n'
     base = str(client.base_url)
     assert httpx.post(base + url, content=line, headers=NDJSON).status_code == 401
-    _, reader = keys.create_key(engine, name=f"r-{uuid.uuid4().hex[:8]}", scopes=["read"])
+    _, reader = keys.create_key(Database(engine), name=f"r-{uuid.uuid4().hex[:8]}", scopes=["read"])
     refused = httpx.post(base + url, content=line, headers={**NDJSON, "Authorization": f"Bearer {reader}"})
     problem(refused, 403, "forbidden")
-    _, other = keys.create_key(engine, name=f"o-{uuid.uuid4().hex[:8]}", scopes=[f"write:{collection_name}x"])
+    _, other = keys.create_key(Database(engine), name=f"o-{uuid.uuid4().hex[:8]}", scopes=[f"write:{collection_name}x"])
     refused = httpx.post(base + url, content=line, headers={**NDJSON, "Authorization": f"Bearer {other}"})
     problem(refused, 403, "forbidden")
     problem(client.post(url, content=line, headers={"content-type": "application/json"}), 415, "unsupported-media-type")

@@ -22,6 +22,7 @@ import sqlalchemy as sa
 from bench import ocr_images
 from memstore.access import keys
 from memstore.catalog import ocr_items
+from memstore.db.core import Database
 from memstore.media import ocr
 from memstore.queue import jobs
 from memstore.queue.jobs import PendingItem
@@ -54,9 +55,9 @@ def worker_store(worker_engine: sa.Engine, settings) -> VectorStore:
 
 
 def _drain(engine: sa.Engine, **ocr_settings: float) -> IngestWorker:
-    worker = IngestWorker(engine, FakeBackend(), settings=IngestSettings(batch_size=50))
+    worker = IngestWorker(Database(engine), FakeBackend(), settings=IngestSettings(batch_size=50))
     if ocr_settings:
-        worker.ocr = OcrPass(engine, settings=ocr.OcrSettings(**ocr_settings))  # type: ignore[arg-type]
+        worker.ocr = OcrPass(Database(engine), settings=ocr.OcrSettings(**ocr_settings))  # type: ignore[arg-type]
     assert worker.run(once=True) == 0
     return worker
 
@@ -69,7 +70,9 @@ def test_new_images_are_read_and_their_words_found_by_keyword_search(worker_engi
     c = worker_store.create_collection(name=collection_name, dimensions=64, model="memstore-tiny", ocr=True)
     assert c.ocr
     shown, other = _image(1), _image(2)
-    jobs.enqueue(worker_engine, c, [_pending(shown, "shown"), _pending(other, "other"), PendingItem(text="a note")])
+    jobs.enqueue(
+        Database(worker_engine), c, [_pending(shown, "shown"), _pending(other, "other"), PendingItem(text="a note")]
+    )
     _drain(worker_engine)
     item = worker_store.get_item(collection=collection_name, external_id="shown")
     assert item.status == "ready" and item.ocr_status == "done" and item.ocr_error is None
@@ -81,7 +84,7 @@ def test_new_images_are_read_and_their_words_found_by_keyword_search(worker_engi
     assert note.ocr_status is None
     # New content replaces what was read: the old words no longer find the item, the new ones do.
     replaced = _image(3)
-    jobs.enqueue(worker_engine, c, [_pending(replaced, "shown")])
+    jobs.enqueue(Database(worker_engine), c, [_pending(replaced, "shown")])
     assert worker_store.get_item(collection=collection_name, external_id="shown").ocr_status == "pending"
     _drain(worker_engine)
     gone = next(w for w in shown.words if w not in replaced.words + other.words)
@@ -94,7 +97,9 @@ def test_turning_ocr_on_reads_the_images_already_stored(worker_engine, worker_st
     monkeypatch.setattr(ocr_items, "BACKFILL_BATCH", 2)  # several batches, so the cursor moves
     c = worker_store.create_collection(name=collection_name, dimensions=64, model="memstore-tiny")
     images = {f"img{i}": _image(10 + i) for i in range(5)}
-    jobs.enqueue(worker_engine, c, [_pending(r, eid) for eid, r in images.items()] + [PendingItem(text="words")])
+    jobs.enqueue(
+        Database(worker_engine), c, [_pending(r, eid) for eid, r in images.items()] + [PendingItem(text="words")]
+    )
     _drain(worker_engine)
     assert {worker_store.get_item(collection=collection_name, external_id=e).ocr_status for e in images} == {None}
     word = images["img3"].words[0]
@@ -118,13 +123,13 @@ def test_turning_ocr_on_reads_the_images_already_stored(worker_engine, worker_st
 
 def test_a_read_interrupted_mid_way_is_done_again(worker_engine, worker_store, collection_name):
     c = worker_store.create_collection(name=collection_name, dimensions=64, model="memstore-tiny", ocr=True)
-    jobs.enqueue(worker_engine, c, [_pending(_image(30), "a")])
+    jobs.enqueue(Database(worker_engine), c, [_pending(_image(30), "a")])
     _drain(worker_engine, timeout_s=0.001)  # embedded, and its read failed
     assert worker_store.get_item(collection=collection_name, external_id="a").ocr_status == "failed"
     # A worker that dies while reading: its transaction is rolled back, the item stays pending.
-    jobs.enqueue(worker_engine, c, [_pending(_image(31), "a")])
-    IngestWorker(worker_engine, FakeBackend(), settings=IngestSettings()).run_batch()  # embedded, not read
-    crashing = OcrPass(worker_engine)
+    jobs.enqueue(Database(worker_engine), c, [_pending(_image(31), "a")])
+    IngestWorker(Database(worker_engine), FakeBackend(), settings=IngestSettings()).run_batch()  # embedded, not read
+    crashing = OcrPass(Database(worker_engine))
 
     def die(*_args, **_kwargs):
         raise KeyboardInterrupt("killed")
@@ -140,8 +145,8 @@ def test_a_read_interrupted_mid_way_is_done_again(worker_engine, worker_store, c
 
 def test_an_unexpected_error_on_one_image_fails_that_read_only(worker_engine, worker_store, collection_name):
     c = worker_store.create_collection(name=collection_name, dimensions=64, model="memstore-tiny", ocr=True)
-    jobs.enqueue(worker_engine, c, [_pending(_image(70), "odd"), _pending(_image(71), "fine")])
-    IngestWorker(worker_engine, FakeBackend(), settings=IngestSettings()).run_batch()  # embedded, not read
+    jobs.enqueue(Database(worker_engine), c, [_pending(_image(70), "odd"), _pending(_image(71), "fine")])
+    IngestWorker(Database(worker_engine), FakeBackend(), settings=IngestSettings()).run_batch()  # embedded, not read
     real = ocr.extract
     calls = 0
 
@@ -152,7 +157,7 @@ def test_an_unexpected_error_on_one_image_fails_that_read_only(worker_engine, wo
             raise ValueError("boom")
         return real(content, settings)
 
-    reader = OcrPass(worker_engine)
+    reader = OcrPass(Database(worker_engine))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ocr, "extract", flaky)
         while reader.step():
@@ -164,11 +169,11 @@ def test_an_unexpected_error_on_one_image_fails_that_read_only(worker_engine, wo
 
 _WORKER = """
 import sys
-from memstore.db.core import create_engine
+from memstore.db.core import Database, create_engine
 from memstore.workers.ingest import IngestWorker
 from memstore.settings import IngestSettings
 from tests.api.api_helpers import FakeBackend
-IngestWorker(create_engine(sys.argv[1]), FakeBackend(), settings=IngestSettings(poll_interval_s=0.2)).run()
+IngestWorker(Database(create_engine(sys.argv[1])), FakeBackend(), settings=IngestSettings(poll_interval_s=0.2)).run()
 """
 
 
@@ -177,7 +182,7 @@ def test_a_worker_killed_while_reading_leaves_the_image_to_the_next(
 ):
     c = worker_store.create_collection(name=collection_name, dimensions=64, model="memstore-tiny", ocr=True)
     page = ocr_images.render(60, font=FONT, size=28, lines=10, per_line=6, noise=12.0)  # a second or more to read
-    jobs.enqueue(worker_engine, c, [_pending(page, "page")])
+    jobs.enqueue(Database(worker_engine), c, [_pending(page, "page")])
     proc = subprocess.Popen(
         [sys.executable, "-c", _WORKER, worker_url], cwd=Path(__file__).resolve().parents[2], stderr=subprocess.PIPE
     )
@@ -218,7 +223,7 @@ def test_a_failed_read_marks_the_ocr_failed_and_leaves_the_item_ready_and_search
         external_id="scan",
         metadata={"filename": "scan-report.png"},
     )
-    jobs.enqueue(worker_engine, c, [item])
+    jobs.enqueue(Database(worker_engine), c, [item])
     _drain(worker_engine, **ocr_settings)
     got = worker_store.get_item(collection=collection_name, external_id="scan", with_vector=True)
     assert got.status == "ready" and got.error is None
@@ -264,7 +269,7 @@ def test_api_ocr_option_abuse(client: httpx.Client, server, engine: sa.Engine, c
     assert client.post("/v1/collections", json={"name": collection_name, "dimensions": 8}).status_code == 201
     url = f"/v1/collections/{collection_name}"
     assert client.get(url).json()["ocr"] is False
-    _, reader = keys.create_key(engine, name=f"r-{uuid.uuid4().hex[:8]}", scopes=["read"])
+    _, reader = keys.create_key(Database(engine), name=f"r-{uuid.uuid4().hex[:8]}", scopes=["read"])
     r = httpx.patch(server.url + url, json={"ocr": True}, headers={"Authorization": f"Bearer {reader}"})
     assert r.status_code == 403, r.text
     assert httpx.patch(server.url + url, json={"ocr": True}).status_code == 401

@@ -14,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from memstore.api.ingest import with_facts
-from memstore.db.core import raw_connection
+from memstore.db.core import Database, raw_connection
 from memstore.media import photo_facts
 from memstore.queue import jobs
 from memstore.queue.jobs import PendingItem
@@ -49,7 +49,7 @@ def worker_store(worker_engine: sa.Engine, settings) -> VectorStore:
 
 
 def _drain(engine: sa.Engine) -> None:
-    assert IngestWorker(engine, FakeBackend(), settings=IngestSettings(batch_size=50)).run(once=True) == 0
+    assert IngestWorker(Database(engine), FakeBackend(), settings=IngestSettings(batch_size=50)).run(once=True) == 0
 
 
 def _found(store: VectorStore, name: str, where: dict[str, Any]) -> set[str]:
@@ -71,7 +71,7 @@ def test_facts_are_stored_with_the_item_and_found_by_a_date_range(worker_engine,
         _pending(photo("2024:07:20 09:00:00", 5), "client", {"image": {"taken_at": "1999-12-31"}, "k": 1}),
         _pending(broken_exif(6), "broken", {"k": 2}),
     ]
-    jobs.enqueue(worker_engine, c, [with_facts(p) for p in items] + [with_facts(PendingItem(text="a note"))])
+    jobs.enqueue(Database(worker_engine), c, [with_facts(p) for p in items] + [with_facts(PendingItem(text="a note"))])
     # Stored with the item: there before any worker has run.
     july = _metadata(worker_store, collection_name, "july")
     assert july["image"] == {
@@ -96,12 +96,12 @@ def test_facts_are_stored_with_the_item_and_found_by_a_date_range(worker_engine,
     assert _found(worker_store, collection_name, near_paris) == {"july"}
     assert _found(worker_store, collection_name, {"image": {"camera": {"model": "Canon EOS R6"}}}) >= {"july", "client"}
     # Re-sent as it was: nothing changes.
-    again = jobs.enqueue(worker_engine, c, [with_facts(items[0])])
+    again = jobs.enqueue(Database(worker_engine), c, [with_facts(items[0])])
     assert again[0].change == "unchanged"
 
 
 def _walk(engine: sa.Engine, limit: int = 10_000) -> int:
-    walker = photo_pass.PhotoFactsPass(engine)
+    walker = photo_pass.PhotoFactsPass(Database(engine))
     steps = 0
     while walker.step():
         steps += 1
@@ -118,7 +118,7 @@ def test_the_backfill_gives_stored_images_their_facts_and_resumes_after_a_crash(
     old = {f"old{i}": photo(f"2024:0{5 + i % 3}:10 12:00:00", 10 + i) for i in range(6)}
     # Stored without facts, as before they were read at ingest.
     jobs.enqueue(
-        worker_engine,
+        Database(worker_engine),
         c,
         [_pending(data, eid, {"n": i}) for i, (eid, data) in enumerate(old.items())]
         + [
@@ -130,7 +130,7 @@ def test_the_backfill_gives_stored_images_their_facts_and_resumes_after_a_crash(
     )
     assert all("image" not in _metadata(worker_store, collection_name, e) for e in old)
     # The worker runs the pass only when idle: embed first, so the walk is ours alone.
-    worker = IngestWorker(worker_engine, FakeBackend(), settings=IngestSettings(batch_size=50))
+    worker = IngestWorker(Database(worker_engine), FakeBackend(), settings=IngestSettings(batch_size=50))
     while worker.run_batch().claimed:
         pass
 
@@ -176,7 +176,7 @@ def test_the_backfill_gives_stored_images_their_facts_and_resumes_after_a_crash(
 
 def test_the_ingest_worker_runs_the_backfill_when_idle(worker_engine, worker_store, collection_name):
     c = worker_store.create_collection(name=collection_name, dimensions=64, model="memstore-tiny")
-    jobs.enqueue(worker_engine, c, [_pending(photo("2024:07:04 12:00:00", 30), "old")])
+    jobs.enqueue(Database(worker_engine), c, [_pending(photo("2024:07:04 12:00:00", 30), "old")])
     _drain(worker_engine)  # embeds, then walks every collection still to be walked
     assert _metadata(worker_store, collection_name, "old")["image"]["taken_at"] == "2024-07-04T12:00:00"
     assert worker_store.get_collection(name=collection_name, fresh=True).options[photo_pass.OPTION] == "done"

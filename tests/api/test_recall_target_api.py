@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from memstore.access import keys
+from memstore.db.core import Database
 
 
 def test_recall_target_create_patch_get(client: httpx.Client, collection_name: str) -> None:
@@ -50,7 +51,7 @@ def test_out_of_range_targets_are_422(client: httpx.Client, collection_name: str
 
 def test_a_read_key_cannot_set_a_target(client: httpx.Client, server, engine, collection_name: str) -> None:
     assert client.post("/v1/collections", json={"name": collection_name, "dimensions": 8}).status_code == 201
-    secret = keys.create_key(engine, name=f"k-{uuid.uuid4().hex[:8]}", scopes=[f"read:{collection_name}"])[1]
+    secret = keys.create_key(Database(engine), name=f"k-{uuid.uuid4().hex[:8]}", scopes=[f"read:{collection_name}"])[1]
     with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {secret}"}, timeout=30) as reader:
         assert reader.get(f"/v1/collections/{collection_name}").status_code == 200
         r = reader.patch(f"/v1/collections/{collection_name}", json={"recall_target": 0.99})

@@ -21,7 +21,7 @@ import pytest
 import sqlalchemy as sa
 
 from memstore.access import keys
-from memstore.db.core import libpq_url
+from memstore.db.core import Database, libpq_url
 from memstore.search import runner
 from memstore.settings import Settings
 from tests.api.api_helpers import LiveServer, start_server
@@ -50,8 +50,8 @@ def guarded(settings: Settings) -> Iterator[LiveServer]:
 
 @pytest.fixture(scope="module")
 def two_keys(engine: sa.Engine) -> tuple[str, str]:
-    a = keys.create_key(engine, name=f"tenant-a-{uuid.uuid4().hex[:6]}", scopes=["admin"])[1]
-    b = keys.create_key(engine, name=f"tenant-b-{uuid.uuid4().hex[:6]}", scopes=["admin"])[1]
+    a = keys.create_key(Database(engine), name=f"tenant-a-{uuid.uuid4().hex[:6]}", scopes=["admin"])[1]
+    b = keys.create_key(Database(engine), name=f"tenant-b-{uuid.uuid4().hex[:6]}", scopes=["admin"])[1]
     return a, b
 
 

@@ -10,6 +10,7 @@ import httpx
 import numpy as np
 
 from memstore.access import keys
+from memstore.db.core import Database
 
 
 def test_a_segmented_collection_over_rest(client: httpx.Client, server, engine, collection_name: str) -> None:
@@ -26,8 +27,9 @@ def test_a_segmented_collection_over_rest(client: httpx.Client, server, engine, 
     assert client.post(f"/v1/collections/{collection_name}/items", json={"items": items[:40]}).status_code == 201
     url = f"/v1/collections/{collection_name}"
     # A read key may not seal; nor may a request without a key; a writer may.
-    reader_secret = keys.create_key(engine, name=f"k-{uuid.uuid4().hex[:8]}", scopes=[f"read:{collection_name}"])[1]
-    writer_secret = keys.create_key(engine, name=f"k-{uuid.uuid4().hex[:8]}", scopes=[f"write:{collection_name}"])[1]
+    db = Database(engine)
+    reader_secret = keys.create_key(db, name=f"k-{uuid.uuid4().hex[:8]}", scopes=[f"read:{collection_name}"])[1]
+    writer_secret = keys.create_key(db, name=f"k-{uuid.uuid4().hex[:8]}", scopes=[f"write:{collection_name}"])[1]
     with httpx.Client(base_url=server.url, timeout=30) as anonymous:
         assert anonymous.post(f"{url}/seal").status_code == 401
     with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {reader_secret}"}, timeout=30) as reader:

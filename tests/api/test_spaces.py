@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from encoder.types import EncoderInfo, Priority
-from memstore.db.core import raw_connection
+from memstore.db.core import Database, raw_connection
 from memstore.errors import ConflictError, InvalidInputError, SpaceNotFoundError
 from memstore.models import ItemIn
 from memstore.queue import jobs
@@ -50,7 +50,7 @@ def worker_store(worker_engine: sa.Engine, settings: Any) -> VectorStore:
 
 
 def _drain(engine: sa.Engine, backend: TwoModels) -> IngestWorker:
-    worker = IngestWorker(engine, backend, settings=IngestSettings(batch_size=64))
+    worker = IngestWorker(Database(engine), backend, settings=IngestSettings(batch_size=64))
     assert worker.run(once=True) == 0
     return worker
 
@@ -71,7 +71,7 @@ def _queued(engine: sa.Engine, cid: int, space_id: int) -> int:
 def test_a_new_space_is_filled_indexed_searched_activated_and_dropped(worker_engine, worker_store, collection_name):
     backend = TwoModels()
     c = worker_store.create_collection(name=collection_name, dimensions=64, model=TINY)
-    jobs.enqueue(worker_engine, c, _texts(40))
+    jobs.enqueue(Database(worker_engine), c, _texts(40))
     _drain(worker_engine, backend)
 
     space = worker_store.create_space(collection=collection_name, name="wide", model=WIDE, dimensions=96)
@@ -119,14 +119,14 @@ def test_a_new_space_is_filled_indexed_searched_activated_and_dropped(worker_eng
         worker_store.delete_space(collection=collection_name, name="default")
 
     # Items written after the space exists get vectors in both spaces; a deleted item leaves both.
-    jobs.enqueue(worker_engine, c, _texts(45, start=40))
+    jobs.enqueue(Database(worker_engine), c, _texts(45, start=40))
     assert _queued(worker_engine, c.id, space.id) == 5
     _drain(worker_engine, backend)
     assert worker_store.space_progress(collection=collection_name, name="wide").vectors == 45
     worker_store.delete_items(collection=collection_name, external_ids=["t0", "t41"])
     assert worker_store.space_progress(collection=collection_name, name="wide").vectors == 43
     # A changed original is embedded again into every space (its stale vector goes at once).
-    jobs.enqueue(worker_engine, c, [PendingItem(text="something else", external_id="t7")])
+    jobs.enqueue(Database(worker_engine), c, [PendingItem(text="something else", external_id="t7")])
     assert worker_store.space_progress(collection=collection_name, name="wide").vectors == 42
     _drain(worker_engine, backend)
     moved = worker_store.search(collection=collection_name, vector=backend.wide.embed_texts(["something else"])[0], k=1)
@@ -152,9 +152,9 @@ def test_a_new_space_is_queued_at_the_next_step_not_after_the_registry_cache_tim
     """A worker that has just listed the filling spaces sees a space created after that at its next
     step (INTERVAL_S), not once its listing is CACHE_SECONDS old."""
     c = worker_store.create_collection(name=collection_name, dimensions=64, model=TINY)
-    jobs.enqueue(worker_engine, c, _texts(12))
+    jobs.enqueue(Database(worker_engine), c, _texts(12))
     _drain(worker_engine, TwoModels())
-    passer = SpacePass(worker_engine)
+    passer = SpacePass(Database(worker_engine))
     try:
         passer.step()  # lists the filling spaces now (the listing is then fresh for CACHE_SECONDS)
         space = worker_store.create_space(collection=collection_name, name="wide", model=WIDE, dimensions=96)
@@ -173,7 +173,7 @@ def test_bare_vectors_block_activation_until_their_vectors_are_given(worker_engi
         collection=collection_name,
         items=[ItemIn(vector=rng.standard_normal(64), external_id=f"v{i}") for i in range(3)],
     )
-    jobs.enqueue(worker_engine, c, _texts(5))
+    jobs.enqueue(Database(worker_engine), c, _texts(5))
     _drain(worker_engine, backend)
     worker_store.create_space(collection=collection_name, name="wide", model=WIDE, dimensions=96)
     _drain(worker_engine, backend)
@@ -227,7 +227,7 @@ def test_dropping_the_collection_drops_its_spaces(worker_engine, worker_store, c
 def test_a_partitioned_collection_gets_spaces_too(worker_engine, worker_store, collection_name):
     backend = TwoModels()
     c = worker_store.create_collection(name=collection_name, dimensions=64, model=TINY, partitions=3)
-    jobs.enqueue(worker_engine, c, _texts(30))
+    jobs.enqueue(Database(worker_engine), c, _texts(30))
     worker_store.create_space(collection=collection_name, name="wide", model=WIDE, dimensions=96)
     _drain(worker_engine, backend)
     p = worker_store.space_progress(collection=collection_name, name="wide")
@@ -236,7 +236,7 @@ def test_a_partitioned_collection_gets_spaces_too(worker_engine, worker_store, c
     assert worker_store.search(collection=collection_name, vector=query, using="wide", k=1)[0].external_id == "t12"
     # The triggers reach every partition: a deleted item leaves the space, a new one enters it.
     worker_store.delete_items(collection=collection_name, external_ids=["t12", "t13"])
-    jobs.enqueue(worker_engine, c, _texts(31, start=30))
+    jobs.enqueue(Database(worker_engine), c, _texts(31, start=30))
     _drain(worker_engine, backend)
     assert worker_store.space_progress(collection=collection_name, name="wide").vectors == 29
 
@@ -244,7 +244,7 @@ def test_a_partitioned_collection_gets_spaces_too(worker_engine, worker_store, c
 def test_items_that_failed_to_embed_block_activation_unless_forced(worker_engine, worker_store, collection_name):
     backend = TwoModels()
     c = worker_store.create_collection(name=collection_name, dimensions=64, model=TINY)
-    jobs.enqueue(worker_engine, c, _texts(4))
+    jobs.enqueue(Database(worker_engine), c, _texts(4))
     _drain(worker_engine, backend)
     worker_store.create_space(collection=collection_name, name="wide", model=WIDE, dimensions=96)
     backend.wide.fail("2 is a note", 10, ValueError("this text cannot be embedded"))

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from memstore.access import keys
-from memstore.db.core import create_engine
+from memstore.db.core import Database, create_engine
 from memstore.settings import Settings
 from tests.api.api_helpers import WIDE, LiveServer, start_server, two_model_engine
 from tests.databases import scratch_database
@@ -27,12 +27,12 @@ def keyed(settings: Settings, server_url: str, tiny_engine: Any) -> Iterator[tup
         scratch_database(server_url, "memstore_spaces") as url,
         start_server(settings.model_copy(update={"database_url": url}), backend=engine) as live,
     ):
-        db = create_engine(url)
+        db = Database(create_engine(url))
         made = {
             scope: keys.create_key(db, name=f"spaces-{scope}", scopes=[scope])[1]
             for scope in ("admin", "write", "read")
         }
-        db.dispose()
+        db.engine.dispose()
         yield live, made
 
 

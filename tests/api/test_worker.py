@@ -15,6 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 from encoder.errors import EncoderUnreachableError
+from memstore.db.core import Database
 from memstore.queue import claims, jobs
 from memstore.queue.claims import Claim, Claimer
 from memstore.queue.jobs import PendingItem
@@ -37,7 +38,9 @@ def tiny_collection(worker_store, collection_name):
 
 
 def enqueue_texts(engine, c, n: int, prefix: str = "t") -> list[int]:
-    done = jobs.enqueue(engine, c, [PendingItem(text=f"{prefix} {i}", external_id=f"{prefix}{i}") for i in range(n)])
+    done = jobs.enqueue(
+        Database(engine), c, [PendingItem(text=f"{prefix} {i}", external_id=f"{prefix}{i}") for i in range(n)]
+    )
     return [d.id for d in done]
 
 
@@ -58,18 +61,18 @@ def test_grouping_splits_by_collection_modality_and_bytes() -> None:
 
 def test_claims_are_disjoint_and_a_dead_claimers_rows_return_at_once(worker_engine, tiny_collection) -> None:
     enqueue_texts(worker_engine, tiny_collection, 10)
-    a, b, c = Claimer(worker_engine), Claimer(worker_engine), Claimer(worker_engine)
+    a, b, c = Claimer(Database(worker_engine)), Claimer(Database(worker_engine)), Claimer(Database(worker_engine))
     try:
-        first = claims.claim(worker_engine, a, limit=5, collection_id=tiny_collection.id)
-        second = claims.claim(worker_engine, b, limit=50, collection_id=tiny_collection.id)
+        first = claims.claim(Database(worker_engine), a, limit=5, collection_id=tiny_collection.id)
+        second = claims.claim(Database(worker_engine), b, limit=50, collection_id=tiny_collection.id)
         assert len(first) == 5 and len(second) == 5
         assert not {x.item_id for x in first} & {x.item_id for x in second}
-        assert claims.claim(worker_engine, c, limit=50, collection_id=tiny_collection.id) == []
+        assert claims.claim(Database(worker_engine), c, limit=50, collection_id=tiny_collection.id) == []
         a.close()  # the claimer's connection dies: its advisory lock goes with it
         deadline = time.monotonic() + 5
         again = []
         while not again and time.monotonic() < deadline:  # as soon as the server has ended that session
-            again = claims.claim(worker_engine, c, limit=50, collection_id=tiny_collection.id)
+            again = claims.claim(Database(worker_engine), c, limit=50, collection_id=tiny_collection.id)
         assert sorted(x.item_id for x in again) == sorted(x.item_id for x in first)
         assert {x.attempts for x in again} == {2}
     finally:
@@ -79,11 +82,11 @@ def test_claims_are_disjoint_and_a_dead_claimers_rows_return_at_once(worker_engi
 
 def test_a_stale_result_never_overwrites_new_content(worker_engine, tiny_collection) -> None:
     [item_id] = enqueue_texts(worker_engine, tiny_collection, 1)
-    claimer = Claimer(worker_engine)
+    claimer = Claimer(Database(worker_engine))
     try:
-        [held] = claims.claim(worker_engine, claimer, limit=1, collection_id=tiny_collection.id)
-        jobs.enqueue(worker_engine, tiny_collection, [PendingItem(text="new words", external_id="t0")])
-        assert claims.complete(worker_engine, tiny_collection, [held], {item_id: [0.1] * 64}) == []
+        [held] = claims.claim(Database(worker_engine), claimer, limit=1, collection_id=tiny_collection.id)
+        jobs.enqueue(Database(worker_engine), tiny_collection, [PendingItem(text="new words", external_id="t0")])
+        assert claims.complete(Database(worker_engine), tiny_collection, [held], {item_id: [0.1] * 64}) == []
         assert item_states(worker_engine, tiny_collection)[item_id] == "pending"
     finally:
         claimer.close()
@@ -92,7 +95,7 @@ def test_a_stale_result_never_overwrites_new_content(worker_engine, tiny_collect
 def test_once_mode_drains_the_queue_and_exits_zero(worker_engine, tiny_collection) -> None:
     ids = enqueue_texts(worker_engine, tiny_collection, 40)
     backend = FakeBackend()
-    worker = IngestWorker(worker_engine, backend, settings=IngestSettings(batch_size=16))
+    worker = IngestWorker(Database(worker_engine), backend, settings=IngestSettings(batch_size=16))
     assert worker.run(once=True) == 0
     assert worker.totals.written >= 40
     assert {s for i, s in item_states(worker_engine, tiny_collection).items() if i in ids} == {"ready"}
@@ -107,7 +110,7 @@ def test_a_collection_the_worker_cannot_embed_is_handed_back_then_failed(
     c = worker_store.create_collection(name=collection_name, dimensions=32)
     [item_id] = enqueue_texts(worker_engine, c, 1)
     settings = IngestSettings(max_attempts=2)
-    IngestWorker(worker_engine, FakeBackend(), settings=settings).run(once=True)
+    IngestWorker(Database(worker_engine), FakeBackend(), settings=settings).run(once=True)
     assert item_states(worker_engine, c)[item_id] == "pending"
     with worker_engine.begin() as conn:
         error = conn.exec_driver_sql(
@@ -116,7 +119,7 @@ def test_a_collection_the_worker_cannot_embed_is_handed_back_then_failed(
             (item_id, c.id),
         ).scalar_one()
     assert "has 32 dimensions" in error
-    IngestWorker(worker_engine, FakeBackend(), settings=settings).run(once=True)
+    IngestWorker(Database(worker_engine), FakeBackend(), settings=settings).run(once=True)
     assert item_states(worker_engine, c)[item_id] == "failed"
 
 
@@ -158,7 +161,7 @@ def test_a_worker_killed_mid_batch_leaves_its_rows_to_another(worker_engine, wor
     finally:
         proc.kill()
         proc.wait(10)
-    worker = IngestWorker(worker_engine, FakeBackend(), settings=IngestSettings(batch_size=100))
+    worker = IngestWorker(Database(worker_engine), FakeBackend(), settings=IngestSettings(batch_size=100))
     deadline = time.monotonic() + 20
     while worker.totals.written < 12 and time.monotonic() < deadline:
         worker.run_batch()  # the dead process's lock disappears as soon as PostgreSQL sees the socket close
@@ -179,7 +182,9 @@ def test_sigterm_finishes_the_batch_then_exits_zero(worker_engine, worker_url, t
 
 def test_an_unexpected_error_mid_batch_gives_the_claims_back(worker_engine, tiny_collection, monkeypatch) -> None:
     ids = enqueue_texts(worker_engine, tiny_collection, 3, prefix="blip")
-    worker = IngestWorker(worker_engine, FakeBackend(), settings=IngestSettings(batch_size=100, backoff_base_s=0))
+    worker = IngestWorker(
+        Database(worker_engine), FakeBackend(), settings=IngestSettings(batch_size=100, backoff_base_s=0)
+    )
     real_complete = claims.complete
 
     def broken(*args, **kwargs):
@@ -206,7 +211,7 @@ def test_an_unreachable_encoder_service_hands_the_batch_back_without_spending_at
     with its attempts as they were, and nothing fails however long the outage lasts."""
     ids = enqueue_texts(worker_engine, tiny_collection, 3, prefix="outage")
     backend = FakeBackend()
-    worker = IngestWorker(worker_engine, backend, settings=IngestSettings(batch_size=100, max_attempts=1))
+    worker = IngestWorker(Database(worker_engine), backend, settings=IngestSettings(batch_size=100, max_attempts=1))
     for _ in range(3):  # more outages than the single attempt each item has
         backend.fail("outage 0", 1, EncoderUnreachableError("refused"))
         with pytest.raises(EncoderUnreachableError):
@@ -229,13 +234,14 @@ def test_an_idle_worker_waits_for_work_instead_of_polling(empty_database_url, mo
     from memstore.db.core import create_engine
 
     engine = create_engine(empty_database_url)
+    db = Database(engine)
     try:
-        assert claims.next_due_in(engine) is None
-        c = VectorStore(engine).create_collection(name="idle", dimensions=64, model="memstore-tiny")
-        jobs.enqueue(engine, c, [PendingItem(text="later", external_id="later")])
+        assert claims.next_due_in(db) is None
+        c = VectorStore(db).create_collection(name="idle", dimensions=64, model="memstore-tiny")
+        jobs.enqueue(db, c, [PendingItem(text="later", external_id="later")])
         with engine.begin() as conn:
             conn.exec_driver_sql("UPDATE memstore_ingest_queue SET not_before = now() + interval '30 seconds'")
-        due = claims.next_due_in(engine)
+        due = claims.next_due_in(db)
         assert due is not None and 25 < due <= 30
         with engine.begin() as conn:
             conn.exec_driver_sql("DELETE FROM memstore_ingest_queue")
@@ -243,13 +249,13 @@ def test_an_idle_worker_waits_for_work_instead_of_polling(empty_database_url, mo
         claimed: list[float] = []
         original = claims.claim
 
-        def counting_claim(claim_engine, *args, **kwargs):
-            if claim_engine is engine:  # the API servers of this test session claim too
+        def counting_claim(claim_db, *args, **kwargs):
+            if claim_db is db:  # the API servers of this test session claim too
                 claimed.append(time.monotonic())
-            return original(claim_engine, *args, **kwargs)
+            return original(claim_db, *args, **kwargs)
 
         monkeypatch.setattr(claims, "claim", counting_claim)
-        worker = IngestWorker(engine, FakeBackend(), settings=IngestSettings(poll_interval_s=5.0))
+        worker = IngestWorker(db, FakeBackend(), settings=IngestSettings(poll_interval_s=5.0))
         thread = threading.Thread(target=worker.run)
         thread.start()
         time.sleep(2.0)
@@ -281,7 +287,7 @@ def test_deleting_items_drops_their_queue_rows(worker_engine, worker_store, tiny
 def test_query_samples_keep_only_the_most_recent(worker_engine, tiny_collection) -> None:
     from memstore.services.query_sampler import QuerySampler
 
-    sampler = QuerySampler(worker_engine, rate=1.0, keep=5)
+    sampler = QuerySampler(Database(worker_engine), rate=1.0, keep=5)
     vectors = [np.full(64, i, dtype=np.float32) for i in range(1, 13)]
     for v in vectors:
         sampler.offer(tiny_collection.id, v)
@@ -307,10 +313,10 @@ def test_failing_claims_locks_items_in_id_order_so_an_enqueue_cannot_deadlock_wi
     from memstore.db.core import dedicated_connection
 
     first, second = enqueue_texts(worker_engine, tiny_collection, 2, prefix="lockorder")
-    claimer = Claimer(worker_engine)
+    claimer = Claimer(Database(worker_engine))
     other = dedicated_connection(worker_engine, application_name="test-other", autocommit=False)
     try:
-        held = claims.claim(worker_engine, claimer, limit=2, collection_id=tiny_collection.id)
+        held = claims.claim(Database(worker_engine), claimer, limit=2, collection_id=tiny_collection.id)
         by_item = {c.item_id: c for c in held}
         table = f'"{tiny_collection.table_name}"'
         other.execute(f"SELECT id FROM {table} WHERE id = %s FOR UPDATE", (first,))
@@ -319,7 +325,7 @@ def test_failing_claims_locks_items_in_id_order_so_an_enqueue_cannot_deadlock_wi
         def fail() -> None:
             try:
                 claims.fail(
-                    worker_engine,
+                    Database(worker_engine),
                     [by_item[second], by_item[first]],
                     "test",
                     settings=IngestSettings(),

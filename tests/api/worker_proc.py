@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 import threading
 
-from memstore.db.core import create_engine
+from memstore.db.core import Database, create_engine
 from memstore.settings import IngestSettings
 from memstore.workers.ingest import IngestWorker
 from tests.api.api_helpers import FakeBackend
@@ -27,7 +27,9 @@ def main() -> int:
         print("ENCODING", flush=True)
 
     threading.Thread(target=announce, daemon=True).start()
-    worker = IngestWorker(create_engine(url), backend, settings=IngestSettings(batch_size=100, poll_interval_s=0.2))
+    worker = IngestWorker(
+        Database(create_engine(url)), backend, settings=IngestSettings(batch_size=100, poll_interval_s=0.2)
+    )
     code = worker.run()
     print(f"EXIT {code} written={worker.totals.written}", flush=True)
     return code

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from memstore.access import keys
-from memstore.db.core import create_engine
+from memstore.db.core import Database, create_engine
 from tests.databases import scratch_database
 
 
@@ -42,7 +42,7 @@ def served(server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     with scratch_database(server_url, "memstore_client") as url:
         engine = create_engine(url)
         try:
-            _, key = keys.create_key(engine, name=f"client-{uuid.uuid4().hex[:6]}", scopes=["admin"])
+            _, key = keys.create_key(Database(engine), name=f"client-{uuid.uuid4().hex[:6]}", scopes=["admin"])
         finally:
             engine.dispose()
         data_dir = tmp_path_factory.mktemp("served")

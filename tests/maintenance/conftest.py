@@ -14,7 +14,7 @@ from pgvector.psycopg import register_vector
 from maintenance.config import MaintenanceConfig
 from maintenance.worker import MaintenanceWorker
 from memstore.catalog.collections import Collection
-from memstore.db.core import libpq_url
+from memstore.db.core import Database, libpq_url
 from memstore.models import ItemIn
 from memstore.settings import Settings
 from memstore.store import VectorStore
@@ -52,7 +52,7 @@ def settle_live_count(dsn: str, store: VectorStore, c: Collection, inserted: int
     then sees twice the live rows (a size ratio of 0.59 where 1.2 was right). Closing the pool makes
     each backend report as it exits; ANALYZE runs once the inserts are counted.
     """
-    store.engine.dispose()
+    store.db.engine.dispose()
     deadline = time.monotonic() + timeout_s
     with psycopg.connect(dsn, autocommit=True) as conn:
         while True:
@@ -99,7 +99,7 @@ def make_worker(engine: sa.Engine, settings: Settings, collection_name: str) -> 
         latency = overrides.pop("latency_source", None)
         config = MaintenanceConfig(_env_file=None, **(TEST_CONFIG | overrides))  # type: ignore[call-arg]
         return MaintenanceWorker(
-            engine, settings=settings, config=config, collections=[collection_name], latency_source=latency
+            Database(engine), settings=settings, config=config, collections=[collection_name], latency_source=latency
         )
 
     return make

@@ -27,7 +27,7 @@ def _ready_space(store: VectorStore, c: Collection, dims: int) -> Collection:
     ids = store.find_external_ids(collection=c.name, external_ids=[f"e{i}" for i in range(2000)])
     vectors = clustered(len(ids), dims, seed=7)
     store.put_space_vectors(collection=c.name, name="other", vectors=dict(zip(ids, vectors, strict=True)))
-    spaces = SpacePass(store.engine, settings=store.settings)
+    spaces = SpacePass(store.db, settings=store.settings)
     try:
         for _ in range(20):
             spaces.step(now=True)
@@ -101,7 +101,7 @@ def test_one_space_in_trouble_does_not_hold_up_the_others(
             return build(conn, c, space)
 
         monkeypatch.setattr(space_pass.lifecycle, "build_index", build_or_time_out)
-        passer = SpacePass(store.engine, settings=store.settings)
+        passer = SpacePass(store.db, settings=store.settings)
         try:
             for _ in range(10):
                 passer.step(now=True)

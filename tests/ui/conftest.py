@@ -14,6 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from memstore.access import keys
+from memstore.db.core import Database
 from tests.api.api_helpers import LiveServer
 from tests.ui.ui_helpers import sign_in
 
@@ -23,7 +24,7 @@ def new_key(engine: sa.Engine) -> Callable[..., str]:
     """A key with these scopes (a fresh name each time); returns its secret."""
 
     def make(*scopes: str) -> str:
-        return keys.create_key(engine, name=f"ui-{uuid.uuid4().hex[:8]}", scopes=list(scopes))[1]
+        return keys.create_key(Database(engine), name=f"ui-{uuid.uuid4().hex[:8]}", scopes=list(scopes))[1]
 
     return make
 

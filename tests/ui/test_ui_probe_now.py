@@ -12,18 +12,19 @@ import pytest
 from maintenance.config import MaintenanceConfig
 from maintenance.worker import MaintenanceWorker
 from memstore import action_log
+from memstore.db.core import Database
 from tests.ui.ui_helpers import csrf_of, sign_in, wait_until
 
 
 def _probes(engine, name: str) -> int:
-    return len(action_log.recent_probes(engine, collection=name))
+    return len(action_log.recent_probes(Database(engine), collection=name))
 
 
 @pytest.fixture
 def worker(engine, settings, ui_collection) -> Iterator[MaintenanceWorker]:
     """The maintenance worker in a thread, with an interval far longer than the test."""
     config = MaintenanceConfig(_env_file=None, interval_s=3600)  # type: ignore[call-arg]
-    w = MaintenanceWorker(engine, settings=settings, config=config, collections=[ui_collection])
+    w = MaintenanceWorker(Database(engine), settings=settings, config=config, collections=[ui_collection])
     thread = threading.Thread(target=w.run_forever, daemon=True)
     thread.start()
     yield w
@@ -40,7 +41,7 @@ def test_probe_now_starts_a_pass_at_once(admin_page, api, ui_collection, engine,
     asked = admin_page.post(f"/ui/maintenance/{ui_collection}/probe", data={"csrf": csrf_of(page.text)})
     assert asked.status_code == 303 and "notice=probe" in asked.headers["location"]
     wait_until(lambda: _probes(engine, ui_collection) == 2, timeout=30, what="the requested pass")
-    assert ui_collection not in action_log.pending_requests(engine)  # taken by the worker
+    assert ui_collection not in action_log.pending_requests(Database(engine))  # taken by the worker
 
 
 def test_a_request_waits_on_the_page_until_a_worker_takes_it(admin_page, ui_collection, engine) -> None:
@@ -62,4 +63,4 @@ def test_only_an_admin_may_ask_for_a_probe(server, new_key, ui_collection, engin
         assert f'id="probe-{ui_collection}"' not in page
         refused = client.post(f"/ui/maintenance/{ui_collection}/probe", data={"csrf": csrf_of(page)})
         assert refused.status_code == 403
-    assert ui_collection not in action_log.pending_requests(engine)
+    assert ui_collection not in action_log.pending_requests(Database(engine))

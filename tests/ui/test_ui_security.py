@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from memstore.access import keys
+from memstore.db.core import Database
 from tests.api.api_helpers import LiveServer, make_image, start_server
 from tests.ui.ui_helpers import csrf_of, hidden_fields, sign_in
 
@@ -142,8 +143,10 @@ def test_revoking_the_key_ends_its_sessions_at_once(server, engine, new_key, ui_
     with httpx.Client(base_url=server.url) as client:
         sign_in(client, secret)
         assert client.get("/ui/").status_code == 200
-        [key] = [k for k in keys.list_keys(engine) if secret.startswith(k.prefix) and k.name.startswith("ui-")][-1:]
-        keys.revoke_key(engine, name_or_id=str(key.id))
+        [key] = [
+            k for k in keys.list_keys(Database(engine)) if secret.startswith(k.prefix) and k.name.startswith("ui-")
+        ][-1:]
+        keys.revoke_key(Database(engine), name_or_id=str(key.id))
         after = client.get("/ui/")
         assert after.status_code == 303 and after.headers["location"].startswith("/ui/signin")
 

@@ -13,7 +13,7 @@ from alembic import command
 from PIL import Image
 
 from memstore.db import migrate
-from memstore.db.core import create_engine
+from memstore.db.core import Database, create_engine
 from memstore.media import thumbnails
 from memstore.queue import jobs
 from memstore.queue.jobs import PendingItem
@@ -61,21 +61,21 @@ def test_what_is_not_a_decodable_image_has_no_thumbnail() -> None:
 def test_a_ready_image_without_one_gets_it_on_first_view(store: VectorStore, engine, collection_name) -> None:
     """A vector written by hand over a queued image: ready, yet no worker made its thumbnail."""
     c = store.create_collection(name=collection_name, dimensions=4)
-    [pending] = jobs.enqueue(engine, c, [PendingItem(content=make_image(4), content_type="image/jpeg")])
-    assert thumbnails.read(engine, c, pending.id) is None  # pending: nothing to show yet
+    [pending] = jobs.enqueue(Database(engine), c, [PendingItem(content=make_image(4), content_type="image/jpeg")])
+    assert thumbnails.read(Database(engine), c, pending.id) is None  # pending: nothing to show yet
     store.update_item(collection=c.name, id=pending.id, vector=np.ones(4))
-    assert thumbnails.previews(engine, c, [pending.id])[pending.id].has_thumbnail is False
-    made = thumbnails.read(engine, c, pending.id)
+    assert thumbnails.previews(Database(engine), c, [pending.id])[pending.id].has_thumbnail is False
+    made = thumbnails.read(Database(engine), c, pending.id)
     assert _decoded(made).format == "WEBP"
-    assert thumbnails.previews(engine, c, [pending.id])[pending.id].has_thumbnail is True  # stored
-    assert thumbnails.read(engine, c, pending.id) == made
+    assert thumbnails.previews(Database(engine), c, [pending.id])[pending.id].has_thumbnail is True  # stored
+    assert thumbnails.read(Database(engine), c, pending.id) == made
 
 
 def test_an_image_that_cannot_be_thumbnailed_is_decoded_once_not_on_every_view(
     store: VectorStore, engine, collection_name, monkeypatch
 ) -> None:
     c = store.create_collection(name=collection_name, dimensions=4)
-    [pending] = jobs.enqueue(engine, c, [PendingItem(content=make_image(4), content_type="image/jpeg")])
+    [pending] = jobs.enqueue(Database(engine), c, [PendingItem(content=make_image(4), content_type="image/jpeg")])
     store.update_item(collection=c.name, id=pending.id, vector=np.ones(4))
     calls: list[int] = []
 
@@ -85,7 +85,7 @@ def test_an_image_that_cannot_be_thumbnailed_is_decoded_once_not_on_every_view(
 
     monkeypatch.setattr(thumbnails, "make", failing)
     for _ in range(5):
-        assert thumbnails.read(engine, c, pending.id) is None
+        assert thumbnails.read(Database(engine), c, pending.id) is None
     assert len(calls) == 1
 
 
@@ -119,7 +119,7 @@ def test_the_migration_adds_the_column_and_first_views_fill_it(scratch_url: str,
             images = [PendingItem(content=make_image(10 + i), content_type="image/jpeg") for i in range(3)]
             broken = make_image(20)
             items = [*images, PendingItem(content=broken[:200], content_type="image/jpeg"), PendingItem(text="a note")]
-            done = jobs.enqueue(engine, c, items)
+            done = jobs.enqueue(Database(engine), c, items)
             for d in done:
                 store.update_item(collection=name, id=d.id, vector=np.ones(4))
             made[name] = (c, [d.id for d in done])
@@ -128,12 +128,12 @@ def test_the_migration_adds_the_column_and_first_views_fill_it(scratch_url: str,
         migrate.upgrade(scratch_url)
         for c, ids in made.values():
             assert all(_column_exists(engine, t) for t in c.partition_tables())
-            shown = thumbnails.previews(engine, c, ids)
+            shown = thumbnails.previews(Database(engine), c, ids)
             assert [shown[i].has_thumbnail for i in ids] == [False] * 5  # the column comes empty
-            first = [thumbnails.read(engine, c, i) for i in ids]
+            first = [thumbnails.read(Database(engine), c, i) for i in ids]
             assert [_decoded(t).format for t in first[:3]] == ["WEBP"] * 3
             assert first[3:] == [None, None]
-            shown = thumbnails.previews(engine, c, ids)
+            shown = thumbnails.previews(Database(engine), c, ids)
             assert [shown[i].has_thumbnail for i in ids] == [True, True, True, False, False]  # stored
     finally:
         engine.dispose()
@@ -144,7 +144,7 @@ def test_the_backfill_works_in_batches_and_resumes(store: VectorStore, engine, c
 
     c = store.create_collection(name=collection_name, dimensions=4)
     done = jobs.enqueue(
-        engine, c, [PendingItem(content=make_image(30 + i), content_type="image/jpeg") for i in range(5)]
+        Database(engine), c, [PendingItem(content=make_image(30 + i), content_type="image/jpeg") for i in range(5)]
     )
     for d in done:
         store.update_item(collection=c.name, id=d.id, vector=np.ones(4))
@@ -154,4 +154,4 @@ def test_the_backfill_works_in_batches_and_resumes(store: VectorStore, engine, c
         assert thumbnails.backfill_table(conn, c.table_name, batch=2) == 0  # nothing left to make
     finally:
         conn.close()
-    assert all(p.has_thumbnail for p in thumbnails.previews(engine, c, [d.id for d in done]).values())
+    assert all(p.has_thumbnail for p in thumbnails.previews(Database(engine), c, [d.id for d in done]).values())

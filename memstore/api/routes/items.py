@@ -349,7 +349,7 @@ async def _page(
         )
         more = False
     unsettled = [i.id for i in items if i.status != "ready"]
-    attempts = await run_in_threadpool(jobs.attempts_of, rt.engine, c, unsettled) if unsettled else {}
+    attempts = await run_in_threadpool(jobs.attempts_of, rt.db, c, unsettled) if unsettled else {}
     return ItemPage(
         items=[item_out(name, i, attempts) for i in items],
         next_after=items[-1].id if more else None,
@@ -383,7 +383,7 @@ async def get_item(
 ) -> ItemOut:
     rt, c = await _collection(request, name, key, "read")
     item = await run_in_threadpool(lambda: rt.store.get_item(collection=name, id=item_id, with_vector=with_vector))
-    attempts = await run_in_threadpool(jobs.attempts_of, rt.engine, c, [item.id]) if item.status != "ready" else {}
+    attempts = await run_in_threadpool(jobs.attempts_of, rt.db, c, [item.id]) if item.status != "ready" else {}
     return item_out(name, item, attempts)
 
 
