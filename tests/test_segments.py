@@ -102,7 +102,10 @@ def test_range_predicates_carry_their_bounds_as_literals() -> None:
         ([1000, 100, 100], True, (1, 3)),  # quiet: the small ones merge among themselves
         ([1000, 100], True, None),  # quiet, one small graph after a large one: left
         ([1000, 200, 100], True, (0, 3)),  # the rest reach a quarter of the first: everything
-        ([1000, 10, 10, 10], False, (1, 4)),  # at the cap while writing
+        ([1000, 10, 10, 10], False, (1, 4)),  # at the cap while writing: the run no larger than the first
+        ([100, 100, 100, 100], False, (0, 4)),  # equal seals at the cap: all of them
+        ([400, 300, 100, 100], False, (2, 4)),  # the last two fit under the one before: those
+        ([400, 100, 100, 100], False, (1, 4)),  # the last three fit under the first
     ],
 )
 def test_merge_span_keeps_builds_geometric(sizes: list[int], quiet: bool, want: tuple[int, int] | None) -> None:

@@ -150,16 +150,31 @@ def graph_definition(c: Collection, lo: int, hi: int) -> sql.Composed:
 def merge_span(layout: Layout, *, quiet: bool, max_graphs: int, ratio: float = 0.25) -> tuple[int, int] | None:
     """The graphs (``layout.graphs[start:end]``) to merge into one now, or None.
 
-    Graphs are merged when writes have paused (``quiet``) or when they reach ``max_graphs`` (each is
-    a walk in every search). The first graph is rebuilt with the rest only when the rest hold at least
-    ``ratio`` of its rows: a merge is a build of every row it covers, so the first graph grows
-    geometrically and each row is built a bounded number of times; until then the later graphs merge
-    among themselves, and a quiet collection keeps at most two graphs, the second under ``ratio`` of
-    the first."""
-    n = len(layout.graphs)
-    if n < 2 or (not quiet and n < max_graphs):
+    Every merge is a build of every row it covers, so the rule keeps the builds of a row few:
+
+    - while writes go on, graphs are merged only once they reach ``max_graphs`` (each is a walk in
+      every search), and then the longest run at the end that is no larger, merged, than the graph
+      before it (a size-tiered merge: graph sizes fall along the ids, and a row is rebuilt about
+      log2 of the rows over ``seal_rows`` times); all of them when no such run has two graphs;
+    - once writes have paused (``quiet``), the first graph is rebuilt with the rest only when the
+      rest hold at least ``ratio`` of its rows (so it grows geometrically); until then the later
+      graphs merge among themselves, and a quiet collection keeps at most two graphs, the second
+      under ``ratio`` of the first."""
+    graphs = layout.graphs
+    n = len(graphs)
+    if n < 2:
         return None
-    first, rest = layout.graphs[0], layout.graphs[1:]
+    if not quiet:
+        if n < max_graphs:
+            return None
+        total = graphs[-1].rows_bound
+        best = None
+        for start in range(n - 2, 0, -1):
+            total += graphs[start].rows_bound
+            if total <= graphs[start - 1].rows_bound:
+                best = start
+        return (best, n) if best is not None else (0, n)
+    first, rest = graphs[0], graphs[1:]
     if sum(g.rows_bound for g in rest) >= ratio * first.rows_bound:
         return (0, n)
     if len(rest) >= 2:

@@ -215,6 +215,7 @@ class Sealer:
         self._lock = threading.Lock()
         self._callers = 0  # seal_now calls under way: the thread starts nothing new meanwhile
         self._wake = threading.Event()
+        self._progress = threading.Event()  # set after each seal or merge this process ran
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.done: list[Sealed] = []  # the latest seals and merges, newest last (a few)
@@ -236,14 +237,14 @@ class Sealer:
             return
         self._wake.set()
         deadline = time.monotonic() + self.BACKLOG_WAIT_S
-        pause = 0.05
         while not self._stop.is_set() and time.monotonic() < deadline:
+            self._progress.clear()
             with self.db.write() as conn:
                 fresh = segments.layout(registry.read_collection(conn, id=c.id))
             if fresh is None or high_id - fresh.watermark <= self._bound():
                 return
-            time.sleep(pause)
-            pause = min(0.5, pause * 2)
+            # This process's sealer says when it sealed; another process's seal is seen within 0.5 s.
+            self._progress.wait(0.5)
         log.warning(
             "collection %r: the tail stayed over %d rows for %.0f s", c.name, self._bound(), self.BACKLOG_WAIT_S
         )
@@ -311,7 +312,7 @@ class Sealer:
                 paced.enter_context(self.pace.unit(self._stop, kind="seal")).did(1)
             if self._stop.is_set():
                 return False
-            done = seal(self.db, c, self.settings) or merge(self.db, c, self.settings, quiet=quiet)
+            done = self._next(c, quiet=quiet)
         if done is None:
             return quiet
         self._record(c, [done])
@@ -321,9 +322,20 @@ class Sealer:
         self._wake.set()  # more may be due (a tail that filled while this one was built)
         return False
 
+    def _next(self, c: Collection, *, quiet: bool) -> Sealed | None:
+        """A merge first when the graphs reached their cap (else a stream that keeps the tail full
+        would leave them to grow), then a seal, then a merge the pause calls for."""
+        layout = segments.layout(c)
+        if layout is not None and len(layout.graphs) >= self.settings.segments_max:
+            done = merge(self.db, c, self.settings, quiet=False)
+            if done is not None:
+                return done
+        return seal(self.db, c, self.settings) or merge(self.db, c, self.settings, quiet=quiet)
+
     def _record(self, c: Collection, done: list[Sealed]) -> None:
         if not done:
             return
         self.done = [*self.done, *done][-10:]
         if self._changed is not None:
             self._changed(c)
+        self._progress.set()  # writers held back by the tail's bound look again
