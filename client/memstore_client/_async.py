@@ -182,9 +182,12 @@ class AsyncClient(_core.Base):
         language: str | None = None,
         text_fields: Sequence[str] | None = None,
         ocr: bool | None = None,
+        write_path: str | None = None,
     ) -> Collection:
         """Without ``dimensions`` the collection takes the server model's (texts and images are then
-        embedded by it); give them for vectors you make yourself."""
+        embedded by it); give them for vectors you make yourself. ``write_path="segments"``: for
+        collections fed by streams of upserts (new rows go to a tail searched exactly and get graphs
+        at index-build speed in the background; ``seal`` at a stream's end)."""
         body = drop_none(
             name=name,
             dimensions=dimensions,
@@ -197,6 +200,7 @@ class AsyncClient(_core.Base):
             language=language,
             text_fields=list(text_fields) if text_fields is not None else None,
             ocr=ocr,
+            write_path=write_path,
         )
         return await self._send(Call("POST", "/v1/collections", as_model(Collection), json=body))
 
@@ -225,6 +229,13 @@ class AsyncClient(_core.Base):
         OCR (reading the text in images, found by keyword search)."""
         body = drop_none(language=language, text_fields=list(text_fields) if text_fields is not None else None, ocr=ocr)
         return await self._send(Call("PATCH", path(name), as_model(Collection), json=body))
+
+    async def seal(self, name: str, *, merge: bool = False) -> list[dict[str, Any]]:
+        """Put a segmented collection's tail into a graph now (a stream's writer calls it at the end);
+        ``merge``: then merge every graph into one. The seals and merges run, as the server lists them."""
+        params = {"merge": "true"} if merge else None
+        answer = await self._send(Call("POST", path(name, "seal"), as_json, params=params))
+        return list(answer["done"])
 
     async def delete_collection(self, name: str) -> None:
         await self._send(Call("DELETE", path(name), as_none))

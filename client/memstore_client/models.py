@@ -66,6 +66,8 @@ class Collection(_Answer):
     failed: int | None = None
     index_bytes: int | None = None
     table_bytes: int | None = None
+    write_path: str = "graph"
+    segments: dict[str, Any] | None = None  # a segmented collection's graphs and tail_rows (get_collection)
     counts_exact: bool | None = None
 
 

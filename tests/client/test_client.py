@@ -83,6 +83,21 @@ def test_collections_round_trip(ms: Client, name: str) -> None:
     assert missing.value.type_uri == "/problems/not-found" and missing.value.status == 404
 
 
+def test_a_segmented_collection_is_streamed_into_and_sealed(ms: Client, name: str) -> None:
+    made = ms.create_collection(name, dimensions=3, write_path="segments")
+    assert made.write_path == "segments"
+    ms.add_vectors(name, [[1, 0, 0], [0, 1, 0]], ids=["a", "b"])
+    assert ms.get_collection(name).segments == {"graphs": [], "tail_rows": 2}
+    (done,) = ms.seal(name)
+    assert done["action"] == "seal" and done["rows"] == 2
+    ms.add_vectors(name, [[0, 0, 1]], ids=["c"])
+    assert [d["action"] for d in ms.seal(name, merge=True)] == ["seal", "merge"]
+    got = ms.get_collection(name)
+    assert len(got.segments["graphs"]) == 1 and got.segments["tail_rows"] == 0
+    assert ms.search(name, vector=[0, 0, 1], k=1).results[0].external_id == "c"
+    assert ms.seal(name) == []
+
+
 def test_items_search_modes_filters_and_paging(ms: Client, name: str) -> None:
     _fill(ms, name)
     hits = ms.search(name, vector=_vec(4), k=3)
