@@ -46,7 +46,6 @@ from bench import stream_sql as db
 from bench.api import Server
 from bench.data import clustered, exact_neighbours, load_npz
 from bench.databases import server_url
-from bench.peers_measure import time_searches
 from bench.stream_plot import plot
 from bench.stream_tail import TailTable, ingest
 from memstore.access import keys
@@ -167,19 +166,8 @@ def latency_vs_raw(
     conn: psycopg.Connection[Any], statement: sql.Composed, raw: psycopg.Connection[Any], queries: np.ndarray
 ) -> dict[str, float]:
     """This search and the parallel build's plain one, taking turns of 25 queries at the default ef."""
-    sides = [
-        db.Side("tail", db.searcher(conn, statement)),
-        db.Side("raw", db.searcher(raw, db.plain_search(COPY_TABLE))),
-    ]
-    tail, plain = time_searches(sides, queries, rounds=1, warmup=20)
-    return {
-        "p50_ms": round(tail.p50_ms, 3),
-        "p99_ms": round(tail.p99_ms, 3),
-        "raw_p50_ms": round(plain.p50_ms, 3),
-        "raw_p99_ms": round(plain.p99_ms, 3),
-        "p50_ratio_vs_raw": round(tail.p50_ms / plain.p50_ms, 3),
-        "p99_ratio_vs_raw": round(tail.p99_ms / plain.p99_ms, 3),
-    }
+    tail = db.Side("tail", db.searcher(conn, statement))
+    return db.timed_pair(tail, db.Side("raw", db.searcher(raw, db.plain_search(COPY_TABLE))), queries)
 
 
 def tail_option(

@@ -26,7 +26,6 @@ from psycopg import sql
 from tqdm import tqdm
 
 from bench import stream_sql as db
-from bench.peers_measure import time_searches
 from memstore.catalog import segments
 from memstore.models import ItemIn
 from memstore.search.statements import search_statement
@@ -198,14 +197,5 @@ def merged_overhead(store: VectorStore, name: str, queries: np.ndarray) -> dict[
     )
     with store.db.dedicated(application_name="bench-stream") as conn:
         db.set_ef(conn, c.default_ef_search)
-        merged_side = db.Side("merged", db.searcher(conn, sql.SQL(union.as_string(conn))))
-        one_side = db.Side("one_graph", db.searcher(conn, one))
-        merged, plain = time_searches([merged_side, one_side], queries, rounds=1, warmup=20)
-    return {
-        "p50_ms": round(merged.p50_ms, 3),
-        "p99_ms": round(merged.p99_ms, 3),
-        "one_graph_p50_ms": round(plain.p50_ms, 3),
-        "one_graph_p99_ms": round(plain.p99_ms, 3),
-        "p50_ratio": round(merged.p50_ms / plain.p50_ms, 3),
-        "p99_ratio": round(merged.p99_ms / plain.p99_ms, 3),
-    }
+        merged = db.Side("merged", db.searcher(conn, sql.SQL(union.as_string(conn))))
+        return db.timed_pair(merged, db.Side("one_graph", db.searcher(conn, one)), queries)

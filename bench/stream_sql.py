@@ -15,6 +15,7 @@ import psycopg
 from pgvector.psycopg import register_vector
 from psycopg import sql
 
+from bench.peers_measure import time_searches
 from memstore.db import online_ddl
 from memstore.db.core import libpq_url
 from memstore.settings import Settings
@@ -123,6 +124,19 @@ class Side:
 
     def __init__(self, name: str, search: Search) -> None:
         self.name, self.search = name, search
+
+
+def timed_pair(first: Side, second: Side, queries: np.ndarray) -> dict[str, float]:
+    """``first``'s latency against ``second``'s, taking turns of 25 queries (``time_searches``)."""
+    a, b = time_searches([first, second], queries, rounds=1, warmup=20)
+    return {
+        "p50_ms": round(a.p50_ms, 3),
+        "p99_ms": round(a.p99_ms, 3),
+        f"{second.name}_p50_ms": round(b.p50_ms, 3),
+        f"{second.name}_p99_ms": round(b.p99_ms, 3),
+        f"p50_ratio_vs_{second.name}": round(a.p50_ms / b.p50_ms, 3),
+        f"p99_ratio_vs_{second.name}": round(a.p99_ms / b.p99_ms, 3),
+    }
 
 
 def searcher(conn: psycopg.Connection[Any], statement: sql.SQL | sql.Composed) -> Search:

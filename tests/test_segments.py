@@ -60,6 +60,17 @@ def _all_found(store: VectorStore, name: str, x: np.ndarray, start: int = 0, eve
         assert hits and hits[0].external_id == f"r{start + i}", (i, hits)
 
 
+def _sealed_and_tail(store: VectorStore, name: str, *, seed: int) -> np.ndarray:
+    """A segmented collection of 300 rows: r0..r199 in one graph, r200..r299 in the tail."""
+    c = store.create_collection(name=name, dimensions=DIMS, write_path="segments")
+    x = _vectors(300, seed=seed)
+    _write(store, name, x[:200], 0)
+    assert sealing.seal(store.db, c, store.settings) is not None
+    _write(store, name, x[200:], 200)
+    store.forget_collection(name)
+    return x
+
+
 def _layout(store: VectorStore, name: str) -> Layout:
     found = segments.layout(store.get_collection(name=name, fresh=True))
     assert found is not None
@@ -173,12 +184,7 @@ def test_rows_are_found_in_every_state(seg_store: VectorStore, collection_name: 
 
 def test_updates_deletes_and_filters_across_graphs_and_tail(seg_store: VectorStore, collection_name: str) -> None:
     store = seg_store
-    c = store.create_collection(name=collection_name, dimensions=DIMS, write_path="segments")
-    x = _vectors(300, seed=1)
-    _write(store, collection_name, x[:200], 0)
-    assert sealing.seal(store.db, c, store.settings) is not None
-    _write(store, collection_name, x[200:], 200)
-    store.forget_collection(collection_name)
+    x = _sealed_and_tail(store, collection_name, seed=1)
     # An update of a sealed row moves it in its graph; of a tail row, in the tail.
     far = -x[5]
     store.upsert_items(collection=collection_name, items=[ItemIn(vector=far, external_id="r5", metadata={"n": 5})])
@@ -292,11 +298,7 @@ def test_a_seal_killed_mid_build_loses_nothing(seg_store: VectorStore, collectio
 
 def test_near_duplicates_across_graphs_and_tail(seg_store: VectorStore, collection_name: str) -> None:
     store = seg_store
-    c = store.create_collection(name=collection_name, dimensions=DIMS, write_path="segments")
-    x = _vectors(300, seed=6)
-    _write(store, collection_name, x[:200], 0)
-    assert sealing.seal(store.db, c, store.settings) is not None
-    _write(store, collection_name, x[200:], 200)
+    x = _sealed_and_tail(store, collection_name, seed=6)
     # Copies of a sealed row and of a tail row, both in the tail.
     store.upsert_items(
         collection=collection_name,
