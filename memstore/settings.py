@@ -90,7 +90,7 @@ class Settings(BaseSettings):
         ),
     )
     segments_max: int = Field(
-        default=8,
+        default=12,
         ge=2,
         description="A segmented collection's graphs are merged into one when they reach this many, writes or not.",
     )

@@ -113,10 +113,11 @@ def test_range_predicates_carry_their_bounds_as_literals() -> None:
         ([1000, 100, 100], True, (1, 3)),  # quiet: the small ones merge among themselves
         ([1000, 100], True, None),  # quiet, one small graph after a large one: left
         ([1000, 200, 100], True, (0, 3)),  # the rest reach a quarter of the first: everything
-        ([1000, 10, 10, 10], False, (1, 4)),  # at the cap while writing: the run no larger than the first
-        ([100, 100, 100, 100], False, (0, 4)),  # equal seals at the cap: all of them
-        ([400, 300, 100, 100], False, (2, 4)),  # the last two fit under the one before: those
-        ([400, 100, 100, 100], False, (1, 4)),  # the last three fit under the first
+        ([1000, 10, 10, 10], False, (1, 4)),  # at the cap while writing: the small ones of one size
+        ([100] * 6, False, (0, 4)),  # seals of one size: the oldest four of them
+        ([400, 300, 100, 100], False, (2, 4)),  # the two of about one size with the fewest rows
+        ([1600, 400, 100, 10], False, (2, 4)),  # no two of one size: the smallest neighbouring pair
+        ([100], False, None),
     ],
 )
 def test_merge_span_keeps_builds_geometric(sizes: list[int], quiet: bool, want: tuple[int, int] | None) -> None:
@@ -125,6 +126,22 @@ def test_merge_span_keeps_builds_geometric(sizes: list[int], quiet: bool, want: 
         graphs.append(Graph(lo, lo + size, f"g{lo}"))
         lo += size
     assert segments.merge_span(Layout(tuple(graphs)), quiet=quiet, max_graphs=4) == want
+
+
+def test_merges_while_writing_rebuild_each_row_a_few_times() -> None:
+    """A stream of 200 equal seals under a cap of 12 graphs: the graphs stay under the cap, and the
+    rows the merges rebuild stay a small multiple of the rows (about log4 of the seals: 2.9 here)."""
+    graphs: list[Graph] = []
+    rebuilt = 0
+    for i in range(200):
+        graphs.append(Graph(i * 100, (i + 1) * 100, f"g{i}"))
+        while (span := segments.merge_span(Layout(tuple(graphs)), quiet=False, max_graphs=12)) is not None:
+            start, end = span
+            merged = Graph(graphs[start].lo, graphs[end - 1].hi, "m")
+            rebuilt += merged.rows_bound
+            graphs[start:end] = [merged]
+        assert len(graphs) < 12
+    assert rebuilt <= 4 * 200 * 100
 
 
 def test_write_path_is_checked() -> None:

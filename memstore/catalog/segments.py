@@ -147,15 +147,19 @@ def graph_definition(c: Collection, lo: int, hi: int) -> sql.Composed:
     )
 
 
+MERGE_FACTOR = 4  # the most graphs one merge takes while writes go on
+
+
 def merge_span(layout: Layout, *, quiet: bool, max_graphs: int, ratio: float = 0.25) -> tuple[int, int] | None:
     """The graphs (``layout.graphs[start:end]``) to merge into one now, or None.
 
     Every merge is a build of every row it covers, so the rule keeps the builds of a row few:
 
     - while writes go on, graphs are merged only once they reach ``max_graphs`` (each is a walk in
-      every search), and then the longest run at the end that is no larger, merged, than the graph
-      before it (a size-tiered merge: graph sizes fall along the ids, and a row is rebuilt about
-      log2 of the rows over ``seal_rows`` times); all of them when no such run has two graphs;
+      every search), and then at most ``MERGE_FACTOR`` neighbouring graphs of about one size
+      (``_tiered``): a size-tiered merge, so a row is rebuilt about log4 of the seals it took
+      times (2.9 over 200 seals of one size, 5.9 over 2,000: ``tests/test_segments.py``), and a merge
+      during a stream takes a few seals' rows, never the whole collection's;
     - once writes have paused (``quiet``), the first graph is rebuilt with the rest only when the
       rest hold at least ``ratio`` of its rows (so it grows geometrically); until then the later
       graphs merge among themselves, and a quiet collection keeps at most two graphs, the second
@@ -167,16 +171,28 @@ def merge_span(layout: Layout, *, quiet: bool, max_graphs: int, ratio: float = 0
     if not quiet:
         if n < max_graphs:
             return None
-        total = graphs[-1].rows_bound
-        best = None
-        for start in range(n - 2, 0, -1):
-            total += graphs[start].rows_bound
-            if total <= graphs[start - 1].rows_bound:
-                best = start
-        return (best, n) if best is not None else (0, n)
+        return _tiered(tuple(g.rows_bound for g in graphs))
     first, rest = graphs[0], graphs[1:]
     if sum(g.rows_bound for g in rest) >= ratio * first.rows_bound:
         return (0, n)
     if len(rest) >= 2:
         return (1, n)
     return None
+
+
+def _tiered(sizes: tuple[int, ...]) -> tuple[int, int]:
+    """The neighbouring graphs of about one size (within a factor of two) with the fewest rows each,
+    at most ``MERGE_FACTOR`` of them, the oldest first; when no two neighbours are of about one size,
+    the neighbouring pair with the fewest rows."""
+    n = len(sizes)
+    tiers, start = [], 0
+    for end in range(1, n + 1):
+        if end == n or max(sizes[start : end + 1]) > 2 * min(sizes[start : end + 1]):
+            tiers.append((start, end))
+            start = end
+    similar = [(sum(sizes[a:b]) / (b - a), a, b) for a, b in tiers if b - a >= 2]
+    if similar:
+        _, a, b = min(similar)
+        return (a, min(b, a + MERGE_FACTOR))
+    i = min(range(n - 1), key=lambda j: sizes[j] + sizes[j + 1])
+    return (i, i + 2)
