@@ -42,7 +42,7 @@ def plot(result: dict[str, Any], path: Path) -> Path:
     for ax in (ax_rate, ax_recall):
         ax.grid(axis="x", alpha=0.3)
     fig.suptitle(
-        f"bench.stream: {result['dataset']}, {result['rows']:,} rows in batches of {result['batch']:,}, "
+        f"bench.stream: {result['dataset']}, {result['rows']:,} rows (batches as named, else {result['batch']:,}), "
         f"m {result['hnsw']['m']}, ef_construction {result['hnsw']['ef_construction']}"
     )
     fig.tight_layout()
