@@ -12,6 +12,7 @@ import numpy as np
 import psycopg
 import pytest
 import sqlalchemy as sa
+from psycopg import sql
 
 from memstore.catalog import segments
 from memstore.catalog.segments import Graph, Layout
@@ -347,3 +348,23 @@ def test_a_writer_faster_than_the_sealer_waits_for_it(
         assert _layout(store, collection_name).watermark < small[0].id
     finally:
         store.sealer.close()
+
+
+def test_rows_waiting_for_their_vectors_stay_in_the_tail(seg_store: VectorStore, collection_name: str) -> None:
+    """A seal stops before the first row still queued for the encoder: a graph built over it would
+    take its vector later through pgvector's per-row insert."""
+    store = seg_store
+    c = store.create_collection(name=collection_name, dimensions=DIMS, write_path="segments")
+    x = _vectors(300, seed=9)
+    _write(store, collection_name, x, 0)
+    with store.db.write() as conn:  # r150 as a queued item is before the worker embeds it
+        conn.execute(
+            sql.SQL("UPDATE {} SET status = 'pending', embedding = NULL WHERE external_id = 'r150'").format(c.table)
+        )
+    done = sealing.seal(store.db, c, store.settings)
+    assert done is not None and done.rows == 150 and done.graph.hi == 150
+    store.upsert_items(collection=collection_name, items=[ItemIn(vector=x[150], external_id="r150")])  # embedded
+    done = sealing.seal(store.db, c, store.settings)
+    assert done is not None and done.graph.lo == 150 and done.rows == 150
+    store.forget_collection(collection_name)
+    _all_found(store, collection_name, x, every=13)

@@ -14,6 +14,7 @@ from encoder.types import Priority
 from memstore.api.problems import Problem
 from memstore.api.runtime import Runtime
 from memstore.api.schemas import ItemAck, ItemBody, ItemsAck
+from memstore.catalog import segments
 from memstore.catalog.collections import Collection, Space
 from memstore.inputs import check_item_text, check_metadata
 from memstore.items.vectors import as_vector
@@ -109,6 +110,8 @@ async def store_json_items(rt: Runtime, c: Collection, items: Sequence[ItemBody]
 
 async def enqueue(rt: Runtime, c: Collection, pending: list[PendingItem], *, wait: bool) -> list[ItemAck]:
     done = await run_in_threadpool(lambda: jobs.enqueue(rt.db, c, [with_facts(p) for p in pending]))
+    if segments.segmented(c):
+        rt.store.sealer.wrote(c)  # its tail grew: sealed once its rows are embedded
     acks = [ItemAck(id=d.id, external_id=d.external_id, status=d.status, change=d.change) for d in done]
     waiting = sorted({a.id for a in acks if a.status == "pending"})
     if wait and waiting:

@@ -42,6 +42,16 @@ from memstore.settings import Settings
 log = logging.getLogger(__name__)
 
 
+# The tail's rows a seal takes: those up to the first one still waiting for its vector (an image or a
+# text queued for the encoder). A graph built over it would take its vector later through pgvector's
+# per-row insert, what segments are for avoiding; it stays in the tail, read exactly, until embedded.
+_TAIL_SQL = sql.SQL(
+    "SELECT count(*), max(id) FROM {t} WHERE id > %(low)s AND id < coalesce("
+    "(SELECT min(id) FROM {t} WHERE id > %(low)s AND status = 'pending'), 9223372036854775807)"
+)
+_WAITING_SQL = sql.SQL("SELECT EXISTS (SELECT 1 FROM {t} WHERE id > %(low)s AND status = 'pending')")
+
+
 class SealBusyError(RuntimeError):
     """Another process is sealing or merging this collection, or changing its index."""
 
@@ -77,7 +87,7 @@ def seal(
     least = settings.seal_rows if min_rows is None else max(1, min_rows)
     with _held(db, c, settings, wait_s) as (conn, c, layout):
         low = layout.watermark
-        row = conn.execute(sql.SQL("SELECT count(*), max(id) FROM {} WHERE id > %s").format(c.table), (low,)).fetchone()
+        row = conn.execute(_TAIL_SQL.format(t=c.table), {"low": low}).fetchone()
         rows, high = (int(row[0]), row[1]) if row else (0, None)
         if rows < least or high is None:
             return None
@@ -314,13 +324,23 @@ class Sealer:
                 return False
             done = self._next(c, quiet=quiet)
         if done is None:
-            return quiet
+            return quiet and not self._waiting(c)
         self._record(c, [done])
         with self._lock:
             if done.action == "seal" and cid in self._active:
                 self._active[cid] = time.monotonic()  # a pause counts from the last seal too
         self._wake.set()  # more may be due (a tail that filled while this one was built)
         return False
+
+    def _waiting(self, c: Collection) -> bool:
+        """Rows in ``c``'s tail still wait for their vectors: the thread keeps looking, to seal them
+        once the ingest workers have embedded them."""
+        layout = segments.layout(c)
+        if layout is None:
+            return False
+        with self.db.write() as conn:
+            row = conn.execute(_WAITING_SQL.format(t=c.table), {"low": layout.watermark}).fetchone()
+        return bool(row and row[0])
 
     def _next(self, c: Collection, *, quiet: bool) -> Sealed | None:
         """A merge first when the graphs reached their cap (else a stream that keeps the tail full

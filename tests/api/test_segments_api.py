@@ -78,3 +78,18 @@ def test_segments_refusals(client: httpx.Client, collection_name: str) -> None:
     r = client.post(f"/v1/collections/{collection_name}/seal")
     assert r.status_code == 422 and "not written as segments" in r.json()["detail"], r.text
     assert client.post("/v1/collections/no_such_collection_here/seal").status_code == 404
+
+
+def test_texts_embedded_by_the_server_are_sealed_once_ready(client: httpx.Client, collection_name: str) -> None:
+    """Texts go through the encoder's queue: the seal takes them once their vectors are in."""
+    r = client.post("/v1/collections", json={"name": collection_name, "write_path": "segments"})
+    assert r.status_code == 201, r.text
+    url = f"/v1/collections/{collection_name}"
+    body = {"items": [{"external_id": f"t{i}", "text": f"note number {i}"} for i in range(3)]}
+    r = client.post(f"{url}/items", params={"wait": "true"}, json=body)
+    assert r.status_code in (200, 201), r.text
+    assert {a["status"] for a in r.json()["items"]} == {"ready"}
+    (done,) = client.post(f"{url}/seal").json()["done"]
+    assert done["rows"] == 3
+    hits = client.post(f"{url}/search", json={"text": "note number 2", "mode": "keyword", "k": 1}).json()["results"]
+    assert hits[0]["external_id"] == "t2"
