@@ -368,3 +368,17 @@ def test_rows_waiting_for_their_vectors_stay_in_the_tail(seg_store: VectorStore,
     assert done is not None and done.graph.lo == 150 and done.rows == 150
     store.forget_collection(collection_name)
     _all_found(store, collection_name, x, every=13)
+
+
+def test_a_second_space_of_a_segmented_collection(seg_store: VectorStore, collection_name: str) -> None:
+    """Spaces keep their own side table and graph: a segmented collection's second space is filled
+    and searched as any collection's, its hits joined to items in graphs and in the tail alike."""
+    store = seg_store
+    x = _sealed_and_tail(store, collection_name, seed=10)
+    store.create_space(collection=collection_name, name="other", model="user", dimensions=8)
+    other = _vectors(300, seed=11)[:, :8]
+    store.put_space_vectors(collection=collection_name, name="other", vectors={f"r{i}": v for i, v in enumerate(other)})
+    for i in (3, 250):  # one in the graph, one in the tail
+        hits = store.search(collection=collection_name, vector=other[i], k=1, using="other", exact=True)
+        assert hits[0].external_id == f"r{i}"
+        assert store.search(collection=collection_name, vector=x[i], k=1)[0].external_id == f"r{i}"
