@@ -4,8 +4,10 @@ tail, the graphs and their merges; updates and deletes show at once; a seal that
 
 from __future__ import annotations
 
+import re
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 
 import numpy as np
@@ -382,3 +384,31 @@ def test_a_second_space_of_a_segmented_collection(seg_store: VectorStore, collec
         hits = store.search(collection=collection_name, vector=other[i], k=1, using="other", exact=True)
         assert hits[0].external_id == f"r{i}"
         assert store.search(collection=collection_name, vector=x[i], k=1)[0].external_id == f"r{i}"
+
+
+def test_leftover_cleanup_drops_only_graph_indexes(seg_store: VectorStore, engine: sa.Engine) -> None:
+    """A collection whose table's name itself looks like a graph's prefix (``c<id>_g1...``): seals and
+    merges, which drop leftover graph indexes first, leave its other indexes alone."""
+    store = seg_store
+    name = f"g1_{uuid.uuid4().hex[:8]}"
+    c = store.create_collection(name=name, dimensions=DIMS, write_path="segments")
+    store.create_metadata_index(collection=name, field="n", type="number")
+
+    def others() -> set[str]:
+        with raw_connection(engine) as conn:
+            rows = conn.execute(
+                "SELECT i.relname FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid "
+                "WHERE x.indrelid = %s::regclass",
+                (c.table_name,),
+            ).fetchall()
+        return {r[0] for r in rows if not re.fullmatch(rf"c{c.id}_g[0-9]+_[0-9]+", r[0])}
+
+    before = others()
+    assert len(before) >= 4  # the primary key, external_id, metadata and the typed index at least
+    _write(store, name, _vectors(300, seed=12), 0)
+    assert sealing.seal(store.db, c, store.settings, min_rows=1) is not None
+    _write(store, name, _vectors(100, seed=13), 300)
+    assert sealing.seal(store.db, c, store.settings, min_rows=1) is not None
+    assert sealing.merge(store.db, c, store.settings, quiet=True, everything=True) is not None
+    assert others() == before
+    store.drop_collection(name=name)

@@ -131,9 +131,11 @@ def index_name(c: Collection, lo: int, hi: int) -> str:
     return f"c{c.id}_g{lo}_{hi}"
 
 
-def index_prefix(c: Collection) -> str:
-    """What every graph index of ``c`` is named with (``index_name``), for finding leftovers."""
-    return f"c{c.id}_g"
+def index_pattern(c: Collection) -> str:
+    """A regular expression (PostgreSQL's) that the name of every graph index of ``c`` matches
+    (``index_name``) and no other index of its table: those are the table's name and a suffix, and
+    the table's name (``c<id>_<name>``) may itself begin ``c<id>_g`` followed by digits."""
+    return f"^c{c.id}_g[0-9]+_[0-9]+$"
 
 
 def graph_definition(c: Collection, lo: int, hi: int) -> sql.Composed:

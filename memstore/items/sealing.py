@@ -177,8 +177,8 @@ def _drop_leftovers(conn: psycopg.Connection[Any], c: Collection, layout: Layout
     named = {g.index for g in layout.graphs}
     rows = conn.execute(
         "SELECT i.relname FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid "
-        "WHERE x.indrelid = to_regclass(%s) AND starts_with(i.relname, %s)",
-        (c.table.as_string(conn), segments.index_prefix(c)),
+        "WHERE x.indrelid = to_regclass(%s) AND i.relname ~ %s",
+        (c.table.as_string(conn), segments.index_pattern(c)),
     ).fetchall()
     for (name,) in rows:
         if name not in named:
