@@ -348,6 +348,22 @@ def test_a_writer_faster_than_the_sealer_waits_for_it(
         # Under the bound, a write returns at once without waiting for a seal.
         small = store.upsert_items(collection=collection_name, items=[ItemIn(vector=x[0], external_id="extra")])
         assert _layout(store, collection_name).watermark < small[0].id
+        assert store.sealer.room(store.get_collection(name=collection_name))
+        # A caller that waits for room itself (the REST API, on its event loop) is not held: written
+        # by a store whose sealer is stopped, into a collection no sealer looks after yet.
+        other = f"{collection_name}_b"
+        quiet_store = VectorStore(engine, settings=store.settings)
+        quiet_store.sealer.close()
+        quiet_store.create_collection(name=other, dimensions=DIMS, write_path="segments")
+        more = [ItemIn(vector=v, external_id=f"m{i}") for i, v in enumerate(_vectors(600, seed=14))]
+        quiet_store.upsert_items(collection=other, items=more, backpressure=False)
+        c_other = store.get_collection(name=other)
+        assert not store.sealer.room(c_other)  # 600 rows in the tail, over the bound of 200
+        store.sealer.wrote(c_other)  # now this store's sealer looks after it
+        deadline = time.monotonic() + 60
+        while not store.sealer.room(c_other) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert store.sealer.room(c_other)
     finally:
         store.sealer.close()
 

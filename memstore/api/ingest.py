@@ -3,7 +3,9 @@ image with the facts its header holds added to its metadata: ``memstore.media.ph
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -95,7 +97,11 @@ async def store_json_items(rt: Runtime, c: Collection, items: Sequence[ItemBody]
             )
             for i in vector_idx
         ]
-        results = await run_in_threadpool(lambda: rt.store.upsert_items(collection=c.name, items=batch))
+        if segments.segmented(c):
+            await _room_in_tail(rt, c)
+        results = await run_in_threadpool(
+            lambda: rt.store.upsert_items(collection=c.name, items=batch, backpressure=False)
+        )
         for i, r in zip(vector_idx, results, strict=True):
             acks[i] = ItemAck(id=r.id, external_id=r.external_id, status="ready", change=r.status)
     if text_idx:
@@ -106,6 +112,16 @@ async def store_json_items(rt: Runtime, c: Collection, items: Sequence[ItemBody]
         for i, ack in zip(text_idx, await enqueue(rt, c, pending, wait=wait), strict=True):
             acks[i] = ack
     return outcome([acks[i] for i in range(len(items))])
+
+
+async def _room_in_tail(rt: Runtime, c: Collection) -> None:
+    """Wait, on the event loop and holding no thread, while a segmented collection's tail is over
+    its bound (``Sealer.room``; at most ``Sealer.BACKLOG_WAIT_S``): a client that writes faster than
+    the graphs are built is slowed to their pace, the rows it sent before all searchable."""
+    sealer = rt.store.sealer
+    deadline = time.monotonic() + sealer.BACKLOG_WAIT_S
+    while not await run_in_threadpool(sealer.room, c) and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
 
 
 async def enqueue(rt: Runtime, c: Collection, pending: list[PendingItem], *, wait: bool) -> list[ItemAck]:

@@ -235,8 +235,8 @@ class Sealer:
         self.pace: Any = None
 
     def wrote(self, c: Collection, high_id: int | None = None) -> None:
-        """``c`` was written to, its highest new id ``high_id``: wake the thread, and wait while the
-        tail is over the back-pressure bound."""
+        """``c`` was written to, its highest new id ``high_id``: wake the thread and, given
+        ``high_id``, wait while the tail is over the back-pressure bound."""
         with self._lock:
             self._active[c.id] = time.monotonic()
             if self._thread is None and not self._stop.is_set():
@@ -245,6 +245,28 @@ class Sealer:
         layout = segments.layout(c)
         if high_id is None or layout is None or high_id - layout.watermark <= self._bound():
             return
+        self.wait_for_room(c, high_id)
+
+    def room(self, c: Collection) -> bool:
+        """Whether ``c``'s tail is within the back-pressure bound now (its sequence's last id against
+        the layout in the registry): what a caller that waits on an event loop polls (the REST API)."""
+        with self.db.write() as conn:
+            fresh = registry.read_collection(conn, id=c.id)
+            layout = segments.layout(fresh)
+            if layout is None:
+                return True
+            row = conn.execute(
+                "SELECT pg_sequence_last_value(%s::regclass)",
+                (sql.Identifier(f"{c.table_name}_id_seq").as_string(conn),),
+            ).fetchone()
+        last = int(row[0]) if row and row[0] is not None else 0
+        if last - layout.watermark > self._bound():
+            self._wake.set()
+            return False
+        return True
+
+    def wait_for_room(self, c: Collection, high_id: int) -> None:
+        """Block until the sealer has brought ``c``'s tail under the bound for rows up to ``high_id``."""
         self._wake.set()
         deadline = time.monotonic() + self.BACKLOG_WAIT_S
         while not self._stop.is_set() and time.monotonic() < deadline:

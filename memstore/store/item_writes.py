@@ -89,13 +89,20 @@ class ItemWritesPart(ItemReadsPart):
             items=[ItemIn(vector=vector, external_id=external_id, metadata=metadata, text=text)],
         )[0]
 
-    def upsert_items(self, *, collection: str, items: Sequence[ItemIn]) -> list[UpsertResult]:
+    def upsert_items(
+        self, *, collection: str, items: Sequence[ItemIn], backpressure: bool = True
+    ) -> list[UpsertResult]:
         """Insert new items and update changed ones, keyed by ``external_id``; results in input order.
 
         Re-sending an identical item changes nothing (no dead tuple, no index churn). When one batch
         names the same external_id twice, the last occurrence wins. A batch large against its
         collection (``memstore.items.bulk_load.defers``) goes in without the HNSW index, which is built
         again before this returns; searches meanwhile are exact scans.
+
+        Into a segmented collection (``write_path="segments"``) a batch that leaves the tail over its
+        bound returns once the sealer has brought it under (``memstore.items.sealing.Sealer``);
+        ``backpressure=False``: at once (a caller that waits for room itself, as the REST API does on
+        its event loop, ``Sealer.room``).
         """
         c = self._collection_for_write(collection)
         if len(items) >= self.settings.bulk_min_rows and not bulk_load.in_progress(c):
@@ -106,9 +113,9 @@ class ItemWritesPart(ItemReadsPart):
                         return self._write_items(c, items)
                 except bulk_load.BulkLoadBusyError:
                     pass  # a switch, a rebuild or another load holds the index: into the live graph
-        return self._write_items(c, items)
+        return self._write_items(c, items, backpressure=backpressure)
 
-    def _write_items(self, c: Collection, items: Sequence[ItemIn]) -> list[UpsertResult]:
+    def _write_items(self, c: Collection, items: Sequence[ItemIn], *, backpressure: bool = True) -> list[UpsertResult]:
         """One upsert transaction (COPY into a staging table above ``COPY_THRESHOLD`` items)."""
         if not items:
             return []
@@ -134,7 +141,8 @@ class ItemWritesPart(ItemReadsPart):
             self.forget_collection(c.name)
             raise CollectionNotFoundError(c.name) from None
         if segments.segmented(c):
-            self.sealer.wrote(c, max((r[0] for r in returned.values()), default=None))
+            high = max((r[0] for r in returned.values()), default=None) if backpressure else None
+            self.sealer.wrote(c, high)
         return [UpsertResult(id=returned[eid][0], external_id=eid, status=returned[eid][1]) for eid in ids]
 
     def bulk_load(
