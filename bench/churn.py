@@ -1,6 +1,7 @@
 """Churn benchmark: how each maintenance strategy keeps an HNSW index's recall and size under churn.
 
     python -m bench.churn --json [--data FILE.npz] [--rows N] [--rounds R] [--churn F] [--plot FILE.png]
+                         [--recall-target T]
 
 Per strategy (none, vacuum, compact, policy) on the same data: load ``rows`` vectors, build the index,
 then R rounds of churn (a fraction F of the table: 60% updates with new vectors, 20% deletes, 20%
@@ -16,6 +17,10 @@ The concurrent searches are the users' searches: they use the queries past the f
 serve both), and the searches users ran before are sampled into ``memstore_query_samples`` the way the
 API samples them, so the worker's recall probes see real queries as they do behind the API.
 Autovacuum is disabled on the benchmark tables so that each strategy is the only maintenance.
+With ``--recall-target T`` the policy's collection asks for recall T and the worker tunes its
+ef_search on its passes: the policy's recall at its tuned ef on held-out queries per round, against
+the fixed ef that would have held T at every round (``bench.churn_target``); the plot is then the
+target's.
 The last line printed is one JSON object.
 """
 
@@ -35,7 +40,16 @@ import numpy as np
 from bench.churn_data import Dataset, load_npz, synthetic
 from bench.churn_db import connect, exact_topk, fetch_topk, index_bytes, recall_at
 from bench.churn_load import Load
-from bench.churn_plot import plot
+from bench.churn_plot import plot, plot_target
+from bench.churn_target import (
+    LADDER,
+    fixed_ef,
+    held_out,
+    recall_by_ef,
+    split_queries,
+    summary,
+    time_tuned_vs_fixed,
+)
 from maintenance.config import MaintenanceConfig
 from maintenance.worker import MaintenanceWorker
 from memstore.db import migrate
@@ -157,13 +171,43 @@ def sample_user_queries(store: VectorStore, name: str, queries: np.ndarray) -> N
     sampler.close()  # flushed
 
 
+def record_target(t: dict[str, Any], c: Any, conn: Any, table: str, queries: np.ndarray, truth: list[set[int]]) -> None:
+    """After a pass: the collection's ef_search, recall at it and at every ladder ef, and its tuning."""
+    ladder = recall_by_ef(conn, table, queries, truth, (*LADDER, c.default_ef_search))
+    t["ef_search"].append(c.default_ef_search)
+    t["recall"].append(ladder[c.default_ef_search])
+    t["ladder"].append({str(e): v for e, v in ladder.items()})
+    tuning = c.recall_tuning or {}
+    t["tuning"].append({k: tuning.get(k) for k in ("ef", "recall", "lower", "queries", "source", "ladder")})
+
+
+def actions(worker: MaintenanceWorker) -> list[dict[str, Any]]:
+    """What a pass did (its "nothing" verdicts left out), with why and how long."""
+    return [
+        {"action": o.decision, "outcome": o.outcome, "reason": o.reason, "seconds": round(o.duration_s, 3)}
+        for o in worker.last_outcomes
+        if o.outcome != "nothing"
+    ]
+
+
+def finish_target(t: dict[str, Any], target: float, table: str, queries: np.ndarray, tuned: int) -> None:
+    """The fixed ef that held ``target`` at every round, and both efs timed on the final data."""
+    ladders = [{int(e): v for e, v in ladder.items() if int(e) in LADDER} for ladder in t["ladder"]]
+    fixed = fixed_ef(ladders, target)
+    t["fixed_ef"] = fixed if fixed is not None else max(LADDER)
+    t["fixed_ef_holds"] = fixed is not None
+    t["timing"] = time_tuned_vs_fixed(table, queries, tuned=tuned, fixed=t["fixed_ef"])
+
+
 def run_strategy(strategy: str, ds: Dataset, args: argparse.Namespace, store: VectorStore) -> dict[str, Any]:
     name = f"bench_churn_{strategy}"
     table, index, mirror, build = setup_collection(store, name, ds, args.rows, args.seed)
     ef = store.settings.default_ef_search
-    queries = ds.queries[: args.queries]
-    user_queries = ds.queries[args.queries :] if len(ds.queries) > args.queries else ds.queries
+    targeted = strategy == "policy" and args.recall_target is not None
+    queries, user_queries = split_queries(ds.queries, args.queries, apart=targeted)
     sample_user_queries(store, name, user_queries)
+    if targeted:
+        store.set_recall_target(collection=name, target=args.recall_target)
     worker = MaintenanceWorker(store.db, settings=store.settings, config=MaintenanceConfig(), collections=[name])
     worker.session()  # the worker's connection is opened up front, like the other strategies' connection
     out: dict[str, Any] = {
@@ -175,12 +219,21 @@ def run_strategy(strategy: str, ds: Dataset, args: argparse.Namespace, store: Ve
         "build_seconds": round(build, 2),
         "decisions": [],
     }
+    if targeted:
+        out["target"] = {"ef_search": [], "recall": [], "ladder": [], "tuning": [], "actions": []}
+
+    def tuned_ef() -> int:
+        return store.get_collection(name=name, fresh=True).default_ef_search
+
     with connect() as conn:
 
         def measure() -> None:
-            out["recall"].append(recall_at(fetch_topk(conn, table, queries, K, ef_search=ef), mirror.truth(queries)))
+            truth = mirror.truth(queries)
+            out["recall"].append(recall_at(fetch_topk(conn, table, queries, K, ef_search=ef), truth))
             out["index_bytes"].append(index_bytes(conn, index))
             out["live_rows"].append(len(mirror.slots))
+            if targeted:
+                record_target(out["target"], store.get_collection(name=name, fresh=True), conn, table, queries, truth)
 
         measure()
         load = Load(
@@ -191,6 +244,8 @@ def run_strategy(strategy: str, ds: Dataset, args: argparse.Namespace, store: Ve
             on_insert=lambda i, s: mirror.slots.__setitem__(i, s),
         )
         for r in range(args.rounds):
+            if targeted:
+                load.ef_search = tuned_ef()  # the users' default searches run at the tuned ef
             load.start()
             t0 = time.perf_counter()
             churn_round(conn, table, mirror, args.churn, np.random.default_rng(args.seed * 1000 + r))
@@ -205,6 +260,8 @@ def run_strategy(strategy: str, ds: Dataset, args: argparse.Namespace, store: Ve
                 if worker.run_once() != 0:
                     load.errors.append(f"round {r}: maintenance pass failed: {worker.last_outcomes}")
                 out["decisions"].append([f"{o.decision}:{o.outcome}" for o in worker.last_outcomes])
+                if targeted:
+                    out["target"]["actions"].append(actions(worker))
             out["maint_seconds_per_round"].append(round(time.perf_counter() - t0, 3))
             load.stop()
             measure()
@@ -215,6 +272,9 @@ def run_strategy(strategy: str, ds: Dataset, args: argparse.Namespace, store: Ve
                 file=sys.stderr,
                 flush=True,
             )
+        if targeted:
+            finish_target(out["target"], args.recall_target, table, queries, tuned_ef())
+            out["target"]["held_out"] = held_out(conn, store.get_collection(name=name).id, queries, user_queries)
         # Fresh builds on the final data, for reference: a build's recall varies by about 0.01 from one
         # build to the next (its graph levels are drawn at random), so the reference is their mean.
         truth = mirror.truth(queries)
@@ -255,6 +315,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--strategies", default=",".join(STRATEGIES))
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--plot", type=Path, default=Path("bench-churn.png"))
+    parser.add_argument(
+        "--recall-target",
+        type=float,
+        help="the policy's collection asks for this recall@10 (e.g. 0.95): the worker tunes its ef_search",
+    )
     parser.add_argument("--json", action="store_true", help="(the last line is always the JSON result)")
     args = parser.parse_args(argv)
     started = time.perf_counter()
@@ -298,7 +363,10 @@ def main(argv: list[str] | None = None) -> int:
             "size_ratio_policy_max<=1.1": p["size_ratio_max"] <= 1.1,
             "zero_errors": all(s["errors"] == 0 for s in strategies.values()),
         }
-        if len(strategies) == len(STRATEGIES):
+        if args.recall_target is not None:
+            result["recall_target"] = summary(p, args.recall_target, result["cost_ratio_policy_vs_vacuum"])
+            result["plot"] = str(plot_target(result, args.plot))
+        elif len(strategies) == len(STRATEGIES):
             result["plot"] = str(plot(result, args.plot))
     result["elapsed_s"] = round(time.perf_counter() - started, 1)
     print(json.dumps(result))

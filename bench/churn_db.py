@@ -47,11 +47,18 @@ def index_bytes(conn: psycopg.Connection[Any], index: str) -> int:
 
 
 def fetch_topk(
-    conn: psycopg.Connection[Any], table: str, queries: np.ndarray, k: int, *, ef_search: int
+    conn: psycopg.Connection[Any],
+    table: str,
+    queries: np.ndarray,
+    k: int,
+    *,
+    ef_search: int,
+    index_only: bool = False,
 ) -> list[list[int]]:
-    """The index's answers, with the store's search settings (iterative scan, re-sorted)."""
+    """The index's answers, with the store's search settings (iterative scan, re-sorted); ``index_only``:
+    from the graph even where the planner would scan a small table instead (what a ladder measures)."""
     out: list[list[int]] = []
-    settings = SearchSettings(ef_search=ef_search, exact=False, max_scan_tuples=20_000)
+    settings = SearchSettings(ef_search=ef_search, exact=False, max_scan_tuples=20_000, index_only=index_only)
     statement = search_statement(table, "<=>", exact=False, ids_only=True)
     with conn.transaction(), conn.cursor() as cur:
         apply(cur, settings)

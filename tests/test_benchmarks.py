@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,6 +52,72 @@ def test_churn_benchmark_runs_every_strategy(database_url: str, tmp_path: Path) 
         strategies["policy"]["maint_seconds"] / strategies["vacuum"]["maint_seconds"], 4
     )
     assert plot.stat().st_size > 10_000
+
+
+def test_churn_benchmark_with_a_recall_target(database_url: str, tmp_path: Path) -> None:
+    """The policy's collection asks for recall 0.9: its ef is tuned on the users' samples, read on
+    held-out queries every round, and set against the least fixed ef that held the target."""
+    plot = tmp_path / "churn-target.png"
+    result = _run(
+        "bench.churn",
+        database_url,
+        *("--rows", "3000", "--rounds", "2", "--queries", "60", "--fresh-builds", "1", "--plot", str(plot)),
+        *("--recall-target", "0.9", "--strategies", "vacuum,policy"),
+    )
+    assert set(result["strategies"]) == {"vacuum", "policy"}
+    assert "target" not in result["strategies"]["vacuum"]  # the other strategies run as without a target
+    t = result["recall_target"]
+    assert t["target"] == 0.9 and t["floor"] == 0.89
+    assert [r["round"] for r in t["rounds"]] == [1, 2]
+    ladder_efs = t["ladder_efs"]
+    per_round = result["strategies"]["policy"]["target"]["ladder"]
+    for r, ladder in zip(t["rounds"], per_round[1:], strict=True):
+        assert r["ef_search"] >= 1 and 0 <= r["recall"] <= 1
+        assert r["holds"] == (r["recall"] >= 0.89)
+        assert ladder[str(r["ef_search"])] == r["recall"]  # recall at the tuned ef, read with the ladder
+        assert {int(e) for e in ladder} >= set(ladder_efs)
+    # The first pass tunes the new target: a "tune" action, and the ef it set is the collection's.
+    first = t["rounds"][0]["actions"]
+    assert any(a["action"] == "tune" and a["outcome"] == "ok" for a in first)
+    assert t["min_recall_tuned"] == min(r["recall"] for r in t["rounds"])
+    # The fixed ef: the least ladder ef that reached the target at every round.
+    if t["fixed_ef_holds"]:
+        fixed = t["fixed_ef"]
+        assert all(ladder[str(fixed)] >= 0.9 for ladder in per_round)
+        assert all(any(ladder[str(e)] < 0.9 for ladder in per_round) for e in ladder_efs if e < fixed)
+    timing = t["timing"]
+    assert timing["tuned"]["ef"] == t["rounds"][-1]["ef_search"] and timing["fixed"]["ef"] == t["fixed_ef"]
+    assert timing["tuned"]["search_qps"] > 0 and timing["fixed"]["search_qps"] > 0
+    assert t["qps_ratio_tuned_vs_fixed"] == timing["qps_ratio_tuned_vs_fixed"] > 0
+    # Held out: the worker tunes on the users' kept samples, which hold none of the recall queries.
+    assert t["held_out"]["recall_queries_in_samples"] == 0 < t["held_out"]["user_queries_in_samples"]
+    assert set(t["rebuild_rounds"]) <= {1, 2}
+    assert t["back_to_back_rebuild"] == (t["rebuild_rounds"] == [1, 2])
+    assert t["cost_ratio_policy_vs_vacuum"] == result["cost_ratio_policy_vs_vacuum"]
+    assert set(t["goals"]) == {
+        "recall_tuned>=target-0.01_every_round",
+        "cost_ratio_policy_vs_vacuum<=0.15",
+        "no_back_to_back_rebuild",
+        "recall_queries_held_out",
+    }
+    assert plot.stat().st_size > 10_000
+
+
+def test_churn_target_fixed_ef_and_back_to_back_rebuilds() -> None:
+    """The fixed ef must hold the target at every round; a rebuild right after a rebuild is flagged."""
+    from bench.churn_target import back_to_back, fixed_ef, rebuild_rounds, split_queries
+
+    rounds = [{10: 0.93, 40: 0.96, 80: 0.98}, {10: 0.95, 40: 0.94, 80: 0.97}, {10: 0.96, 40: 0.955, 80: 0.97}]
+    assert fixed_ef(rounds, 0.95) == 80  # 40 fell short in the second round
+    assert fixed_ef(rounds, 0.94) == 40 and fixed_ef(rounds, 0.99) is None
+    decisions = [["nothing:nothing"], ["rebuild:ok", "tune:ok"], ["rebuild:failed"], ["rebuild:ok"]]
+    assert rebuild_rounds(decisions) == [2, 4] and not back_to_back([2, 4]) and back_to_back([2, 3])
+    queries = np.arange(8, dtype=np.float32).reshape(4, 2)
+    recall, users = split_queries(queries, 2, apart=True)
+    assert recall.tolist() == queries[:2].tolist() and users.tolist() == queries[2:].tolist()
+    recall, users = split_queries(queries, 10, apart=True)  # too few for both: half each
+    assert len(recall) == len(users) == 2 and not set(map(tuple, recall.tolist())) & set(map(tuple, users.tolist()))
+    assert split_queries(queries, 10, apart=False)[1] is queries
 
 
 def test_bulk_benchmark_measures_live_scaling_and_the_crossover(database_url: str) -> None:
