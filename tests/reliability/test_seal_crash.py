@@ -30,7 +30,13 @@ def test_a_server_killed_mid_seal_loses_nothing(tmp_path: Path) -> None:
     url = start_embedded_server(tmp_path, maintenance_work_mem="64MB", max_parallel_maintenance_workers=1)
     migrate.upgrade(url)
     engine = create_engine(url, pool_size=2, max_overflow=0)
-    settings = Settings(database_url=url, data_dir=tmp_path, seal_interval_s=3600.0, max_parallel_maintenance_workers=0)
+    settings = Settings(
+        database_url=url,
+        data_dir=tmp_path,
+        seal_interval_s=3600.0,
+        max_parallel_maintenance_workers=0,
+        seal_rows=100_000,
+    )
     store = VectorStore(engine, settings=settings)
     try:
         c = store.create_collection(name="stream", dimensions=16, write_path="segments")
@@ -44,7 +50,7 @@ def test_a_server_killed_mid_seal_loses_nothing(tmp_path: Path) -> None:
 
         def build() -> None:
             try:
-                sealing.seal(store.db, c, settings)
+                sealing.seal(store.db, c, settings, min_rows=1)
             except BaseException as exc:
                 failed.append(exc)
 
@@ -73,7 +79,7 @@ def test_a_server_killed_mid_seal_loses_nothing(tmp_path: Path) -> None:
         assert stats.extra["segments"] == {"graphs": [], "tail_rows": len(x)}
         for i in range(0, len(x), 3_999):
             assert store.search(collection="stream", vector=x[i], k=1)[0].external_id == f"r{i}"
-        done = sealing.seal(store.db, c, settings)
+        done = sealing.seal(store.db, c, settings, min_rows=1)
         assert done is not None and done.rows == len(x)
         with psycopg.connect(libpq_url(url)) as conn:
             left = conn.execute(
