@@ -31,6 +31,16 @@ def _wait_gone(pid: int, timeout: float = 30.0) -> None:
     assert not psutil.pid_exists(pid), f"postmaster {pid} is still there"
 
 
+def stop_server(data_dir: Path) -> None:
+    """A fast shutdown of the embedded server in ``data_dir`` (a restarted one this process does not
+    own), if it runs."""
+    if (data_dir / "pg" / "postmaster.pid").exists():
+        pid = _postmaster(data_dir)
+        if psutil.pid_exists(pid):
+            os.kill(pid, signal.SIGINT)
+            _wait_gone(pid)
+
+
 def test_pool_survives_a_killed_and_restarted_server(tmp_path: Path) -> None:
     url = start_embedded_server(tmp_path, maintenance_work_mem="64MB", max_parallel_maintenance_workers=1)
     engine = create_engine(url, pool_size=3, max_overflow=0)
@@ -49,9 +59,4 @@ def test_pool_survives_a_killed_and_restarted_server(tmp_path: Path) -> None:
         assert after != before
     finally:
         engine.dispose()
-        pidfile = tmp_path / "pg" / "postmaster.pid"
-        if pidfile.exists():
-            pid = _postmaster(tmp_path)
-            if psutil.pid_exists(pid):
-                os.kill(pid, signal.SIGINT)  # fast shutdown of the restarted server
-                _wait_gone(pid)
+        stop_server(tmp_path)

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import psutil
 import psycopg
 
 from memstore.db import migrate
@@ -23,7 +22,7 @@ from memstore.items import sealing
 from memstore.models import ItemIn
 from memstore.settings import Settings
 from memstore.store import VectorStore
-from tests.reliability.test_db_restart import JOIN, _postmaster, _wait_gone
+from tests.reliability.test_db_restart import JOIN, _postmaster, _wait_gone, stop_server
 
 
 def test_a_server_killed_mid_seal_loses_nothing(tmp_path: Path) -> None:
@@ -94,9 +93,4 @@ def test_a_server_killed_mid_seal_loses_nothing(tmp_path: Path) -> None:
     finally:
         store.sealer.close()
         engine.dispose()
-        pidfile = tmp_path / "pg" / "postmaster.pid"
-        if pidfile.exists():
-            pid = _postmaster(tmp_path)
-            if psutil.pid_exists(pid):
-                os.kill(pid, signal.SIGINT)
-                _wait_gone(pid)
+        stop_server(tmp_path)
