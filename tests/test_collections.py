@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
+import sqlalchemy as sa
+from psycopg import sql
 
 from memstore.catalog.collections import HNSW_MAX_DIMENSIONS
+from memstore.db.core import dedicated_connection
 from memstore.errors import CollectionExistsError, CollectionNotFoundError, InvalidInputError
 from memstore.store import VectorStore
 
@@ -20,6 +26,52 @@ def test_create_get_list_drop(store: VectorStore, collection_name: str) -> None:
         store.get_collection(name=collection_name)
     with store.db.write() as conn:
         assert conn.execute("SELECT to_regclass(%s)", (created.table_name,)).fetchone() == (None,)
+
+
+def test_a_drop_waits_for_a_writer_that_then_queues_an_item(
+    store: VectorStore, engine: sa.Engine, collection_name: str
+) -> None:
+    """A writer that holds the table and then writes its queue row (a reference to the registry row)
+    while the collection is dropped: the drop waits for it and then drops, neither fails."""
+    c = store.create_collection(name=collection_name, dimensions=2)
+    errors: list[BaseException] = []
+    with dedicated_connection(engine, application_name="test-drop-writer", autocommit=False) as writer:
+        (item_id,) = writer.execute(
+            sql.SQL("INSERT INTO {} (external_id) VALUES ('a') RETURNING id").format(c.table)
+        ).fetchone() or (None,)
+
+        def drop() -> None:
+            try:
+                store.drop_collection(name=collection_name)
+            except BaseException as e:
+                errors.append(e)
+
+        dropping = threading.Thread(target=drop)
+        dropping.start()
+        with dedicated_connection(engine, application_name="test-drop-watch") as watch:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:  # the drop waits on a lock (the writer's)
+                waiting = watch.execute(
+                    "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
+                    "WHERE NOT l.granted AND a.pid <> pg_backend_pid() AND a.datname = current_database()"
+                ).fetchone()
+                if waiting and waiting[0]:
+                    break
+                time.sleep(0.02)
+            else:
+                pytest.fail("the drop never waited for the writer")
+        writer.execute("INSERT INTO memstore_ingest_queue (collection_id, item_id) VALUES (%s, %s)", (c.id, item_id))
+        writer.commit()
+        dropping.join(timeout=60)
+    assert not dropping.is_alive()
+    assert errors == []
+    with pytest.raises(CollectionNotFoundError):
+        store.get_collection(name=collection_name)
+    with store.db.write() as conn:
+        assert conn.execute("SELECT to_regclass(%s)", (c.table_name,)).fetchone() == (None,)
+        assert conn.execute(
+            "SELECT count(*) FROM memstore_ingest_queue WHERE collection_id = %s", (c.id,)
+        ).fetchone() == (0,)
 
 
 def test_duplicate_name_is_a_conflict(store: VectorStore, collection_name: str) -> None:

@@ -230,6 +230,10 @@ class CollectionsPart(StoreBase):
         collection = self.get_collection(name=name, fresh=True)
         with self.db.write() as conn:
             conn.execute("SET LOCAL lock_timeout = '10s'")
+            # The table before the registry row: a writer holds the table, then checks its queue
+            # row's reference to the registry row; deleting that row first would wait on the
+            # writer while the writer waits on it (a deadlock PostgreSQL breaks by failing the drop).
+            conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(collection.table))
             deregister(conn, collection)
             conn.execute(sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(collection.table))
             # Low-rank side tables (their triggers went with the table; registry rows cascade).
