@@ -94,8 +94,8 @@ class MaintenanceConfig(BaseSettings):
     tune_design_effect: float = Field(
         default=DEFAULT_DESIGN_EFFECT,
         ge=1,
-        description="The per-neighbour trials (k x queries) are divided by this: the misses of one query come "
-        "together, so the trials are not independent.",
+        description="The least design effect assumed: the per-neighbour trials (k x queries) are divided by "
+        "the one measured on the sample's queries (the misses of one query come together), at least this.",
     )
     search_horizon_s: float = Field(
         default=24 * 3600.0,

@@ -22,7 +22,7 @@ from psycopg.pq import TransactionStatus
 
 from maintenance.recall import _index_answers, exact_answers, exact_settings, index_search, index_settings
 from maintenance.targets import Target
-from maintenance.tuning import DEFAULT_DESIGN_EFFECT, DEFAULT_Z, Point, passes
+from maintenance.tuning import DEFAULT_DESIGN_EFFECT, DEFAULT_Z, Point, design_effect_of, passes
 from memstore.db import sqlfiles
 from memstore.search import query_samples
 from memstore.search.exact_answers import recall_hits
@@ -155,8 +155,10 @@ def measure_ladder(
                 t0 = time.perf_counter()
                 found = _index_answers(conn, statement, vectors, k)
                 ms[ef] = (time.perf_counter() - t0) * 1000 / len(vectors)
-            hits = sum(recall_hits(f, e) for f, e in zip(found, exact, strict=True))
-            point = Point(ef, hits / expected if expected else 1.0, len(vectors), k)
+            per_query = [recall_hits(f, e) for f, e in zip(found, exact, strict=True)]
+            hits = sum(per_query)
+            spread = design_effect_of(per_query, [len(e) for e in exact])
+            point = Point(ef, hits / expected if expected else 1.0, len(vectors), k, spread)
             points.append(point)
             if stop_on_pass and passes(point, recall_target, z=z, design_effect=design_effect):
                 break

@@ -73,8 +73,9 @@ def drifted(p: Probe, config: MaintenanceConfig) -> bool | None:
     if recall >= fresh - config.recall_drop:
         return False
     k = p.recall.k
-    now = Point(p.recall.ef_search, recall, max(p.recall.queries, 1), k)
-    then = Point(p.recall.ef_search, fresh, max(p.fresh_recall_queries or p.recall.queries, 1), k)
+    spread = p.recall.design_effect  # the fresh reading's is not kept: both samples are taken alike
+    now = Point(p.recall.ef_search, recall, max(p.recall.queries, 1), k, spread)
+    then = Point(p.recall.ef_search, fresh, max(p.fresh_recall_queries or p.recall.queries, 1), k, spread)
     return told_apart(then, now, z=config.tune_z, design_effect=config.tune_design_effect)
 
 

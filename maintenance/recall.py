@@ -19,6 +19,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 
 from maintenance.targets import Target
+from maintenance.tuning import design_effect_of
 from memstore.catalog import segments
 from memstore.db import sqlfiles
 from memstore.search import query_samples
@@ -65,6 +66,12 @@ class RecallResult:
     found: list[list[int]] = field(default_factory=list, repr=False)
     exact: list[list[int]] = field(default_factory=list, repr=False)
     sample_ids: tuple[int, ...] = ()  # the API samples used (a confirming sample leaves them out)
+    per_query_hits: tuple[int, ...] = field(default=(), repr=False)  # hits of each query, in order
+
+    @property
+    def design_effect(self) -> float | None:
+        """How much the clustering of misses in queries widens this reading's error (``maintenance.tuning``)."""
+        return design_effect_of(self.per_query_hits, [len(e) for e in self.exact[: len(self.per_query_hits)]])
 
     def combined(self, other: RecallResult) -> RecallResult:
         """This sample and ``other`` as one (a second sample confirming the first)."""
@@ -80,6 +87,7 @@ class RecallResult:
             found=self.found + other.found,
             exact=self.exact + other.exact,
             sample_ids=self.sample_ids + other.sample_ids,
+            per_query_hits=self.per_query_hits + other.per_query_hits,
         )
 
 
@@ -137,7 +145,8 @@ def measure_recall(
         found += _index_answers(conn, index_sql, vectors[first : first + max(more, 0)], k)
         apply(cur, brute)
         exact = exact_answers(cur, target, vectors[: len(found)], found, k)
-    total_hits = sum(recall_hits(f, e) for f, e in zip(found, exact, strict=True))
+    per_query = tuple(recall_hits(f, e) for f, e in zip(found, exact, strict=True))
+    total_hits = sum(per_query)
     total_expected = sum(len(e) for e in exact)
     return RecallResult(
         recall=total_hits / total_expected if total_expected else None,
@@ -151,6 +160,7 @@ def measure_recall(
         found=[[i for i, _ in f] for f in found],
         exact=[[i for i, _ in e] for e in exact],
         sample_ids=sample_ids[: len(found)],
+        per_query_hits=per_query,
     )
 
 

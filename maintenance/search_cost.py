@@ -73,9 +73,10 @@ def told_apart(a: Point, b: Point, *, z: float = DEFAULT_Z, design_effect: float
 
 
 def _point_at(ladder: Sequence[Sequence[Any]], ef: int, queries: int, k: int) -> Point | None:
-    for row in ladder:
+    for row in ladder:  # [ef, recall] or [ef, recall, design effect] (recorded since it is measured)
         if int(row[0]) == ef:
-            return Point(ef, float(row[1]), queries, k)
+            spread = row[2] if len(row) > 2 and row[2] is not None else None
+            return Point(ef, float(row[1]), queries, k, None if spread is None else float(spread))
     return None
 
 

@@ -10,9 +10,13 @@ is too narrow and can pass 1; it stays inside [0, 1] and is sound for tiny sampl
 ten trials, all hits: a lower bound of 0.79, not 1.0).
 
 The hits of one query are not independent (a hard query tends to miss several neighbours), so the
-k * n trials overstate the sample's information somewhat; ``design_effect`` divides the trials to
-account for that (1: none; the worker's default is 2, measured by ``python -m bench.recall_target``:
-docs/maintenance.md, "Recall target").
+k * n trials overstate the sample's information; the *design effect* divides the trials to account
+for that. It is measured on the sample itself (``design_effect_of``: the variance of the recall
+across the sample's queries against the variance independent trials would give), since it moves
+with the data: about 1.5 on uniform stand-ins, near 10 on clustered data, where a walk that misses a
+query's cluster misses most of its ten (docs/maintenance.md, "Recall target"). The worker's
+configured design effect (2) is the least assumed, for a rung whose sample cannot tell (every
+answer right).
 
 Noise: the ladder is measured on one set of queries against one set of exact answers, so recall
 rises with ef almost always; where it does not (a rung above a passing one reads lower), the passing
@@ -49,6 +53,7 @@ class Point:
     recall: float
     queries: int
     k: int = 10
+    design_effect: float | None = None  # measured on the sample's queries (``design_effect_of``)
 
     @property
     def trials(self) -> int:
@@ -92,9 +97,32 @@ def wilson(hits: float, trials: float, z: float = DEFAULT_Z) -> tuple[float, flo
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def design_effect_of(hits: Sequence[float], expected: Sequence[float]) -> float | None:
+    """The design effect of a recall read over queries with ``hits[i]`` of ``expected[i]`` true
+    neighbours found: the variance of the ratio estimate (its residuals across queries) over the
+    variance of as many independent trials. None when it cannot be told: under two queries, or no
+    query varies from the mean (every answer right, or every one wrong)."""
+    n = len(hits)
+    total = float(sum(expected))
+    if n < 2 or len(expected) != n or total <= 0:
+        return None
+    p = float(sum(hits)) / total
+    if p <= 0.0 or p >= 1.0:
+        return None
+    mean_k = total / n
+    residuals = sum((h - p * e) ** 2 for h, e in zip(hits, expected, strict=True)) / (n - 1)
+    return residuals / (mean_k * p * (1.0 - p))
+
+
+def effective_design_effect(p: Point, design_effect: float = DEFAULT_DESIGN_EFFECT) -> float:
+    """The design effect ``p``'s bounds use: its measured one, at least ``design_effect`` (and 1)."""
+    return max(design_effect, p.design_effect or 0.0, 1.0)
+
+
 def bounds(p: Point, *, z: float = DEFAULT_Z, design_effect: float = DEFAULT_DESIGN_EFFECT) -> tuple[float, float]:
-    """The confidence interval of ``p``'s recall, its trials divided by the design effect."""
-    trials = p.trials / max(design_effect, 1.0)
+    """The confidence interval of ``p``'s recall, its trials divided by the design effect (the
+    sample's own where larger than ``design_effect``)."""
+    trials = p.trials / effective_design_effect(p, design_effect)
     return wilson(p.recall * trials, trials, z)
 
 

@@ -427,7 +427,11 @@ class MaintenanceWorker:
             "queries": ladder.queries,
             "source": ladder.source,
             "seconds": round(seconds, 3),
-            "ladder": [[p.ef, round(p.recall, 5)] for p in ladder.points],
+            # [ef, recall, design effect measured on the sample (None: it could not tell)]
+            "ladder": [
+                [p.ef, round(p.recall, 5), None if p.design_effect is None else round(p.design_effect, 3)]
+                for p in ladder.points
+            ],
             "measured_at": datetime.now(UTC).isoformat(),
             "k": self.config.recall_k,
             "search_ms": [[e, round(ms, 4)] for e, ms in sorted(ladder.ms.items())],

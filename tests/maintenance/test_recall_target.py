@@ -9,7 +9,16 @@ import pytest
 
 from maintenance import history
 from maintenance.cli import main
-from maintenance.tuning import LADDER, Point, bounds, choose_ef, ladder_for, passes, wilson
+from maintenance.tuning import (
+    LADDER,
+    Point,
+    bounds,
+    choose_ef,
+    design_effect_of,
+    ladder_for,
+    passes,
+    wilson,
+)
 from memstore.errors import InvalidInputError
 from memstore.models import ItemIn
 from memstore.settings import get_settings
@@ -75,6 +84,37 @@ def test_design_effect_widens_the_interval() -> None:
     p = Point(80, 0.97, 100)
     assert bounds(p, design_effect=4.0)[0] < bounds(p, design_effect=1.0)[0]
     assert passes(p, 0.95, design_effect=1.0) and not passes(p, 0.95, design_effect=4.0)
+
+
+def test_design_effect_is_about_one_for_independent_misses_and_large_for_clustered_ones() -> None:
+    rng = np.random.default_rng(7)
+    k, n = 10, 4000
+    independent = rng.binomial(k, 0.95, size=n)  # each neighbour missed alone, 1 in 20
+    assert 0.85 < (design_effect_of(independent, [k] * n) or 0) < 1.15
+    # The same recall where a query misses most of its ten or none: one query in 20 gets 0 of 10.
+    clustered_hits = np.where(rng.random(n) < 0.05, 0, k)
+    de = design_effect_of(clustered_hits, [k] * n)
+    assert de is not None and 8.0 < de < 11.0
+    # Nothing to tell: one query, or no query differs (all right, all wrong).
+    assert design_effect_of([7], [10]) is None
+    assert design_effect_of([10, 10, 10], [10, 10, 10]) is None
+    assert design_effect_of([0, 0], [10, 10]) is None
+    assert design_effect_of([], []) is None
+
+
+def test_a_sample_with_clustered_misses_needs_a_higher_rung() -> None:
+    """A reading of 0.98 at ef 40 over 100 queries passes 0.95 with the default margin; when the
+    sample's misses came a whole query at a time (design effect 10) it cannot tell 0.98 from 0.95,
+    and the next rung, read at 0.995, is chosen."""
+    hits = [10] * 98 + [0] * 2  # two queries missed everything: 0.98
+    spread = design_effect_of(hits, [10] * 100)
+    assert spread is not None and spread > 8
+    lucky = [Point(40, 0.98, 100), Point(80, 0.995, 100)]
+    assert choose_ef(lucky, 0.95).ef == 40
+    measured = [Point(40, 0.98, 100, design_effect=spread), Point(80, 0.995, 100, design_effect=1.0)]
+    assert choose_ef(measured, 0.95).ef == 80
+    # The configured design effect stays the least assumed: a measured 1.0 does not narrow it.
+    assert bounds(Point(80, 0.97, 100, design_effect=1.0)) == bounds(Point(80, 0.97, 100))
 
 
 @pytest.mark.parametrize("bad", [0.0, 1.0, -0.1, 1.5, True, float("nan")])
@@ -162,6 +202,9 @@ def test_worker_tunes_ef_search_to_the_target_and_again_after_a_load(
     assert tuning is not None and tuning["reachable"] and tuning["target"] == 0.95
     assert c.default_ef_search == tuning["ef"] and c.default_ef_search <= 1000
     assert tuning["lower"] >= 0.95
+    # Each rung records the design effect its sample showed (None where every answer was right).
+    assert all(len(row) == 3 and (row[2] is None or row[2] > 0) for row in tuning["ladder"])
+    assert any(row[2] is not None for row in tuning["ladder"])
     # Held-out queries (not stored rows) meet the target at the tuned default, within the sample's error.
     held_out = clustered(200, dims, seed=99)
     assert held_out_recall(store, collection_name, data, held_out) >= 0.94
