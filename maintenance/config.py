@@ -85,6 +85,13 @@ class MaintenanceConfig(BaseSettings):
         le=1000,
         description="Queries of a recall-target tuning (its ladder of ef_search values shares one exact scan).",
     )
+    tune_sample_max: int = Field(
+        default=400,
+        ge=5,
+        le=5000,
+        description="Queries a tuning may grow to, ``tune_sample`` more at a time, while a rung below the chosen "
+        "ef holds the target within its interval (more queries could settle it).",
+    )
     tune_z: float = Field(
         default=DEFAULT_Z,
         gt=0,

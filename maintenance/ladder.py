@@ -22,7 +22,7 @@ from psycopg.pq import TransactionStatus
 
 from maintenance.recall import _index_answers, exact_answers, exact_settings, index_search, index_settings
 from maintenance.targets import Target
-from maintenance.tuning import DEFAULT_DESIGN_EFFECT, DEFAULT_Z, Point, design_effect_of, passes
+from maintenance.tuning import DEFAULT_DESIGN_EFFECT, DEFAULT_Z, Point, design_effect_of, passes, pooled
 from memstore.db import sqlfiles
 from memstore.search import query_samples
 from memstore.search.exact_answers import recall_hits
@@ -41,6 +41,17 @@ class Ladder:
     queries: int
     source: str  # "query_samples", "stand_ins", "query_samples+stand_ins" or "given"
     ms: dict[int, float] = field(default_factory=dict)  # ms per search at each ef measured (one pipelined round)
+
+    def extended(self, more: Ladder) -> Ladder:
+        """This ladder with ``more`` measured on other queries: a rung both measured is pooled."""
+        by_ef = {p.ef: p for p in self.points}
+        for p in more.points:
+            by_ef[p.ef] = pooled(by_ef[p.ef], p) if p.ef in by_ef else p
+        ms = dict(self.ms)
+        for ef, m in more.ms.items():
+            ms[ef] = (ms[ef] + m) / 2 if ef in ms else m
+        source = self.source if more.source in self.source.split("+") else f"{self.source}+{more.source}"
+        return Ladder(sorted(by_ef.values(), key=lambda p: p.ef), self.queries + more.queries, source, ms)
 
 
 def tuning_queries(

@@ -131,6 +131,55 @@ def passes(p: Point, target: float, *, z: float = DEFAULT_Z, design_effect: floa
     return bounds(p, z=z, design_effect=design_effect)[0] >= target
 
 
+def pooled(a: Point, b: Point) -> Point:
+    """Two readings of one rung over different queries, as one reading over all of them."""
+    if a.ef != b.ef or a.k != b.k:
+        raise ValueError("only readings of one rung at one k pool")
+    n = a.queries + b.queries
+    recall = (a.recall * a.queries + b.recall * b.queries) / n if n else a.recall
+    spreads = [(p.design_effect, p.queries) for p in (a, b) if p.design_effect is not None]
+    spread = sum(d * q for d, q in spreads) / sum(q for _, q in spreads) if spreads else None
+    return Point(a.ef, recall, n, a.k, spread)
+
+
+def undecided(
+    points: Sequence[Point],
+    target: float,
+    *,
+    z: float = DEFAULT_Z,
+    design_effect: float = DEFAULT_DESIGN_EFFECT,
+) -> list[int]:
+    """The rungs below the chosen one (all, when none passes) whose interval holds the target: more
+    queries there could show a smaller ef reaches it (or that the best one measured does), so the
+    worker measures them again on fresh queries before it settles (``maintenance.worker``)."""
+    ladder = sorted(points, key=lambda p: p.ef)
+    chosen = choose_ef(ladder, target, z=z, design_effect=design_effect) if ladder else None
+    out = []
+    for p in ladder:
+        if chosen is not None and chosen.reachable and p.ef >= chosen.ef:
+            break
+        lower, upper = bounds(p, z=z, design_effect=design_effect)
+        if lower < target <= upper:
+            out.append(p.ef)
+    return out
+
+
+def told_below(
+    points: Sequence[Point],
+    target: float,
+    ef: int,
+    *,
+    z: float = DEFAULT_Z,
+    design_effect: float = DEFAULT_DESIGN_EFFECT,
+) -> bool:
+    """The recall at ``ef`` is below ``target`` beyond the sample's error: the upper bound of the
+    largest rung measured at or below ``ef`` misses it (False when none was measured there)."""
+    below = [p for p in points if p.ef <= ef]
+    if not below:
+        return False
+    return bounds(max(below, key=lambda p: p.ef), z=z, design_effect=design_effect)[1] < target
+
+
 def choose_ef(
     points: Sequence[Point],
     target: float,

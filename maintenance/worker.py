@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -26,7 +26,7 @@ from maintenance.policy import Decision, decide
 from maintenance.probes import Probe, attach_recall, probe, record_probe
 from maintenance.progress import ProgressCallback
 from maintenance.targets import Target, every_target, representation, targets_for
-from maintenance.tuning import Tuning, choose_ef, ladder_for
+from maintenance.tuning import Tuning, choose_ef, ladder_for, told_below, undecided
 from memstore import action_log as core_history
 from memstore.catalog import density, segments
 from memstore.catalog.collections import RECALL_TUNING, Collection
@@ -434,6 +434,15 @@ class MaintenanceWorker:
             ],
             "measured_at": datetime.now(UTC).isoformat(),
             "k": self.config.recall_k,
+            # Recall at the denser graph's bound is below the target beyond the sample's error: only
+            # then does the ef needed count as over the bound (``memstore.catalog.density.plan``).
+            "over_bound": told_below(
+                ladder.points,
+                goal,
+                density.DENSE_EF_BOUND,
+                z=self.config.tune_z,
+                design_effect=self.config.tune_design_effect,
+            ),
             "search_ms": [[e, round(ms, 4)] for e, ms in sorted(ladder.ms.items())],
             "index_scans": scans,
             # The worker's own index searches in this tuning: the stand-ins' look-ups and one round per rung.
@@ -481,19 +490,36 @@ class MaintenanceWorker:
         """The ladder on ``recall_session()`` (a standby with ``recall_on_replica``), on the primary when
         the standby fails it."""
         where = self.recall_session()
+        cfg = self.config
 
-        def measure(on: psycopg.Connection[Any]) -> Ladder:
+        def rounds(on: psycopg.Connection[Any], rungs: Sequence[int], sample: int, first: bool) -> Ladder:
             return measure_ladder(
                 on,
                 target,
-                k=self.config.recall_k,
-                rungs=ladder_for(self.config.tune_max_ef),
+                k=cfg.recall_k,
+                rungs=rungs,
                 recall_target=goal,
                 max_scan_tuples=self.settings.max_scan_tuples,
-                sample=self.config.tune_sample,
-                z=self.config.tune_z,
-                design_effect=self.config.tune_design_effect,
+                sample=sample,
+                z=cfg.tune_z,
+                design_effect=cfg.tune_design_effect,
+                stop_on_pass=first,
             )
+
+        def measure(on: psycopg.Connection[Any]) -> Ladder:
+            # The ladder on ``tune_sample`` queries, then more queries at the rungs they left undecided
+            # (the target inside the interval) until none is or ``tune_sample_max`` is reached: a
+            # clustered sample's wide interval costs more queries, not a needlessly large ef.
+            ladder = rounds(on, ladder_for(cfg.tune_max_ef), cfg.tune_sample, True)
+            while ladder.points and ladder.queries < cfg.tune_sample_max:
+                rungs = undecided(ladder.points, goal, z=cfg.tune_z, design_effect=cfg.tune_design_effect)
+                if not rungs:
+                    break
+                more = rounds(on, rungs, min(cfg.tune_sample, cfg.tune_sample_max - ladder.queries), False)
+                if not more.points:
+                    break
+                ladder = ladder.extended(more)
+            return ladder
 
         try:
             return measure(where)

@@ -108,6 +108,8 @@ def plan(c: Collection) -> tuple[Density | None, str]:
     reachable = bool(tuning.get("reachable"))
     if not reachable and tuning.get("sample_limited"):
         return None, ""  # more queries, not a denser graph, might tell
+    if tuning.get("over_bound") is False:
+        return None, ""  # the recall at the bound's ef cannot be told below the target (a tuning records it)
     want = for_ef(of(c), None if ef is None else int(ef), reachable=reachable)
     if want is None:
         return None, ""

@@ -69,6 +69,11 @@ def test_the_plan_keeps_a_users_graph_and_says_what_it_costs() -> None:
     assert density.plan(row(recall_target=0.9, recall_tuning=tuned(640)))[0] is None
     limited = row(recall_target=0.95, recall_tuning=tuned(1000, False, sample_limited=True))
     assert density.plan(limited)[0] is None
+    # A tuning whose reading at the bound could not be told below the target: no denser graph.
+    untold = row(recall_target=0.95, recall_tuning=tuned(240, over_bound=False), hnsw_explicit=False)
+    assert density.plan(untold)[0] is None
+    told = row(recall_target=0.95, recall_tuning=tuned(240, over_bound=True), hnsw_explicit=False)
+    assert density.plan(told)[0] == DENSE
 
 
 def test_rows_from_before_the_flag_are_explicit_when_not_the_default_graph() -> None:

@@ -17,6 +17,9 @@ from maintenance.tuning import (
     design_effect_of,
     ladder_for,
     passes,
+    pooled,
+    told_below,
+    undecided,
     wilson,
 )
 from memstore.errors import InvalidInputError
@@ -117,6 +120,35 @@ def test_a_sample_with_clustered_misses_needs_a_higher_rung() -> None:
     assert bounds(Point(80, 0.97, 100, design_effect=1.0)) == bounds(Point(80, 0.97, 100))
 
 
+def test_pooled_readings_weigh_their_queries() -> None:
+    p = pooled(Point(80, 0.90, 100, design_effect=4.0), Point(80, 0.96, 300, design_effect=2.0))
+    assert p.queries == 400 and p.recall == pytest.approx(0.945) and p.design_effect == pytest.approx(2.5)
+    assert pooled(Point(80, 0.9, 10), Point(80, 1.0, 10)).design_effect is None
+    with pytest.raises(ValueError):
+        pooled(Point(80, 0.9, 10), Point(40, 0.9, 10))
+
+
+def test_undecided_rungs_are_those_below_the_choice_whose_interval_holds_the_target() -> None:
+    # A wide sample (design effect 10): 40 reads 0.93, 80 reads 0.965, 120 reads 0.99.
+    points = [Point(ef, r, 100, design_effect=10.0) for ef, r in [(10, 0.6), (40, 0.93), (80, 0.965), (120, 0.995)]]
+    chosen = choose_ef(points, 0.95)
+    assert chosen.ef == 120
+    # 10 is told below; 40 and 80 may reach it; 120 is the choice (nothing above it is asked).
+    assert undecided(points, 0.95) == [40, 80]
+    # The same readings over ten times the queries are decided.
+    assert undecided([Point(p.ef, p.recall, 1000) for p in points], 0.95) == []
+    # Unreachable: every rung whose interval holds the target (not 40, told below it).
+    assert undecided([Point(40, 0.80, 20), Point(80, 0.94, 20)], 0.95) == [80]
+
+
+def test_told_below_needs_the_upper_bound_under_the_target() -> None:
+    points = [Point(80, 0.93, 100, design_effect=10.0), Point(160, 0.945, 100, design_effect=10.0)]
+    assert not told_below(points, 0.95, 160)  # 0.945 on 100 clustered queries may well be 0.95
+    assert told_below([Point(160, 0.90, 1000)], 0.95, 160)
+    assert told_below([Point(80, 0.90, 1000), Point(240, 0.99, 1000)], 0.95, 160)  # the largest rung under 160
+    assert not told_below([Point(240, 0.5, 1000)], 0.95, 160)  # nothing measured at or under it
+
+
 @pytest.mark.parametrize("bad", [0.0, 1.0, -0.1, 1.5, True, float("nan")])
 def test_targets_outside_zero_one_are_refused(bad: float) -> None:
     with pytest.raises(ValueError):
@@ -206,8 +238,12 @@ def test_worker_tunes_ef_search_to_the_target_and_again_after_a_load(
     assert all(len(row) == 3 and (row[2] is None or row[2] > 0) for row in tuning["ladder"])
     assert any(row[2] is not None for row in tuning["ladder"])
     # Held-out queries (not stored rows) meet the target at the tuned default, within the sample's error.
-    held_out = clustered(200, dims, seed=99)
+    # Held-out queries from the data's own distribution (more draws of its clusters, none stored):
+    # what the stand-ins stand in for. Queries from elsewhere (another model's, another modality's)
+    # are what the API's kept samples are for; the tuning cannot know them from stored rows.
+    held_out = clustered(n + 200, dims, seed=0)[n:]
     assert held_out_recall(store, collection_name, data, held_out) >= 0.94
+    assert tuning["queries"] >= 100  # the first sample, and more where a rung was undecided
     # The change is in the history, with the ef before and after.
     rows = history.list_actions(conn, collection=collection_name)
     tune_rows = [r for r in rows if r["action"] == "tune"]
@@ -227,6 +263,8 @@ def test_worker_tunes_ef_search_to_the_target_and_again_after_a_load(
     assert len(tunes) == 1 and tunes[0].outcome == "ok", worker.last_outcomes
     again = store.get_collection(name=collection_name, fresh=True)
     assert again.recall_tuning is not None and again.recall_tuning["measured_at"] > tuning["measured_at"]
+    assert again.default_ef_search == again.recall_tuning["ef"]
+    held_out = np.vstack([clustered(n + 50, dims, seed=0)[n:], clustered(3 * n + 150, dims, seed=5)[3 * n :]])
     assert held_out_recall(store, collection_name, np.vstack([data, more]), held_out) >= 0.94
 
 
