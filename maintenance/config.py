@@ -86,11 +86,11 @@ class MaintenanceConfig(BaseSettings):
         description="Queries of a recall-target tuning (its ladder of ef_search values shares one exact scan).",
     )
     tune_sample_max: int = Field(
-        default=400,
+        default=200,
         ge=5,
         le=5000,
-        description="Queries a tuning may grow to, ``tune_sample`` more at a time, while a rung below the chosen "
-        "ef holds the target within its interval (more queries could settle it).",
+        description="Queries a tuning may grow to, ``tune_sample`` more at a time, where the ef would move: a "
+        "lower ef must pass again on fresh queries, a higher one is checked against the undecided rungs below it.",
     )
     tune_z: float = Field(
         default=DEFAULT_Z,

@@ -164,6 +164,30 @@ def undecided(
     return out
 
 
+def recheck(
+    points: Sequence[Point],
+    target: float,
+    current: int,
+    *,
+    z: float = DEFAULT_Z,
+    design_effect: float = DEFAULT_DESIGN_EFFECT,
+) -> list[int]:
+    """The rungs to measure again on fresh queries before the collection's ef moves from ``current``.
+
+    A lower ef risks the target on the queries that follow: one sample of clustered data can miss
+    the few hard queries and read several points high, so the chosen rung (and any undecided one
+    below it) must pass again, pooled with a second sample. A higher ef costs every search: the
+    undecided rungs below the choice are measured again, since more queries may show one of them
+    reaches the target. An unchanged ef costs nothing more."""
+    chosen = choose_ef(points, target, z=z, design_effect=design_effect)
+    below = undecided(points, target, z=z, design_effect=design_effect)
+    if chosen.ef < current and chosen.reachable:
+        return sorted({*below, chosen.ef})
+    if chosen.ef > current:
+        return below
+    return []
+
+
 def told_below(
     points: Sequence[Point],
     target: float,

@@ -26,7 +26,7 @@ from maintenance.policy import Decision, decide
 from maintenance.probes import Probe, attach_recall, probe, record_probe
 from maintenance.progress import ProgressCallback
 from maintenance.targets import Target, every_target, representation, targets_for
-from maintenance.tuning import Tuning, choose_ef, ladder_for, told_below, undecided
+from maintenance.tuning import Tuning, choose_ef, ladder_for, recheck, told_below
 from memstore import action_log as core_history
 from memstore.catalog import density, segments
 from memstore.catalog.collections import RECALL_TUNING, Collection
@@ -406,7 +406,7 @@ class MaintenanceWorker:
         scans = index_scans(conn, [t.index for t in targets if t.index])
         try:
             for target in targets:
-                ladder = self._measure_ladder(conn, target, goal)
+                ladder = self._measure_ladder(conn, target, goal, c.default_ef_search)
                 if ladder.points:
                     tuning = choose_ef(
                         ladder.points, goal, z=self.config.tune_z, design_effect=self.config.tune_design_effect
@@ -486,9 +486,9 @@ class MaintenanceWorker:
         log.info("tune %s: %s in %.1fs", c.name, reason, seconds)
         return out
 
-    def _measure_ladder(self, conn: psycopg.Connection[Any], target: Target, goal: float) -> Ladder:
+    def _measure_ladder(self, conn: psycopg.Connection[Any], target: Target, goal: float, current: int) -> Ladder:
         """The ladder on ``recall_session()`` (a standby with ``recall_on_replica``), on the primary when
-        the standby fails it."""
+        the standby fails it; ``current``: the collection's ef now."""
         where = self.recall_session()
         cfg = self.config
 
@@ -507,12 +507,11 @@ class MaintenanceWorker:
             )
 
         def measure(on: psycopg.Connection[Any]) -> Ladder:
-            # The ladder on ``tune_sample`` queries, then more queries at the rungs they left undecided
-            # (the target inside the interval) until none is or ``tune_sample_max`` is reached: a
-            # clustered sample's wide interval costs more queries, not a needlessly large ef.
+            # The ladder on ``tune_sample`` queries; then, where the ef would move, fresh queries at the
+            # rungs that decide the move (``maintenance.tuning.recheck``), up to ``tune_sample_max``.
             ladder = rounds(on, ladder_for(cfg.tune_max_ef), cfg.tune_sample, True)
             while ladder.points and ladder.queries < cfg.tune_sample_max:
-                rungs = undecided(ladder.points, goal, z=cfg.tune_z, design_effect=cfg.tune_design_effect)
+                rungs = recheck(ladder.points, goal, current, z=cfg.tune_z, design_effect=cfg.tune_design_effect)
                 if not rungs:
                     break
                 more = rounds(on, rungs, min(cfg.tune_sample, cfg.tune_sample_max - ladder.queries), False)

@@ -18,6 +18,7 @@ from maintenance.tuning import (
     ladder_for,
     passes,
     pooled,
+    recheck,
     told_below,
     undecided,
     wilson,
@@ -139,6 +140,17 @@ def test_undecided_rungs_are_those_below_the_choice_whose_interval_holds_the_tar
     assert undecided([Point(p.ef, p.recall, 1000) for p in points], 0.95) == []
     # Unreachable: every rung whose interval holds the target (not 40, told below it).
     assert undecided([Point(40, 0.80, 20), Point(80, 0.94, 20)], 0.95) == [80]
+
+
+def test_a_move_of_the_ef_is_checked_on_fresh_queries_and_no_move_costs_nothing() -> None:
+    points = [Point(ef, r, 100, design_effect=10.0) for ef, r in [(10, 0.6), (40, 0.93), (80, 0.965), (120, 0.995)]]
+    assert choose_ef(points, 0.95).ef == 120
+    assert recheck(points, 0.95, current=120) == []  # no move
+    assert recheck(points, 0.95, current=80) == [40, 80]  # up: could 40 or 80 do?
+    assert recheck(points, 0.95, current=240) == [40, 80, 120]  # down: 120 must pass again
+    decided = [Point(ef, r, 1000) for ef, r in [(10, 0.6), (40, 0.93), (80, 0.99)]]
+    assert recheck(decided, 0.95, current=40) == []  # up, nothing undecided below
+    assert recheck(decided, 0.95, current=160) == [80]  # down: confirmed even when decided
 
 
 def test_told_below_needs_the_upper_bound_under_the_target() -> None:
