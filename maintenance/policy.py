@@ -20,7 +20,8 @@ Why these rules (measurements in docs/maintenance.md):
   drift only when the difference of the two is beyond both samples' error (Newcombe's hybrid score
   interval: the Wilson intervals of ``maintenance.tuning`` combined), so a graph the probe cannot
   tell apart from its last fresh build is never rebuilt again (``bench.churn`` had rebuilt a graph
-  built one round before on a 20-query reading).
+  built one round before on a 20-query reading). The absolute floor likewise: a graph the worker has
+  never rebuilt is rebuilt for recall only when its reading's upper bound is under the floor.
 - With a recall target, search cost is the objective (``weigh``): each choice leaves an ef at the
   target (nothing: the tuned one; a rebuild: what the last fresh build needed, or the denser graph's
   bound when one is planned, ``memstore.catalog.density``; VACUUM: the tuned one less the share of
@@ -40,7 +41,7 @@ from typing import Literal
 from maintenance.config import MaintenanceConfig
 from maintenance.probes import Probe
 from maintenance.search_cost import SearchCost, told_apart
-from maintenance.tuning import Point
+from maintenance.tuning import Point, bounds
 from memstore.catalog.density import DENSE_BUILD_COST
 
 Action = Literal["nothing", "vacuum", "rebuild"]
@@ -77,6 +78,17 @@ def drifted(p: Probe, config: MaintenanceConfig) -> bool | None:
     now = Point(p.recall.ef_search, recall, max(p.recall.queries, 1), k, spread)
     then = Point(p.recall.ef_search, fresh, max(p.fresh_recall_queries or p.recall.queries, 1), k, spread)
     return told_apart(then, now, z=config.tune_z, design_effect=config.tune_design_effect)
+
+
+def under_floor(p: Probe, floor: float, config: MaintenanceConfig) -> bool:
+    """The probe's recall is below ``floor`` beyond its sample's error (its upper bound is)."""
+    recall = p.recall_value
+    if recall is None:
+        return False
+    if p.recall is None:
+        return recall < floor
+    point = Point(p.recall.ef_search, recall, max(p.recall.queries, 1), p.recall.k, p.recall.design_effect)
+    return bounds(point, z=config.tune_z, design_effect=config.tune_design_effect)[1] < floor
 
 
 def weigh(p: Probe, cost: SearchCost, config: MaintenanceConfig) -> tuple[str, str, dict[str, float]]:
@@ -155,7 +167,7 @@ def decide(p: Probe, config: MaintenanceConfig) -> Decision:
     if recall is not None:
         if p.fresh_recall is None:
             # Never rebuilt by the worker: the absolute floor; one rebuild then tells what fresh gives.
-            if recall < floor:
+            if under_floor(p, floor, config):
                 return heavy(f"recall {recall:.3f} below {floor:.3f}")
         elif (p.churn_since_rebuild or 0) > 0 and drifted(p, config):
             # Relative to what a fresh build gave: a rebuild cannot beat that, so no rebuild loops;

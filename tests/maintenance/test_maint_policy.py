@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from maintenance.config import MaintenanceConfig
-from maintenance.policy import decide
+from maintenance.policy import decide, under_floor
 from maintenance.probes import Probe
 from maintenance.recall import RecallResult
 from maintenance.sizing import estimate_index_bytes
@@ -90,6 +90,14 @@ def test_recall_below_floor_compacts_when_never_rebuilt() -> None:
     assert d.action == "rebuild" and "recall" in d.reason
 
 
+def test_a_reading_under_the_floor_within_its_error_is_not_a_rebuild() -> None:
+    # 32 queries reading 0.93 may well be 0.95: their upper bound is over the floor.
+    p = state(recall=CONFIG.recall_floor - 0.02)
+    assert not under_floor(p, CONFIG.recall_floor, CONFIG)
+    assert decide(p, CONFIG).action == "nothing"
+    assert under_floor(state(recall=CONFIG.recall_floor - 0.08), CONFIG.recall_floor, CONFIG)
+
+
 def test_recall_drift_against_fresh_recall_compacts() -> None:
     p = state(recall=0.99 - CONFIG.recall_drop - 0.01, fresh_recall=0.99, churn_since_rebuild=5000)
     assert decide(p, CONFIG).action == "rebuild"
@@ -141,7 +149,7 @@ def test_decisions_follow_the_thresholds(dead: float, ratio: float, recall: floa
     unhealthy = (
         p.dead_fraction >= CONFIG.compact_dead_fraction
         or (p.size_ratio >= CONFIG.max_size_ratio and p.index_bytes > 4 * 8192)
-        or (recall is not None and recall < CONFIG.recall_floor)
+        or (recall is not None and under_floor(p, CONFIG.recall_floor, CONFIG))
     )
     small = p.index_bytes < CONFIG.small_index_bytes
     actionable = unhealthy and (not small or p.dead_entries > 0)  # VACUUM of nothing changes nothing
