@@ -131,6 +131,31 @@ def test_merge_span_keeps_builds_geometric(sizes: list[int], quiet: bool, want: 
     assert segments.merge_span(Layout(tuple(graphs)), quiet=quiet, max_graphs=4) == want
 
 
+def test_a_build_takes_fewer_workers_while_searches_are_held_back(seg_store: VectorStore) -> None:
+    class Share:
+        def __init__(self, share: float) -> None:
+            self.value = share
+
+        def share(self) -> float:
+            return self.value
+
+    sealer = seg_store.sealer
+    full = Settings(max_parallel_maintenance_workers=4)
+    sealer.settings, before = full, sealer.settings
+    try:
+        sealer.pace = None
+        assert sealer._build_settings() is full
+        sealer.pace = Share(1.0)
+        assert sealer._build_settings() is full
+        sealer.pace = Share(0.5)
+        assert sealer._build_settings().max_parallel_maintenance_workers == 2
+        sealer.pace = Share(0.2)
+        halved = sealer._build_settings()
+        assert halved.max_parallel_maintenance_workers == 0 and halved.seal_rows == full.seal_rows
+    finally:
+        sealer.settings, sealer.pace = before, None
+
+
 def test_merges_while_writing_rebuild_each_row_a_few_times() -> None:
     """A stream of 200 equal seals under a cap of 12 graphs: the graphs stay under the cap, and the
     rows the merges rebuild stay a small multiple of the rows (about log4 of the seals: 2.9 here)."""

@@ -368,11 +368,23 @@ class Sealer:
         """A merge first when the graphs reached their cap (else a stream that keeps the tail full
         would leave them to grow), then a seal, then a merge the pause calls for."""
         layout = segments.layout(c)
-        if layout is not None and len(layout.graphs) >= self.settings.segments_max:
-            done = merge(self.db, c, self.settings, quiet=False)
+        settings = self._build_settings()
+        if layout is not None and len(layout.graphs) >= settings.segments_max:
+            done = merge(self.db, c, settings, quiet=False)
             if done is not None:
                 return done
-        return seal(self.db, c, self.settings) or merge(self.db, c, self.settings, quiet=quiet)
+        return seal(self.db, c, settings) or merge(self.db, c, settings, quiet=quiet)
+
+    def _build_settings(self) -> Settings:
+        """The settings a build starts with: its parallel workers scaled by the foreground's share, so
+        a build that starts while searches are slower than their target takes one core, not all of
+        them (a build cannot be paused once it runs; its workers are fixed when it starts)."""
+        share = 1.0 if self.pace is None else float(self.pace.share())
+        full = self.settings.max_parallel_maintenance_workers
+        workers = min(full, max(0, int(share * full)))
+        if workers == full:
+            return self.settings
+        return self.settings.model_copy(update={"max_parallel_maintenance_workers": workers})
 
     def _record(self, c: Collection, done: list[Sealed]) -> None:
         if not done:
