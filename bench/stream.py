@@ -16,7 +16,9 @@ FILE.npz`` with ``base`` and ``queries``):
 3. ``memstore_upsert``: ``upsert_items`` per batch into a collection with one live graph
    (``write_path="graph"``, each batch below ``MEMSTORE_BULK_MIN_ROWS``), then the same collection
    after a ``REINDEX`` (``memstore_reindexed``);
-4. with ``--designs``, the designs measured before one was chosen: ``live_copy_*`` (COPY per batch
+4. with ``--peers chroma,lancedb,qdrant_local``, the same streams (``--batches``) into those embedded
+   stores where they are installed (``bench.stream_peers``: each reported as skipped otherwise);
+5. with ``--designs``, the designs measured before one was chosen: ``live_copy_*`` (COPY per batch
    into a bare table that has its HNSW index, rows in the given order, shuffled, and grouped by
    cluster) and the unindexed-tail prototypes ``watermark_*`` / ``segments_*`` (``bench.stream_tail``)
    sealed at tail fractions ``--fractions`` of the indexed rows.
@@ -41,7 +43,7 @@ import psycopg
 from psycopg import sql
 from tqdm import tqdm
 
-from bench import stream_memstore
+from bench import stream_memstore, stream_peers
 from bench import stream_sql as db
 from bench.api import Server
 from bench.data import clustered, exact_neighbours, load_npz
@@ -260,6 +262,9 @@ def run(url: str, settings: Settings, data: dict[str, Any], args: argparse.Names
                 )
             finally:
                 server.stop()
+        for name in args.peers:
+            for batch in args.batches:
+                options[f"peer_{name}_{batch}"] = stream_peers.stream(name, data, batch=batch)
         if not args.no_graph:
             options |= memstore_upsert(store, conn, url, data, args.batch)
         if args.designs:
@@ -277,6 +282,8 @@ def run(url: str, settings: Settings, data: dict[str, Any], args: argparse.Names
     engine.dispose()
     reference = options["copy_build_parallel"]["rows_per_s"]
     for o in options.values():
+        if "rows_per_s" not in o:  # a peer that was skipped
+            continue
         o["ratio_vs_copy_build"] = round(o["rows_per_s"] / reference, 3)
         if "indexed" in o:
             o["indexed"]["ratio_vs_copy_build"] = round(o["indexed"]["rows_per_s"] / reference, 3)
@@ -300,6 +307,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=5_000, help="rows per batch of the other options")
     parser.add_argument("--no-graph", action="store_true", help="leave out memstore_upsert (the one live graph)")
     parser.add_argument("--designs", action="store_true", help="also the designs measured before the choice")
+    parser.add_argument(
+        "--peers",
+        type=lambda s: [p for p in s.split(",") if p],
+        default=[],
+        help=f"the same streams (--batches) into these embedded stores where installed: {','.join(stream_peers.PEERS)}",
+    )
     parser.add_argument("--queries", type=int, default=1000, help="queries for recall")
     parser.add_argument("--latency-queries", type=int, default=300, help="queries timed per latency measurement")
     parser.add_argument("--builds", type=int, default=3, help="serial and parallel builds each, in turns")
@@ -310,6 +323,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", type=Path, default=Path("bench-stream.png"))
     parser.add_argument("--json", action="store_true", help="(the last line is always the JSON result)")
     args = parser.parse_args(argv)
+    unknown = sorted(set(args.peers) - set(stream_peers.PEERS))
+    if unknown:
+        parser.error(f"unknown peers {', '.join(unknown)}: choose among {', '.join(stream_peers.PEERS)}")
     started = time.perf_counter()
     data = load_data(args)
     settings = Settings()

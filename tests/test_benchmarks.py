@@ -475,7 +475,7 @@ def test_stream_benchmark_measures_every_write_path(database_url: str, tmp_path:
         "bench.stream",
         database_url,
         *("--database-url", database_url, "--rows", "6000", "--dim", "48", "--batch", "1000", "--queries", "30"),
-        *("--batches", "1000,3000", "--rest-batch", "1000", "--designs"),
+        *("--batches", "1000,3000", "--rest-batch", "1000", "--designs", "--peers", "chroma,lancedb,qdrant_local"),
         *("--latency-queries", "30", "--builds", "2", "--min-seal", "2000", "--plot", str(plot)),
     )
     options = result["options"]
@@ -485,6 +485,16 @@ def test_stream_benchmark_measures_every_write_path(database_url: str, tmp_path:
         assert o["graphs_at_end"] >= 1 and o["merged"] is not None, name
         assert o["recall_after_merge"]["80"] >= 0.9 and o["recall_at_10"]["80"] >= 0.9, name
         assert o["search_during_stream"]["searches"] > 0 and o["search_after"]["searches"] >= 400, name
+    # The peers' streams where they import (the peers extra), else skipped with the reason.
+    for peer in ("chroma", "lancedb", "qdrant_local"):
+        for batch in (1000, 3000):
+            o = options.pop(f"peer_{peer}_{batch}")
+            if "skipped" in o:
+                assert "does not import" in o["skipped"], o
+                continue
+            assert o["rows_per_s"] > 0 and o["seconds"] >= o["acked_s"] > 0, o
+            assert o["recall_at_10"] and max(o["recall_at_10"].values()) >= 0.9, o
+            assert o["search_after"]["searches"] >= 400, o
     assert options["copy_build_parallel"]["recall_at_10"]["80"] >= 0.9
     assert set(options) == {
         "copy_build_parallel",
