@@ -16,7 +16,10 @@ says so per peer (``indexing``):
   (the end of the stream);
 - **Qdrant's local mode** (``qdrant-client``'s ``QdrantClient(path=...)``, ``upsert``): an in-process
   store for tests and prototypes with no HNSW at all (every search is exact), so its rows/s is a
-  write rate with nothing to build; reported for completeness, not as an index.
+  write rate with nothing to build; reported for completeness, not as an index. It is not safe for
+  a search during an upsert, so here the two take turns under a lock.
+
+The searching client starts once the first batch is in (an empty store answers at once).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import importlib.metadata
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -121,7 +125,8 @@ class LanceStream:
     def search(self, q: np.ndarray, ef: int | None = None) -> list[int]:
         if self.table is None:
             return []
-        query = self.table.search(q).distance_type("cosine").ef(ef or self.ef).limit(K).select(["id"])
+        # _distance named: Lance warns on every search whose columns leave it out.
+        query = self.table.search(q).distance_type("cosine").ef(ef or self.ef).limit(K).select(["id", "_distance"])
         return [int(i) for i in query.to_arrow()["id"].to_pylist()]
 
     def set_ef(self, ef: int) -> bool:
@@ -144,22 +149,27 @@ class QdrantLocalStream:
         self.label = f"Qdrant local mode (qdrant-client {importlib.metadata.version('qdrant-client')})"
         self.models = models
         self.client: Any = qdrant_client.QdrantClient(path=str(folder))
+        # The local mode is not safe for a search during an upsert (its arrays grow under the search:
+        # "operands could not be broadcast"), so writes and searches take turns, as a client's must.
+        self.lock = threading.Lock()
         self.client.create_collection(
             "stream", vectors_config=models.VectorParams(size=dims, distance=models.Distance.COSINE)
         )
 
     def write(self, ids: np.ndarray, vectors: np.ndarray) -> None:
-        self.client.upsert(
-            "stream",
-            points=self.models.Batch(ids=[int(i) for i in ids.tolist()], vectors=vectors.tolist()),
-            wait=True,
-        )
+        with self.lock:
+            self.client.upsert(
+                "stream",
+                points=self.models.Batch(ids=[int(i) for i in ids.tolist()], vectors=vectors.tolist()),
+                wait=True,
+            )
 
     def finish(self) -> None:
         pass
 
     def search(self, q: np.ndarray, ef: int | None = None) -> list[int]:
-        found = self.client.query_points("stream", query=q.tolist(), limit=K).points
+        with self.lock:
+            found = self.client.query_points("stream", query=q.tolist(), limit=K).points
         return [int(p.id) for p in found]
 
     def set_ef(self, ef: int) -> bool:
@@ -201,15 +211,20 @@ def stream(name: str, data: dict[str, Any], *, batch: int, settle_searches: int 
         peer = make(folder, int(base.shape[1]))
         if isinstance(peer, LanceStream):
             peer.index_at = max(1, len(base) // 10)
-        starts = range(0, len(base), batch)
+        batches = [np.arange(s, min(len(base), s + batch)) for s in range(0, len(base), batch)]
+        progress = tqdm(total=len(batches), desc=f"{name} {batch}", file=sys.stderr)
+        t0 = time.perf_counter()
+        # The searching client starts once the first batch is in: an empty store answers at once.
+        peer.write(batches[0], base[batches[0]])
+        progress.update()
         with Watcher(lambda q: peer.search(q), data["queries"]) as during:
-            t0 = time.perf_counter()
-            for s in tqdm(starts, desc=f"{name} {batch}", file=sys.stderr):
-                ids = np.arange(s, min(len(base), s + batch))
+            for ids in batches[1:]:
                 peer.write(ids, base[ids])
+                progress.update()
             acked_s = time.perf_counter() - t0
             peer.finish()
             indexed_s = time.perf_counter() - t0
+        progress.close()
         after = Watcher(lambda q: peer.search(q), data["queries"])
         with after:
             while len(after.latencies) < settle_searches:

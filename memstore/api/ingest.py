@@ -15,7 +15,7 @@ from fastapi.concurrency import run_in_threadpool
 from encoder.types import Priority
 from memstore.api.problems import Problem
 from memstore.api.runtime import Runtime
-from memstore.api.schemas import ItemAck, ItemBody, ItemsAck
+from memstore.api.schemas import ItemAck, ItemBody, ItemsAck, given_vector
 from memstore.catalog import segments
 from memstore.catalog.collections import Collection, Space
 from memstore.inputs import check_item_text, check_metadata
@@ -58,11 +58,12 @@ def split_json_items(rt: Runtime, c: Collection, items: Sequence[ItemBody]) -> t
         )
     vectors, texts = [], []
     for i, it in enumerate(items):
-        if it.text is None and it.vector is None:
+        vector = given_vector(it)
+        if it.text is None and vector is None:
             raise Problem("invalid-input", f"items[{i}]: give a text, a vector, or both")
         check_metadata(it.metadata)
-        if it.vector is not None:
-            as_vector(it.vector, dimensions=c.dimensions, where=f"items[{i}].vector", metric=c.metric)
+        if vector is not None:
+            as_vector(vector, dimensions=c.dimensions, where=f"items[{i}].vector", metric=c.metric)
             if it.text is not None:
                 # Stored for keyword search, never embedded: the store's limit, not the encoder's.
                 check_item_text(it.text, f"items[{i}].text")
@@ -93,7 +94,10 @@ async def store_json_items(rt: Runtime, c: Collection, items: Sequence[ItemBody]
     if vector_idx:
         batch = [
             ItemIn(
-                vector=items[i].vector, external_id=items[i].external_id, metadata=items[i].metadata, text=items[i].text
+                vector=given_vector(items[i]),
+                external_id=items[i].external_id,
+                metadata=items[i].metadata,
+                text=items[i].text,
             )
             for i in vector_idx
         ]

@@ -8,11 +8,12 @@ from datetime import datetime
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from memstore.catalog.collections import HNSW_MAX_DIMENSIONS, MAX_PARTITIONS
 from memstore.catalog.keywords import DEFAULT_LANGUAGE, MAX_TEXT_FIELDS
 from memstore.inputs import MAX_EXTERNAL_ID_LENGTH, MAX_K
+from memstore.items.vectors import FloatMatrix
 from memstore.search.request import MAX_EXAMPLES, MAX_GROUP_SIZE, MAX_WEIGHT, MAX_WINDOW
 
 Metric = Literal["cosine", "l2", "inner_product"]
@@ -30,8 +31,10 @@ _VECTOR_B64 = Field(
 )
 
 
-def decode_vector_b64(text: str) -> list[float]:
-    """``vector_b64``'s values; ValueError (a 422) for text that is not base64 of whole float32s."""
+def decode_vector_b64(text: str) -> FloatMatrix:
+    """``vector_b64``'s values as a float32 array (no Python float is made); ValueError (a 422) for
+    text that is not base64 of whole float32s. Its length and values are checked where every vector
+    is (``memstore.items.vectors.as_vector``)."""
     try:
         raw = base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
@@ -40,18 +43,22 @@ def decode_vector_b64(text: str) -> list[float]:
         raise ValueError(
             f"vector_b64 holds {len(raw)} bytes: a whole number of float32 values (4 bytes each) is needed"
         )
-    values: list[float] = np.frombuffer(raw, dtype="<f4").astype(np.float64).tolist()
-    return values
+    return np.frombuffer(raw, dtype="<f4").astype(np.float32)  # a copy in the machine's byte order
 
 
 def _one_vector(model: Any) -> Any:
-    """``vector_b64`` decoded into ``vector``; both given is refused."""
+    """``vector_b64`` decoded into the body's private array; both given is refused."""
     if model.vector_b64 is not None:
         if model.vector is not None:
             raise ValueError("give vector or vector_b64, not both")
-        model.vector = decode_vector_b64(model.vector_b64)
+        model._b64_vector = decode_vector_b64(model.vector_b64)
         model.vector_b64 = None
     return model
+
+
+def given_vector(body: ItemBody | SearchRequest) -> list[float] | FloatMatrix | None:
+    """The vector a body gave: its numbers, or its ``vector_b64`` as a float32 array."""
+    return body.vector if body._b64_vector is None else body._b64_vector
 
 
 class Strict(BaseModel):
@@ -237,6 +244,7 @@ class ItemBody(Strict):
     )
     vector: list[float] | None = Field(default=None, min_length=1, max_length=HNSW_MAX_DIMENSIONS)
     vector_b64: str | None = _VECTOR_B64
+    _b64_vector: FloatMatrix | None = PrivateAttr(default=None)
     metadata: dict[str, Any] | None = None
 
     _decode = model_validator(mode="after")(_one_vector)
@@ -474,6 +482,7 @@ class SearchRequest(Strict):
     image: str | None = Field(default=None, min_length=1, description="Base64 image (or upload it as multipart).")
     vector: list[float] | None = Field(default=None, min_length=1, max_length=HNSW_MAX_DIMENSIONS)
     vector_b64: str | None = _VECTOR_B64
+    _b64_vector: FloatMatrix | None = PrivateAttr(default=None)
     item_id: int | None = Field(default=None, ge=1, le=2**63 - 1, description="Search with a stored item's vector.")
     mode: Literal["vector", "keyword", "hybrid"] | None = Field(
         default=None,

@@ -4,9 +4,12 @@ bodies and in items, answering exactly what the same vector as JSON numbers answ
 from __future__ import annotations
 
 import base64
+import json
 
 import httpx
 import numpy as np
+
+from memstore.api.schemas import ItemBody, SearchRequest, given_vector
 
 
 def _b64(vector: np.ndarray) -> str:
@@ -49,3 +52,18 @@ def test_a_base64_vector_is_the_same_vector(client: httpx.Client, server, collec
     _problem(client.post(f"/v1/collections/{collection_name}/items", json=bad_item), 422)
     with httpx.Client(base_url=server.url, timeout=30) as anonymous:
         _problem(anonymous.post(url, json={"vector_b64": _b64(query)}), 401)
+
+
+def test_a_base64_vector_decodes_to_its_float32_values_without_python_floats() -> None:
+    vector = np.random.default_rng(5).normal(size=768).astype(np.float32)
+    vector[:3] = (np.finfo(np.float32).tiny, -0.0, 1e-38)  # values a float round trip might move
+    body = SearchRequest.model_validate_json(json.dumps({"vector_b64": _b64(vector)}))
+    given = given_vector(body)
+    assert isinstance(given, np.ndarray) and given.dtype == np.float32 and given.flags.writeable
+    assert given.tobytes() == vector.astype("<f4").tobytes()  # bit for bit
+    assert body.vector is None and body.vector_b64 is None
+    item = ItemBody.model_validate({"vector_b64": _b64(vector[:8])})
+    assert np.array_equal(given_vector(item), vector[:8])
+    assert given_vector(ItemBody.model_validate({"vector": [1.0, 2.0]})) == [1.0, 2.0]  # JSON numbers stay as sent
+    big_endian = base64.b64encode(vector[:4].astype(">f4").tobytes()).decode()
+    assert not np.array_equal(given_vector(SearchRequest.model_validate({"vector_b64": big_endian})), vector[:4])

@@ -31,6 +31,7 @@ from memstore.api.schemas import (
     SearchBatchOut,
     SearchOut,
     SearchRequest,
+    given_vector,
 )
 from memstore.catalog.collections import validate_name
 from memstore.models import SearchResult
@@ -138,7 +139,8 @@ async def _parse(request: Request, rt: Runtime) -> tuple[SearchRequest, bytes | 
 
 def _sources(body: SearchRequest, image: bytes | None) -> str | None:
     """Which of image, vector or item_id gives the query vector (at most one); None: the text does."""
-    given = [k for k, v in (("image", image), ("vector", body.vector), ("item_id", body.item_id)) if v is not None]
+    sources = (("image", image), ("vector", given_vector(body)), ("item_id", body.item_id))
+    given = [k for k, v in sources if v is not None]
     if len(given) > 1:
         raise Problem("invalid-input", f"give at most one of image, vector or item_id, not {' and '.join(given)}")
     if not given and body.text is None:
@@ -168,7 +170,7 @@ def _mode(body: SearchRequest, source: str | None) -> str:
 def _query_vector(rt: Runtime, name: str, body: SearchRequest, image: bytes | None, source: str | None) -> Any:
     """The query vector of a vector or hybrid search: given, a stored item's, or embedded."""
     if source == "vector":
-        return body.vector
+        return given_vector(body)
     if source == "item_id":
         assert body.item_id is not None
         item = rt.store.get_item(collection=name, id=body.item_id)
@@ -311,7 +313,7 @@ async def execute(rt: Runtime, name: str, body: SearchRequest, image: bytes | No
         source = _sources(body, image)
         mode = _mode(body, source)
         if source == "vector" or mode == "keyword":
-            q = check(body, mode, body.vector if mode != "keyword" else None)
+            q = check(body, mode, given_vector(body) if mode != "keyword" else None)
             results = await rt.searcher.search(collection=name, query=q, ef_search=body.ef_search, exact=body.exact)
             if results is not None:
                 out = _answer(rt, name, results, q.vector, q.using)
