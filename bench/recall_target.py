@@ -10,7 +10,10 @@ the same distribution) and measures, on 200 held-out queries from the same distr
 - ``held_out_recall``: recall@10 of default searches at the tuned ef_search (goal: >= target - 0.01);
 - ``best_ef``: the smallest ef of a fine ladder that reaches the target on those same held-out
   queries, against ``ef``, the tuned one (goal: ef <= 1.5 x best_ef, or best_ef + 20);
-- ``tune_s``: the tuning pass's time.
+- ``tune_s``: the tuning pass's time;
+- ``timing``: the held-out queries searched at the tuned ef against the fixed default's
+  (``default_ef``, 80), taking turns (``bench.churn_target.time_tuned_vs_fixed``): q/s, p50, p99; and
+  ``default_ef_recall``, what the fixed default gives at this size on the same queries.
 
 The last line printed is one JSON object (``goals_met``: every size and target met both goals).
 """
@@ -22,9 +25,12 @@ import json
 import time
 from typing import Any
 
+import numpy as np
+
 from bench.churn import sample_user_queries, setup_collection
 from bench.churn_data import synthetic
 from bench.churn_db import connect
+from bench.churn_target import time_tuned_vs_fixed
 from maintenance.config import MaintenanceConfig
 from maintenance.ladder import measure_ladder
 from maintenance.targets import targets_for
@@ -38,7 +44,10 @@ from memstore.store import VectorStore
 NAME = "bench_recall_target"
 K = 10
 HELD_OUT = 200
-FINE = sorted(set(LADDER) | {15, 25, 30, 50, 60, 70, 90, 100, 140, 180, 200, 280, 360, 400, 560, 720, 800, 900})
+DEFAULT_EF = 80  # the fixed default a collection without a target searches at
+FINE = sorted(
+    set(LADDER) | {DEFAULT_EF} | {15, 25, 30, 50, 60, 70, 90, 100, 140, 180, 200, 280, 360, 400, 560, 720, 800, 900}
+)
 
 
 def run_size(store: VectorStore, size: int, targets: list[float], *, samples: bool, tune_sample: int) -> dict[str, Any]:
@@ -64,6 +73,9 @@ def run_size(store: VectorStore, size: int, targets: list[float], *, samples: bo
         )
     curve = {p.ef: p.recall for p in fine.points}
     out["held_out_curve"] = {str(ef): round(r, 4) for ef, r in curve.items()}
+    out["default_ef"] = DEFAULT_EF
+    out["default_ef_recall"] = round(curve[DEFAULT_EF], 4)
+    table = store.get_collection(name=NAME).table_name
     config = MaintenanceConfig(_env_file=None, tune_sample=tune_sample)  # type: ignore[call-arg]
     worker = MaintenanceWorker(store.db, settings=store.settings, config=config, collections=[NAME])
     try:
@@ -93,6 +105,7 @@ def run_size(store: VectorStore, size: int, targets: list[float], *, samples: bo
                     "best_ef": best,
                     "tune_s": round(tune_s, 2),
                     "outcome": outcome.outcome,
+                    "timing": time_tuned_vs_fixed(table, np.asarray(held_out), tuned=ef, fixed=DEFAULT_EF),
                     "recall_ok": recall_ok,
                     "ef_ok": ef_ok,
                 }

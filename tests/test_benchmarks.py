@@ -463,6 +463,10 @@ def test_recall_target_benchmark_tunes_to_each_target_on_held_out_queries(databa
     [target] = size["targets"]
     assert target["held_out_recall"] is not None and target["held_out_recall"] >= 0.89
     assert target["recall_ok"] is True
+    assert 0 < size["default_ef_recall"] <= 1
+    timing = target["timing"]
+    assert timing["tuned"]["ef"] == target["ef"] and timing["fixed"]["ef"] == size["default_ef"] == 80
+    assert timing["tuned"]["p99_ms"] >= timing["tuned"]["p50_ms"] > 0
 
 
 def test_stream_benchmark_measures_every_write_path(database_url: str, tmp_path: Path) -> None:
