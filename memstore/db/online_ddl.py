@@ -38,6 +38,20 @@ def build_resources(conn: psycopg.Connection[Any], settings: Settings) -> None:
     )
 
 
+def paced_build_workers(settings: Settings, share: float) -> int:
+    """The parallel workers a build that starts now may take: the configured number scaled by the
+    background's share of the machine (``memstore.workers.pacing``), so a build that starts while
+    searches are slower than their target takes one core, not all of them. A build cannot be paused
+    once it runs, and its workers are fixed when it starts."""
+    full = settings.max_parallel_maintenance_workers
+    return min(full, max(0, int(share * full)))
+
+
+def set_build_workers(conn: psycopg.Connection[Any], workers: int) -> None:
+    """The parallel workers of the session's next index builds."""
+    conn.execute("SELECT set_config('max_parallel_maintenance_workers', %s, false)", (str(workers),))
+
+
 def set_lock_timeout(conn: psycopg.Connection[Any]) -> None:
     """The short wait every statement of this module is written for (on the caller's connection)."""
     conn.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT)))

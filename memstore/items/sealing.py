@@ -376,13 +376,11 @@ class Sealer:
         return seal(self.db, c, settings) or merge(self.db, c, settings, quiet=quiet)
 
     def _build_settings(self) -> Settings:
-        """The settings a build starts with: its parallel workers scaled by the foreground's share, so
-        a build that starts while searches are slower than their target takes one core, not all of
-        them (a build cannot be paused once it runs; its workers are fixed when it starts)."""
+        """The settings a build starts with: its parallel workers as the foreground's share allows
+        (``online_ddl.paced_build_workers``)."""
         share = 1.0 if self.pace is None else float(self.pace.share())
-        full = self.settings.max_parallel_maintenance_workers
-        workers = min(full, max(0, int(share * full)))
-        if workers == full:
+        workers = online_ddl.paced_build_workers(self.settings, share)
+        if workers == self.settings.max_parallel_maintenance_workers:
             return self.settings
         return self.settings.model_copy(update={"max_parallel_maintenance_workers": workers})
 

@@ -342,7 +342,7 @@ class IngestWorker:
         # Facts of images stored before they were read at ingest, when idle too (memstore.workers.photo_pass).
         self.photo_facts = PhotoFactsPass(db, registry=self.processor.registry)
         # New embedding spaces: their backlog queued, their index built (memstore.workers.space_pass).
-        self.spaces = SpacePass(db, registry=self.processor.registry)
+        self.spaces = SpacePass(db, registry=self.processor.registry, pace=pace)
 
     def stop(self) -> None:
         self.stop_event.set()

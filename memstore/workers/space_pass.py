@@ -21,6 +21,7 @@ from memstore.db import online_ddl
 from memstore.db.core import Database
 from memstore.settings import Settings, get_settings
 from memstore.spaces import lifecycle
+from memstore.workers.pacing import FULL_SPEED, Pace
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +30,18 @@ INTERVAL_S = 0.5
 
 
 class SpacePass:
-    def __init__(self, db: Database, *, registry: Registry | None = None, settings: Settings | None = None) -> None:
+    def __init__(
+        self,
+        db: Database,
+        *,
+        registry: Registry | None = None,
+        settings: Settings | None = None,
+        pace: Pace = FULL_SPEED,
+    ) -> None:
         self.db = db
+        # The worker's pace: an index build that starts while searches are held back takes fewer
+        # parallel workers (online_ddl.paced_build_workers).
+        self.pace = pace
         self.registry = registry or Registry(db)
         self.settings = settings or get_settings()
         self._conn: psycopg.Connection[Any] | None = None
@@ -82,6 +93,8 @@ class SpacePass:
             if queued is not None:
                 return max(queued, 1)
             fresh = read_collection(conn, id=c.id).space_by_id(space.id)
+            if fresh is not None and fresh.state == "filling" and fresh.queued_at is not None:
+                online_ddl.set_build_workers(conn, online_ddl.paced_build_workers(self.settings, self.pace.share()))
             if fresh is not None and lifecycle.build_index(conn, c, fresh):
                 log.info("spaces: space %r of %s is ready", space.name, c.name)
                 self._listed_at = -CACHE_SECONDS

@@ -12,14 +12,16 @@ import pytest
 import sqlalchemy as sa
 
 from encoder.types import EncoderInfo, Priority
+from memstore.db import online_ddl
 from memstore.db.core import Database, raw_connection
 from memstore.errors import ConflictError, InvalidInputError, SpaceNotFoundError
 from memstore.models import ItemIn
 from memstore.queue import jobs
 from memstore.queue.jobs import PendingItem
-from memstore.settings import IngestSettings
+from memstore.settings import IngestSettings, Settings
 from memstore.store import VectorStore
 from memstore.workers.ingest import IngestWorker
+from memstore.workers.pacing import Pace
 from memstore.workers.space_pass import INTERVAL_S, SpacePass
 from tests.api.api_helpers import TINY, WIDE, FakeBackend
 
@@ -163,6 +165,36 @@ def test_a_new_space_is_queued_at_the_next_step_not_after_the_registry_cache_tim
         assert _queued(worker_engine, c.id, space.id) == 12
     finally:
         passer.close()
+
+
+def test_a_space_index_build_takes_the_workers_the_pace_allows(worker_engine, worker_store, collection_name):
+    """An index build cannot be paused once it runs: one that starts while searches are held back
+    (the worker's pace at half) takes half the parallel workers, and one at full pace all of them."""
+
+    class Half(Pace):
+        def share(self) -> float:
+            return 0.5
+
+    full = Settings(max_parallel_maintenance_workers=4)
+    assert [online_ddl.paced_build_workers(full, s) for s in (1.0, 0.5, 0.3, 0.0)] == [4, 2, 1, 0]
+    backend = TwoModels()
+    c = worker_store.create_collection(name=collection_name, dimensions=64, model=TINY)
+    jobs.enqueue(Database(worker_engine), c, _texts(12))
+    _drain(worker_engine, backend)
+    space = worker_store.create_space(collection=collection_name, name="wide", model=WIDE, dimensions=96)
+    worker = IngestWorker(Database(worker_engine), backend, settings=IngestSettings(batch_size=64), pace=Half())
+    worker.spaces.settings = full
+    try:
+        assert worker.run(once=True) == 0
+        assert worker_store.get_collection(name=collection_name, fresh=True).space("wide").state == "ready"
+        conn = worker.spaces._conn
+        assert conn is not None
+        assert conn.execute("SHOW max_parallel_maintenance_workers").fetchone() == ("2",)
+    finally:
+        worker.spaces.close()
+    with raw_connection(worker_engine) as raw:
+        valid = raw.execute("SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)", (space.index_name,))
+        assert valid.fetchone() == (True,)
 
 
 def test_bare_vectors_block_activation_until_their_vectors_are_given(worker_engine, worker_store, collection_name):
