@@ -19,6 +19,7 @@ from memstore.models import ItemIn
 from memstore.queue import jobs
 from memstore.queue.jobs import PendingItem
 from memstore.settings import IngestSettings, Settings
+from memstore.spaces import lifecycle
 from memstore.store import VectorStore
 from memstore.workers.ingest import IngestWorker
 from memstore.workers.pacing import Pace
@@ -167,7 +168,9 @@ def test_a_new_space_is_queued_at_the_next_step_not_after_the_registry_cache_tim
         passer.close()
 
 
-def test_a_space_index_build_takes_the_workers_the_pace_allows(worker_engine, worker_store, collection_name):
+def test_a_space_index_build_takes_the_workers_the_pace_allows(
+    worker_engine, worker_store, collection_name, monkeypatch
+):
     """An index build cannot be paused once it runs: one that starts while searches are held back
     (the worker's pace at half) takes half the parallel workers, and one at full pace all of them."""
 
@@ -182,16 +185,21 @@ def test_a_space_index_build_takes_the_workers_the_pace_allows(worker_engine, wo
     jobs.enqueue(Database(worker_engine), c, _texts(12))
     _drain(worker_engine, backend)
     space = worker_store.create_space(collection=collection_name, name="wide", model=WIDE, dimensions=96)
+    built_with: list[tuple[str, ...]] = []
+    build = lifecycle.build_index
+
+    def watched(conn: Any, c: Any, s: Any) -> bool:
+        built = build(conn, c, s)
+        if built:  # the session's setting the build ran under
+            built_with.append(conn.execute("SHOW max_parallel_maintenance_workers").fetchone())
+        return built
+
+    monkeypatch.setattr(lifecycle, "build_index", watched)
     worker = IngestWorker(Database(worker_engine), backend, settings=IngestSettings(batch_size=64), pace=Half())
     worker.spaces.settings = full
-    try:
-        assert worker.run(once=True) == 0
-        assert worker_store.get_collection(name=collection_name, fresh=True).space("wide").state == "ready"
-        conn = worker.spaces._conn
-        assert conn is not None
-        assert conn.execute("SHOW max_parallel_maintenance_workers").fetchone() == ("2",)
-    finally:
-        worker.spaces.close()
+    assert worker.run(once=True) == 0
+    assert worker_store.get_collection(name=collection_name, fresh=True).space("wide").state == "ready"
+    assert built_with == [("2",)]
     with raw_connection(worker_engine) as raw:
         valid = raw.execute("SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)", (space.index_name,))
         assert valid.fetchone() == (True,)
