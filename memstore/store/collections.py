@@ -233,7 +233,10 @@ class CollectionsPart(StoreBase):
             # The table before the registry row: a writer holds the table, then checks its queue
             # row's reference to the registry row; deleting that row first would wait on the
             # writer while the writer waits on it (a deadlock PostgreSQL breaks by failing the drop).
-            conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(collection.table))
+            # A table already gone (dropped by hand) leaves only its registry rows to remove.
+            found = conn.execute("SELECT to_regclass(quote_ident(%s))", (collection.table_name,)).fetchone()
+            if found is not None and found[0] is not None:
+                conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(collection.table))
             deregister(conn, collection)
             conn.execute(sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(collection.table))
             # Low-rank side tables (their triggers went with the table; registry rows cascade).
