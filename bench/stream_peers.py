@@ -1,5 +1,5 @@
 """``bench.stream --peers``: the same stream of upsert batches into the embedded stores a Python user
-might pick instead, where they are installed (``pip install -e '.[peers]'``; qdrant-client for
+might pick instead, where they are installed (``pip install -e '.[peers]'``, which has qdrant-client for
 Qdrant's local mode). Each is reported as skipped, with the reason, where it does not import.
 
 Each peer takes the rows as a client streams them: one upsert call per batch, in order, while a
