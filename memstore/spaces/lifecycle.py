@@ -287,9 +287,10 @@ def progress(conn: psycopg.Connection[Any], c: Collection, space: Space) -> Prog
     return Progress(space, active, vectors, total, waiting, failed, bare, listed, rate, eta)
 
 
-def build_index(conn: psycopg.Connection[Any], c: Collection, space: Space) -> bool:
+def build_index(conn: psycopg.Connection[Any], c: Collection, space: Space, *, workers: int | None = None) -> bool:
     """Once the space's backlog is queued and embedded, build its HNSW index concurrently and mark
-    it ready (autocommit ``conn``). False when it is not due yet, or another process is building it."""
+    it ready (autocommit ``conn``). False when it is not due yet, or another process is building it.
+    ``workers``: the build's parallel workers (the session's setting when None)."""
     if space.state != "filling" or space.queued_at is None:
         return False
     if pending(conn, c, space)[0]:
@@ -302,6 +303,8 @@ def build_index(conn: psycopg.Connection[Any], c: Collection, space: Space) -> b
         if state is None or state[0] != "filling":
             return False
         online_ddl.set_lock_timeout(conn)
+        if workers is not None:
+            online_ddl.set_build_workers(conn, workers)
         definition = sql.SQL("USING hnsw (embedding {ops}) WITH (m = {m}, ef_construction = {ef})").format(
             ops=sql.SQL(METRICS[space.metric].opclass),
             m=sql.Literal(space.hnsw_m),

@@ -93,9 +93,8 @@ class SpacePass:
             if queued is not None:
                 return max(queued, 1)
             fresh = read_collection(conn, id=c.id).space_by_id(space.id)
-            if fresh is not None and fresh.state == "filling" and fresh.queued_at is not None:
-                online_ddl.set_build_workers(conn, online_ddl.paced_build_workers(self.settings, self.pace.share()))
-            if fresh is not None and lifecycle.build_index(conn, c, fresh):
+            workers = online_ddl.paced_build_workers(self.settings, self.pace.share())
+            if fresh is not None and lifecycle.build_index(conn, c, fresh, workers=workers):
                 log.info("spaces: space %r of %s is ready", space.name, c.name)
                 self._listed_at = -CACHE_SECONDS
                 return 1

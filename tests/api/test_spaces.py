@@ -188,8 +188,8 @@ def test_a_space_index_build_takes_the_workers_the_pace_allows(
     built_with: list[tuple[str, ...]] = []
     build = lifecycle.build_index
 
-    def watched(conn: Any, c: Any, s: Any) -> bool:
-        built = build(conn, c, s)
+    def watched(conn: Any, c: Any, s: Any, **options: Any) -> bool:
+        built = build(conn, c, s, **options)
         if built:  # the session's setting the build ran under
             built_with.append(conn.execute("SHOW max_parallel_maintenance_workers").fetchone())
         return built

@@ -95,10 +95,10 @@ def test_one_space_in_trouble_does_not_hold_up_the_others(
         stuck = store.get_collection(name=first.name, fresh=True).spaces[0].id
         build = space_pass.lifecycle.build_index
 
-        def build_or_time_out(conn: psycopg.Connection[Any], c: Collection, space: Any) -> bool:
+        def build_or_time_out(conn: psycopg.Connection[Any], c: Collection, space: Any, **options: Any) -> bool:
             if space.id == stuck:
                 raise psycopg.errors.LockNotAvailable("canceling statement due to lock timeout")
-            return build(conn, c, space)
+            return build(conn, c, space, **options)
 
         monkeypatch.setattr(space_pass.lifecycle, "build_index", build_or_time_out)
         passer = SpacePass(store.db, settings=store.settings)
