@@ -234,8 +234,8 @@ class CollectionsPart(StoreBase):
             # row's reference to the registry row; deleting that row first would wait on the
             # writer while the writer waits on it (a deadlock PostgreSQL breaks by failing the drop).
             # A table already gone (dropped by hand) leaves only its registry rows to remove.
-            found = conn.execute("SELECT to_regclass(quote_ident(%s))", (collection.table_name,)).fetchone()
-            if found is not None and found[0] is not None:
+            found = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (collection.table_name,)).fetchone()
+            if found is not None and found[0]:
                 conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(collection.table))
             deregister(conn, collection)
             conn.execute(sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(collection.table))
