@@ -71,6 +71,24 @@ class Watcher:
         }
 
 
+def settled(search: Callable[[np.ndarray], Any], queries: np.ndarray, searches: int) -> Watcher:
+    """``searches`` searches of the store once the stream is over, timed as the stream's were."""
+    after = Watcher(search, queries)
+    with after:
+        while len(after.latencies) < searches:
+            time.sleep(0.05)
+    return after
+
+
+def latency_figures(during: Watcher, after: Watcher) -> dict[str, Any]:
+    """The searches' latency during the stream and after it, and the p99 of one over the other."""
+    out: dict[str, Any] = {"search_during_stream": during.summary(), "search_after": after.summary()}
+    during_p99, after_p99 = out["search_during_stream"].get("p99_ms"), out["search_after"].get("p99_ms")
+    if during_p99 and after_p99:
+        out["p99_ratio_during_vs_after"] = round(during_p99 / after_p99, 3)
+    return out
+
+
 def _recall(store: VectorStore, name: str, data: dict[str, Any]) -> dict[str, float]:
     out: dict[str, float] = {}
     for ef in db.EFS:
@@ -152,10 +170,7 @@ def stream(
     t1 = time.perf_counter()
     merged = store.seal(collection=name, merge=True)
     merge_s = time.perf_counter() - t1
-    after = Watcher(search, queries)
-    with after:
-        while len(after.latencies) < settle_searches:
-            time.sleep(0.05)
+    after = settled(search, queries, settle_searches)
     idle_cost = merged_overhead(store, name, queries)
     out = {
         "via": "rest" if rest else "python",
@@ -170,13 +185,9 @@ def stream(
         "merge_s": round(merge_s, 3),
         "merged": merged,
         "recall_after_merge": _recall(store, name, data),
-        "search_during_stream": during.summary(),
-        "search_after": after.summary(),
         "merged_search_vs_one_graph": idle_cost,
+        **latency_figures(during, after),
     }
-    during_p99, after_p99 = during.summary().get("p99_ms"), after.summary().get("p99_ms")
-    if during_p99 and after_p99:
-        out["p99_ratio_during_vs_after"] = round(during_p99 / after_p99, 3)
     if client is not None:
         client.close()
     store.drop_collection(name=name)

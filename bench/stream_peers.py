@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from bench.stream_memstore import Watcher
+from bench.stream_memstore import Watcher, latency_figures, settled
 from bench.stream_sql import EFS, K
 
 
@@ -225,10 +225,7 @@ def stream(name: str, data: dict[str, Any], *, batch: int, settle_searches: int 
             peer.finish()
             indexed_s = time.perf_counter() - t0
         progress.close()
-        after = Watcher(lambda q: peer.search(q), data["queries"])
-        with after:
-            while len(after.latencies) < settle_searches:
-                time.sleep(0.05)
+        after = settled(lambda q: peer.search(q), data["queries"], settle_searches)
         out: dict[str, Any] = {
             "label": peer.label,
             "indexing": peer.indexing,
@@ -237,12 +234,8 @@ def stream(name: str, data: dict[str, Any], *, batch: int, settle_searches: int 
             "seconds": round(indexed_s, 3),
             "rows_per_s": round(len(base) / indexed_s, 1),
             "recall_at_10": _recall(peer, data),
-            "search_during_stream": during.summary(),
-            "search_after": after.summary(),
+            **latency_figures(during, after),
         }
-        during_p99, after_p99 = during.summary().get("p99_ms"), after.summary().get("p99_ms")
-        if during_p99 and after_p99:
-            out["p99_ratio_during_vs_after"] = round(during_p99 / after_p99, 3)
         peer.close()
         return out
     finally:
