@@ -12,7 +12,7 @@ import pytest
 
 from memstore.access import keys
 from memstore.db.core import Database
-from tests.api.api_helpers import LiveServer, make_image, start_server
+from tests.api.api_helpers import LiveServer, make_image, start_server, wait_ready
 from tests.ui.ui_helpers import csrf_of, hidden_fields, sign_in
 
 
@@ -194,6 +194,9 @@ def test_hostile_metadata_and_file_names_are_shown_as_text(admin_page, api, ui_c
         headers={"X-CSRF-Token": csrf},
     )
     assert uploaded.status_code == 200, uploaded.text
+    # The upload's page shows the hostile item among its neighbours once the upload is embedded; on a
+    # loaded machine the worker may not have reached it yet.
+    wait_ready(api, ui_collection)
     pages = [
         admin_page.get(f"/ui/c/{ui_collection}").text,
         admin_page.get(f"/ui/c/{ui_collection}", params={"q": "text"}).text,
