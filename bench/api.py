@@ -23,7 +23,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -35,7 +34,7 @@ import numpy as np
 import psycopg
 
 from bench.data import clustered
-from bench.databases import drop_database, new_database
+from bench.databases import drop_database, new_database, scratch_dir
 from memstore.access import keys
 from memstore.db.core import Database, create_engine, libpq_url, normalise_url
 from memstore.db.embedded import start_embedded_server
@@ -46,7 +45,7 @@ from memstore.store import VectorStore
 TINY_ENV = {"MEMSTORE_MODEL": "memstore-tiny", "MEMSTORE_PRETRAINED": "none"}
 
 
-def _database(args: argparse.Namespace, tmp: str) -> str:
+def _database(args: argparse.Namespace, tmp: Path) -> str:
     server = (
         normalise_url(args.database_url)
         if args.database_url
@@ -505,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve:
         serve(args.serve, args.port, args.workers, args.setup)
         return 0
-    with tempfile.TemporaryDirectory() as tmp:
+    with scratch_dir() as tmp:
         url = _database(args, tmp)
         setups = [name.strip() for name in args.servers.split(",") if name.strip()]
         unknown = sorted(set(setups) - set(SETUPS))

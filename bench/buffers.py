@@ -16,7 +16,6 @@ import argparse
 import json
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from pgvector.psycopg import register_vector
 from tqdm import tqdm
 
 from bench.data import clustered
+from bench.databases import scratch_dir
 from memstore.db.core import libpq_url
 from memstore.db.embedded import start_embedded_server
 
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             queries = _vectors(args)[args.rows :]
             print(json.dumps(measure(data_dir, args.buffers, queries, args.ef, args.passes)))
         return 0
-    with tempfile.TemporaryDirectory(prefix="memstore-buffers-") as tmp:
+    with scratch_dir(prefix="memstore-buffers-") as tmp:
         result = run(args, Path(tmp))
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
     return 0

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,7 @@ from psycopg import sql
 from tqdm import tqdm
 
 from bench.data import clustered, exact_neighbours, recall_at_k
-from bench.databases import server_url
+from bench.databases import scratch_dir, server_url
 from memstore.db import online_ddl
 from memstore.db.core import libpq_url
 from memstore.settings import Settings
@@ -159,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--database-url", help="an empty database to use (default: a temporary embedded server)")
     args = p.parse_args(argv)
     settings = Settings()
-    with tempfile.TemporaryDirectory(prefix="memstore-build-") as tmp:
+    with scratch_dir(prefix="memstore-build-") as tmp:
         result = run(server_url(args.database_url, Path(tmp), settings), args, settings)
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
     return 0

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ import numpy as np
 from tqdm import tqdm
 
 from bench.data import clustered
+from bench.databases import scratch_dir
 from memstore.db import migrate
 from memstore.db.core import create_engine
 from memstore.db.embedded import start_embedded_server
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     fractions = [float(x) for x in args.fractions.split(",")]
     every = clustered(args.rows + max(args.extra, int(max(fractions) * args.rows)), args.dimensions, seed=7)
     base, pool = every[: args.rows], every[args.rows :]
-    with tempfile.TemporaryDirectory(prefix="memstore-bench-") as tmp:
+    with scratch_dir(prefix="memstore-bench-") as tmp:
         # MEMSTORE_DATABASE_URL (as the tests pass theirs), else a temporary embedded server.
         url = Settings().database_url or start_embedded_server(
             Path(tmp), maintenance_work_mem="1GB", max_parallel_maintenance_workers=1

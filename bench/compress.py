@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -36,6 +35,7 @@ from psycopg import sql
 from tqdm import tqdm
 
 from bench.data import BGE_M3_DIR, exact_neighbours, load_bge_m3, load_npz, low_rank, recall_at_k
+from bench.databases import scratch_dir
 from memstore.catalog import index_spec as specs
 from memstore.catalog.collections import Collection
 from memstore.compact import ddl
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             labels.append((rep, None))
 
-    with tempfile.TemporaryDirectory(prefix="memstore-bench-") as tmp:
+    with scratch_dir(prefix="memstore-bench-") as tmp:
         if args.database_url:
             url = normalise_url(args.database_url)
         else:

@@ -29,7 +29,6 @@ import re
 import socket
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -42,7 +41,7 @@ import psycopg
 from PIL import Image
 from tqdm import tqdm
 
-from bench.databases import drop_database, new_database, server_url
+from bench.databases import drop_database, new_database, scratch_dir, server_url
 from bench.peers_rest import SearchConnection, Serve
 from memstore.access import keys
 from memstore.db.core import Database, create_engine, libpq_url
@@ -124,7 +123,7 @@ def _running(url: str) -> int:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     rng = np.random.default_rng(7)
-    with tempfile.TemporaryDirectory(prefix="memstore-bench-cost-") as tmp:
+    with scratch_dir(prefix="memstore-bench-cost-") as tmp:
         settings = Settings()
         url = new_database(server_url(args.database_url, Path(tmp) / "pg", settings), "bench_cost")
         serve = Serve(url, Path(tmp), max_items=1000)

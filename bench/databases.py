@@ -3,7 +3,11 @@ migrated to head, so that a run never touches a user's data."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -12,8 +16,20 @@ from psycopg import sql
 
 from memstore.db import migrate
 from memstore.db.core import libpq_url, normalise_url
-from memstore.db.embedded import start_embedded_server
+from memstore.db.embedded import start_embedded_server, stop_embedded_servers_under
 from memstore.settings import Settings
+
+
+@contextmanager
+def scratch_dir(prefix: str = "memstore-bench-") -> Iterator[Path]:
+    """A temporary folder for a run's embedded server: the server stops before the folder is removed
+    (a TemporaryDirectory removed the folder under a running server, which then failed to stop)."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield folder
+    finally:
+        stop_embedded_servers_under(folder)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def server_url(database_url: str | None, folder: Path, settings: Settings, *, shared_buffers: str = "auto") -> str:

@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -44,7 +43,7 @@ import psycopg
 from pgvector.psycopg import register_vector
 from psycopg import sql
 
-from bench.databases import drop_database, new_database
+from bench.databases import drop_database, new_database, scratch_dir
 from bench.image_set import image_set
 from bench.reembed import COLLECTION, WIDE, log, open_engine, store_images, stored_queries
 from bench.search_stream import SearchStream
@@ -236,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     images = image_set(args.images, args.seed, largest=args.largest)
-    with tempfile.TemporaryDirectory(prefix="memstore-bench-") as tmp:
+    with scratch_dir(prefix="memstore-bench-") as tmp:
         server = (
             normalise_url(args.database_url)
             if args.database_url

@@ -31,7 +31,6 @@ import argparse
 import contextlib
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,7 @@ from typing import Any
 import psycopg
 from tqdm import tqdm
 
-from bench.databases import server_url
+from bench.databases import scratch_dir, server_url
 from bench.peers_libs import OPTIONAL, optional_systems
 from bench.peers_measure import (
     TURN,
@@ -276,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown systems: {', '.join(sorted(unknown))}")
     settings = Settings()
-    with tempfile.TemporaryDirectory(prefix="memstore-peers-") as tmp:
+    with scratch_dir(prefix="memstore-peers-") as tmp:
         # The embedded server with `memstore serve`'s buffer cache, as the service starts it.
         url = server_url(args.database_url, Path(tmp) / "db", settings, shared_buffers=settings.embedded_shared_buffers)
         migrate.upgrade(url)

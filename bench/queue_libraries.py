@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import atexit
 import functools
 import hashlib
 import importlib.metadata
@@ -40,9 +39,7 @@ import logging
 import multiprocessing as mp
 import os
 import shlex
-import shutil
 import sys
-import tempfile
 import threading
 import time
 import warnings
@@ -50,7 +47,6 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -60,6 +56,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 from tqdm import tqdm
 
+from bench.databases import scratch_dir
 from encoder.types import EncoderInfo, Priority
 from memstore.db import migrate
 from memstore.db.core import Database, create_engine, libpq_url, normalise_url
@@ -740,14 +737,10 @@ def server(database_url: str | None) -> Iterator[str]:
     if database_url:
         yield normalise_url(database_url)
         return
-    # The server stops at exit, when its last handle goes, and it keeps its list of handles inside
-    # the data folder: the folder must outlive it. Registered before the server's own exit handler,
-    # the removal runs after it (a TemporaryDirectory removed it first and left the server running).
-    data_dir = Path(tempfile.mkdtemp(prefix="memstore-queue-bench-"))
-    atexit.register(shutil.rmtree, data_dir, ignore_errors=True)
-    yield start_embedded_server(
-        data_dir, maintenance_work_mem="256MB", max_parallel_maintenance_workers=1, database="queue_bench"
-    )
+    with scratch_dir("memstore-queue-bench-") as data_dir:
+        yield start_embedded_server(
+            data_dir, maintenance_work_mem="256MB", max_parallel_maintenance_workers=1, database="queue_bench"
+        )
 
 
 @contextmanager

@@ -42,7 +42,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -58,7 +57,7 @@ from pgvector.psycopg import register_vector
 from psycopg import sql
 from tqdm import tqdm
 
-from bench.databases import drop_database, new_database
+from bench.databases import drop_database, new_database, scratch_dir
 from bench.image_set import LARGEST, describe, image_set, image_sizes
 from bench.search_stream import SearchStream
 from encoder.engine import EmbeddingEngine
@@ -349,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.images < 2 * args.batch_size:
         p.error(f"--images must be at least twice --batch-size ({2 * args.batch_size})")
     images = image_set(args.images, args.seed, largest=args.largest)
-    with tempfile.TemporaryDirectory(prefix="memstore-bench-") as tmp:
+    with scratch_dir(prefix="memstore-bench-") as tmp:
         server = (
             normalise_url(args.database_url)
             if args.database_url

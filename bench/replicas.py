@@ -27,7 +27,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -40,7 +39,7 @@ from tqdm import tqdm
 
 from bench.api import RawClient, _run_for
 from bench.data import clustered
-from bench.databases import new_database
+from bench.databases import new_database, scratch_dir
 from memstore.access import keys
 from memstore.db.core import Database, create_engine, libpq_url, normalise_url, parse_lsn
 from memstore.db.embedded import start_embedded_server
@@ -349,7 +348,7 @@ def _conflict_kinds(standby: Standby) -> dict[str, int]:
     return dict(zip(("snapshot", "lock", "bufferpin", "deadlock"), map(int, row or (0, 0, 0, 0)), strict=True))
 
 
-def _database(args: argparse.Namespace, tmp: str) -> str:
+def _database(args: argparse.Namespace, tmp: Path) -> str:
     if args.database_url:
         server = normalise_url(args.database_url)
         if embedded_socket(server) is None:
@@ -389,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve:
         serve(args.serve, args.reads, args.port)
         return 0
-    with tempfile.TemporaryDirectory(prefix="memstore-bench-") as tmp:
+    with scratch_dir(prefix="memstore-bench-") as tmp:
         os.chmod(tmp, 0o755)  # as root, the standby's server user must reach its folder inside
         url = _database(args, tmp)
         socket = embedded_socket(url)

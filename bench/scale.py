@@ -29,7 +29,6 @@ import argparse
 import contextlib
 import json
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -44,6 +43,7 @@ from tqdm import tqdm
 
 from bench.churn import Mirror, churn_round, sample_user_queries
 from bench.churn_data import Dataset, synthetic
+from bench.databases import scratch_dir
 from bench.scale_report import fit_and_check, plot
 from maintenance.config import MaintenanceConfig
 from maintenance.progress import Progress, Watch
@@ -371,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="(the last line is always the JSON result)")
     args = parser.parse_args(argv)
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="memstore-scale-") as tmp:
+    with scratch_dir(prefix="memstore-scale-") as tmp:
         url = normalise_url(args.database_url) if args.database_url else ""
         if not url:
             url = start_embedded_server(

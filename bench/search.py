@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from bench.databases import scratch_dir
 from bench.search_corpus import Entry, build
 from memstore.db import migrate
 from memstore.db.core import create_engine, normalise_url
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     id_vectors = embed(model, id_queries, "identifier queries")
     nl_vectors = embed(model, nl_queries, "natural-language queries")
 
-    with tempfile.TemporaryDirectory(prefix="memstore-bench-") as tmp:
+    with scratch_dir(prefix="memstore-bench-") as tmp:
         url = (
             normalise_url(args.database_url)
             if args.database_url

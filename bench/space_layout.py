@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from pgvector.psycopg import register_vector
 from tqdm import tqdm
 
 from bench.data import clustered
+from bench.databases import scratch_dir
 from memstore.db.core import libpq_url
 from memstore.db.embedded import start_embedded_server
 
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     base = clustered(args.rows, args.dimensions, seed=1)
     second = clustered(args.rows + args.queries, 96, seed=2)
     second, queries = second[: args.rows], second[args.rows :]
-    with tempfile.TemporaryDirectory(prefix="memstore-bench-") as tmp:
+    with scratch_dir(prefix="memstore-bench-") as tmp:
         url = start_embedded_server(Path(tmp), maintenance_work_mem="512MB", max_parallel_maintenance_workers=1)
         with psycopg.connect(libpq_url(url), autocommit=True) as conn:
             conn.execute("CREATE EXTENSION IF NOT EXISTS vector")

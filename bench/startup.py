@@ -20,7 +20,6 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from bench.databases import drop_database, new_database
+from bench.databases import drop_database, new_database, scratch_dir
 from memstore.db.core import create_engine, normalise_url
 from memstore.db.embedded import start_embedded_server
 from memstore.models import ItemIn
@@ -133,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     rng = np.random.default_rng(0)
     vectors = rng.standard_normal((args.rows, args.dims)).astype(np.float32)
-    with tempfile.TemporaryDirectory(prefix="memstore-bench-") as tmp:
+    with scratch_dir(prefix="memstore-bench-") as tmp:
         server = (
             normalise_url(args.database_url)
             if args.database_url

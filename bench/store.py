@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -37,7 +36,7 @@ from psycopg import sql
 from tqdm import tqdm
 
 from bench.data import clustered, exact_neighbours, load_npz, recall_at_k
-from bench.databases import server_url
+from bench.databases import scratch_dir, server_url
 from bench.peers_measure import time_searches, timed
 from memstore.catalog.collections import Collection
 from memstore.db import migrate, online_ddl
@@ -198,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         every = clustered(args.rows + args.queries, args.dimensions, seed=42)
         base, queries = every[: args.rows], every[args.rows :]
-    with tempfile.TemporaryDirectory(prefix="memstore-bench-") as tmp:
+    with scratch_dir(prefix="memstore-bench-") as tmp:
         url = server_url(args.database_url, Path(tmp), Settings())
         migrate.upgrade(url)
         engine = create_engine(url)

@@ -33,7 +33,6 @@ import argparse
 import contextlib
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -47,7 +46,7 @@ from bench import stream_memstore, stream_peers
 from bench import stream_sql as db
 from bench.api import Server
 from bench.data import clustered, exact_neighbours, load_npz
-from bench.databases import server_url
+from bench.databases import scratch_dir, server_url
 from bench.stream_plot import plot
 from bench.stream_tail import TailTable, ingest
 from memstore.access import keys
@@ -329,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     data = load_data(args)
     settings = Settings()
-    with tempfile.TemporaryDirectory(prefix="memstore-bench-") as tmp:
+    with scratch_dir(prefix="memstore-bench-") as tmp:
         url = server_url(args.database_url or settings.database_url, Path(tmp), settings)
         settings = Settings(database_url=url)
         options = run(url, settings, data, args)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -185,3 +186,33 @@ def test_shared_buffers_refuse_what_is_not_a_size(value: str) -> None:
         shared_buffers_size(value)
     with pytest.raises(ValidationError):
         Settings(embedded_shared_buffers=value)
+
+
+SCRATCH_RUN = textwrap.dedent(
+    """
+    import json, psutil
+    from bench.databases import scratch_dir
+    from memstore.db.embedded import start_embedded_server
+    with scratch_dir() as folder:
+        start_embedded_server(folder, maintenance_work_mem="64MB", max_parallel_maintenance_workers=1)
+        pid = int((folder / "pg" / "postmaster.pid").read_text().split()[0])
+    try:  # before the exit handlers run
+        stopped = psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        stopped = True
+    print(json.dumps({"folder": str(folder), "stopped_before_exit": stopped}))
+    """
+)
+
+
+def test_a_benchmark_s_scratch_folder_stops_its_server_before_it_is_removed() -> None:
+    # A TemporaryDirectory removed the folder under the running server: pg_wal was "not empty" and the
+    # exit handler found no cluster to stop (a benchmark failed with exit 1 under load).
+    done = subprocess.run(
+        [sys.executable, "-c", SCRATCH_RUN], capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[1]
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["stopped_before_exit"]
+    assert not Path(result["folder"]).exists()
+    assert "Failed to stop server" not in done.stderr

