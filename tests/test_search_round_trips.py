@@ -279,3 +279,45 @@ def test_a_partitioned_collection_keeps_the_iterative_scan(
     hits = store.search(collection=collection_name, vector=base[4], k=5, ef_search=20)
     assert hits[0].external_id == "4"
     assert _setting(one_connection, "hnsw.iterative_scan") == "relaxed_order"
+
+
+def test_a_relaxed_scan_s_rows_are_sorted_again_after_the_walk(
+    one_connection: sa.Engine, settings: Settings, collection_name: str
+) -> None:
+    """pgvector's relaxed iterative scan returns rows slightly out of order; the statement sorts them
+    again over its MATERIALIZED CTE. PostgreSQL 17+ takes the CTE's order from its ORDER BY and drops a
+    sort by ``distance`` as already done: the plan must keep a Sort above the walk (a search under load
+    answered distances out of order)."""
+    store = VectorStore(one_connection, settings=settings)
+    rng = np.random.default_rng(3)
+    store.create_collection(name=collection_name, dimensions=8)
+    store.upsert_items(
+        collection=collection_name,
+        items=[
+            ItemIn(vector=v, external_id=str(i), text=f"word{i % 3}") for i, v in enumerate(rng.normal(size=(300, 8)))
+        ],
+    )
+    c = store.get_collection(name=collection_name)
+    vector = rng.normal(size=8).astype(np.float32)
+    plans = {
+        "unfiltered": store.plain_search(c, vector=vector, k=5, filter=None, ef_search=None, exact=False),
+        "filtered": store.plain_search(
+            c,
+            vector=vector,
+            k=5,
+            filter=check_query(mode=None, vector=vector, text=None, k=5, filter={"a": 1}).filter,
+            ef_search=None,
+            exact=False,
+        ),
+    }
+    with one_connection.connect() as sa_conn:
+        conn = sa_conn.connection.driver_connection
+        assert isinstance(conn, psycopg.Connection)
+        conn.execute("SET enable_seqscan = off")  # the walk, not a scan of a tiny table
+        for name, p in plans.items():
+            lines = [r[0] for r in conn.execute(sql.SQL("EXPLAIN (COSTS OFF) ") + p.statement, p.params).fetchall()]
+            top = [line for line in lines if not line.startswith(" ")]
+            assert top and top[0].startswith(("Sort", "Limit")), (name, lines)
+            assert any(line.lstrip().startswith("Sort Key: ((c.distance + ") for line in lines), (name, lines)
+            assert any("hnsw" in line or "Index Scan" in line for line in lines), (name, lines)
+        sa_conn.rollback()

@@ -169,7 +169,10 @@ def search_statement(
     """The ``%(k)s`` nearest rows of ``table`` (a collection or one partition) to ``%(q)s``, nearest
     first, among those matching ``where`` (a compiled filter, ``memstore.search.filter_language``, whose
     parameters the caller binds). The MATERIALIZED CTE restores strict order after a relaxed
-    iterative scan. ``ids_only``: id and distance alone (what the recall probes compare).
+    iterative scan: sorted by ``distance + 0``, since PostgreSQL 17 takes a CTE's sort order from its
+    ORDER BY and would drop a sort by ``distance`` itself as done, leaving the scan's relaxed order
+    (pgvector's README; seen as distances out of order under load). ``ids_only``: id and distance
+    alone (what the recall probes compare).
 
     ``limit``: the ``limit`` nearest instead, with the number in the statement's text, which makes
     an unfiltered statement one whose generic plan PostgreSQL keeps (see the module's docstring).
@@ -222,9 +225,9 @@ def _build(
         inner = nearest.format(columns=columns, op=op, t=t, where=_rows(where), limit=count)
         if exact:
             return inner
-        return sql.SQL("WITH c AS MATERIALIZED ({inner}) SELECT {columns}, distance FROM c ORDER BY distance").format(
-            inner=inner, columns=columns
-        )
+        return sql.SQL(
+            "WITH c AS MATERIALIZED ({inner}) SELECT {columns}, distance FROM c ORDER BY distance + 0"
+        ).format(inner=inner, columns=columns)
     # One branch per graph and one for the tail (pgvector's scan of a partial index, then the
     # primary key's range and a sort): the k nearest of the union are among their k nearest each.
     branches = [
@@ -240,7 +243,7 @@ def _build(
         for lo, hi in segments.parts(graphs)
     ]
     return sql.SQL(
-        "WITH c AS MATERIALIZED ({union}) SELECT {columns}, distance FROM c ORDER BY distance LIMIT {limit}"
+        "WITH c AS MATERIALIZED ({union}) SELECT {columns}, distance FROM c ORDER BY distance + 0 LIMIT {limit}"
     ).format(union=sql.SQL(" UNION ALL ").join(branches), columns=columns, limit=count)
 
 
@@ -258,7 +261,7 @@ def space_search_statement(
     if exact:
         return inner
     return sql.SQL(
-        "WITH c AS MATERIALIZED ({inner}) SELECT id, external_id, metadata, distance FROM c ORDER BY distance"
+        "WITH c AS MATERIALIZED ({inner}) SELECT id, external_id, metadata, distance FROM c ORDER BY distance + 0"
     ).format(inner=inner)
 
 
@@ -324,7 +327,7 @@ def hybrid_statement(
     matches = _keyword_matches(c, text, where, sql.SQL("id"))
     return sql.SQL(
         "WITH v AS MATERIALIZED ({nearest}), "
-        "vr AS (SELECT id, row_number() OVER (ORDER BY distance, id) AS r FROM v), "
+        "vr AS (SELECT id, row_number() OVER (ORDER BY distance + 0, id) AS r FROM v), "
         "kw AS MATERIALIZED ({matches} ORDER BY score DESC, id LIMIT %(k)s), "
         "kr AS (SELECT id, row_number() OVER (ORDER BY score DESC, id) AS r FROM kw), "
         "fused AS (SELECT coalesce(vr.id, kr.id) AS id, vr.r AS vector_rank, kr.r AS keyword_rank, "
