@@ -9,7 +9,7 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from maintenance.tuning import DEFAULT_DESIGN_EFFECT, DEFAULT_Z, MAX_EF
+from maintenance.tuning import DEFAULT_DESIGN_EFFECT, DEFAULT_TOLERANCE, DEFAULT_Z, MAX_EF
 
 
 class MaintenanceConfig(BaseSettings):
@@ -103,6 +103,14 @@ class MaintenanceConfig(BaseSettings):
         ge=1,
         description="The least design effect assumed: the per-neighbour trials (k x queries) are divided by "
         "the one measured on the sample's queries (the misses of one query come together), at least this.",
+    )
+    tune_tolerance: float = Field(
+        default=DEFAULT_TOLERANCE,
+        ge=0,
+        le=0.1,
+        description="How far below the target the chosen ef_search's lower confidence bound may read; the "
+        "sample's recall itself must reach the target. 0: the bound must reach the target (several times the "
+        "ef on clustered data, whose queries are hit or miss as a whole).",
     )
     search_horizon_s: float = Field(
         default=24 * 3600.0,

@@ -22,7 +22,15 @@ from psycopg.pq import TransactionStatus
 
 from maintenance.recall import _index_answers, exact_answers, exact_settings, index_search, index_settings
 from maintenance.targets import Target
-from maintenance.tuning import DEFAULT_DESIGN_EFFECT, DEFAULT_Z, Point, design_effect_of, passes, pooled
+from maintenance.tuning import (
+    DEFAULT_DESIGN_EFFECT,
+    DEFAULT_TOLERANCE,
+    DEFAULT_Z,
+    Point,
+    design_effect_of,
+    passes,
+    pooled,
+)
 from memstore.db import sqlfiles
 from memstore.search import query_samples
 from memstore.search.exact_answers import recall_hits
@@ -134,6 +142,7 @@ def measure_ladder(
     queries: Sequence[np.ndarray] | None = None,
     z: float = DEFAULT_Z,
     design_effect: float = DEFAULT_DESIGN_EFFECT,
+    tolerance: float = DEFAULT_TOLERANCE,
     stop_on_pass: bool = True,
 ) -> Ladder:
     """Recall@k at each of ``rungs`` (ascending), stopping after the first that passes
@@ -171,6 +180,6 @@ def measure_ladder(
             spread = design_effect_of(per_query, [len(e) for e in exact])
             point = Point(ef, hits / expected if expected else 1.0, len(vectors), k, spread)
             points.append(point)
-            if stop_on_pass and passes(point, recall_target, z=z, design_effect=design_effect):
+            if stop_on_pass and passes(point, recall_target, z=z, design_effect=design_effect, tolerance=tolerance):
                 break
     return Ladder(points, len(vectors), source, ms)

@@ -1,8 +1,13 @@
 """Recall target: from recall measured at a ladder of ef_search values to the ef searches should use.
 A pure function (the worker measures, ``maintenance.ladder``; this decides).
 
-The choice: the smallest ef whose recall's *lower confidence bound* reaches the target, so that a
-lucky sample does not set an ef that misses the target on the queries that follow. The bound is the
+The choice: the smallest ef whose recall reads at least the target on the sample and whose *lower
+confidence bound* reaches the target less a tolerance (``DEFAULT_TOLERANCE``, 0.01), so that a lucky
+sample does not set an ef that misses the target on the queries that follow by more than the
+tolerance. Without the tolerance the bound must reach the target itself: on clustered data, whose
+queries are hit or miss as a whole, 200 queries bound recall to about +-0.02, and near recall 1 the
+curve is flat, so that margin cost 2-8x the ef that reaches the target at 100k rows (bench.recall_target,
+docs/maintenance.md); a tolerance of 0 restores it. The bound is the
 Wilson score interval's lower end on the per-neighbour hits: a probe of ``n`` queries at recall@k
 makes ``k * n`` trials (is the i-th true neighbour among the answers?) of which ``hits`` succeed.
 Wilson rather than the normal approximation because recall lives near 1, where the normal interval
@@ -43,6 +48,8 @@ MAX_EF = 1000
 # One-sided 95%: the target is missed by chance at most about one time in twenty.
 DEFAULT_Z = 1.645
 DEFAULT_DESIGN_EFFECT = 2.0
+# How far below the target the lower confidence bound may read (the point estimate must reach it).
+DEFAULT_TOLERANCE = 0.01
 
 
 @dataclass(frozen=True)
@@ -126,9 +133,17 @@ def bounds(p: Point, *, z: float = DEFAULT_Z, design_effect: float = DEFAULT_DES
     return wilson(p.recall * trials, trials, z)
 
 
-def passes(p: Point, target: float, *, z: float = DEFAULT_Z, design_effect: float = DEFAULT_DESIGN_EFFECT) -> bool:
-    """The rung's recall reaches ``target`` with the margin: its lower bound does."""
-    return bounds(p, z=z, design_effect=design_effect)[0] >= target
+def passes(
+    p: Point,
+    target: float,
+    *,
+    z: float = DEFAULT_Z,
+    design_effect: float = DEFAULT_DESIGN_EFFECT,
+    tolerance: float = DEFAULT_TOLERANCE,
+) -> bool:
+    """The rung's recall reaches ``target`` with the margin: the sample's recall does, and its lower
+    bound reaches ``target - tolerance``."""
+    return p.recall >= target and bounds(p, z=z, design_effect=design_effect)[0] >= target - tolerance
 
 
 def pooled(a: Point, b: Point) -> Point:
@@ -148,18 +163,20 @@ def undecided(
     *,
     z: float = DEFAULT_Z,
     design_effect: float = DEFAULT_DESIGN_EFFECT,
+    tolerance: float = DEFAULT_TOLERANCE,
 ) -> list[int]:
-    """The rungs below the chosen one (all, when none passes) whose interval holds the target: more
+    """The rungs below the chosen one (all, when none passes) that fail but whose upper bound reaches
+    the target: more
     queries there could show a smaller ef reaches it (or that the best one measured does), so the
     worker measures them again on fresh queries before it settles (``maintenance.worker``)."""
     ladder = sorted(points, key=lambda p: p.ef)
-    chosen = choose_ef(ladder, target, z=z, design_effect=design_effect) if ladder else None
+    chosen = choose_ef(ladder, target, z=z, design_effect=design_effect, tolerance=tolerance) if ladder else None
     out = []
     for p in ladder:
         if chosen is not None and chosen.reachable and p.ef >= chosen.ef:
             break
-        lower, upper = bounds(p, z=z, design_effect=design_effect)
-        if lower < target <= upper:
+        passed = passes(p, target, z=z, design_effect=design_effect, tolerance=tolerance)
+        if not passed and bounds(p, z=z, design_effect=design_effect)[1] >= target:
             out.append(p.ef)
     return out
 
@@ -171,6 +188,7 @@ def recheck(
     *,
     z: float = DEFAULT_Z,
     design_effect: float = DEFAULT_DESIGN_EFFECT,
+    tolerance: float = DEFAULT_TOLERANCE,
 ) -> list[int]:
     """The rungs to measure again on fresh queries before the collection's ef moves from ``current``.
 
@@ -179,8 +197,8 @@ def recheck(
     below it) must pass again, pooled with a second sample. A higher ef costs every search: the
     undecided rungs below the choice are measured again, since more queries may show one of them
     reaches the target. An unchanged ef costs nothing more."""
-    chosen = choose_ef(points, target, z=z, design_effect=design_effect)
-    below = undecided(points, target, z=z, design_effect=design_effect)
+    chosen = choose_ef(points, target, z=z, design_effect=design_effect, tolerance=tolerance)
+    below = undecided(points, target, z=z, design_effect=design_effect, tolerance=tolerance)
     if chosen.ef < current and chosen.reachable:
         return sorted({*below, chosen.ef})
     if chosen.ef > current:
@@ -210,9 +228,10 @@ def choose_ef(
     *,
     z: float = DEFAULT_Z,
     design_effect: float = DEFAULT_DESIGN_EFFECT,
+    tolerance: float = DEFAULT_TOLERANCE,
 ) -> Tuning:
-    """The smallest ef from which every measured rung's lower bound reaches ``target``; else the
-    largest ef measured, flagged unreachable (see the module's docstring)."""
+    """The smallest ef from which every measured rung passes (``passes``); else the largest ef
+    measured, flagged unreachable (see the module's docstring)."""
     checked = validate_recall_target(target)  # an InvalidInputError: a ValueError
     if checked is None:
         raise InvalidInputError("a recall target is needed to choose an ef_search")
@@ -222,7 +241,7 @@ def choose_ef(
     ladder = sorted(points, key=lambda p: p.ef)
     if len({p.ef for p in ladder}) != len(ladder):
         raise ValueError("one point per ef")
-    ok = [passes(p, target, z=z, design_effect=design_effect) for p in ladder]
+    ok = [passes(p, target, z=z, design_effect=design_effect, tolerance=tolerance) for p in ladder]
     # The first rung from which all the rest pass (a failing rung above resets it).
     chosen: int | None = None
     for i in range(len(ladder) - 1, -1, -1):

@@ -409,7 +409,11 @@ class MaintenanceWorker:
                 ladder = self._measure_ladder(conn, target, goal, c.default_ef_search)
                 if ladder.points:
                     tuning = choose_ef(
-                        ladder.points, goal, z=self.config.tune_z, design_effect=self.config.tune_design_effect
+                        ladder.points,
+                        goal,
+                        z=self.config.tune_z,
+                        design_effect=self.config.tune_design_effect,
+                        tolerance=self.config.tune_tolerance,
                     )
                     measured.append((tuning, ladder))
         except psycopg.Error as exc:
@@ -503,6 +507,7 @@ class MaintenanceWorker:
                 sample=sample,
                 z=cfg.tune_z,
                 design_effect=cfg.tune_design_effect,
+                tolerance=cfg.tune_tolerance,
                 stop_on_pass=first,
             )
 
@@ -511,7 +516,14 @@ class MaintenanceWorker:
             # rungs that decide the move (``maintenance.tuning.recheck``), up to ``tune_sample_max``.
             ladder = rounds(on, ladder_for(cfg.tune_max_ef), cfg.tune_sample, True)
             while ladder.points and ladder.queries < cfg.tune_sample_max:
-                rungs = recheck(ladder.points, goal, current, z=cfg.tune_z, design_effect=cfg.tune_design_effect)
+                rungs = recheck(
+                    ladder.points,
+                    goal,
+                    current,
+                    z=cfg.tune_z,
+                    design_effect=cfg.tune_design_effect,
+                    tolerance=cfg.tune_tolerance,
+                )
                 if not rungs:
                     break
                 more = rounds(on, rungs, min(cfg.tune_sample, cfg.tune_sample_max - ladder.queries), False)
