@@ -206,7 +206,7 @@ def test_random_monotone_ladders_meet_the_target_on_the_truth() -> None:
 
 def test_ladder_for_caps_and_keeps_the_maximum() -> None:
     assert ladder_for() == list(LADDER)
-    assert ladder_for(100) == [10, 20, 40, 80, 100]
+    assert ladder_for(100) == [10, 20, 30, 40, 60, 80, 100]
     assert ladder_for(5000)[-1] == 1000
 
 
