@@ -42,8 +42,8 @@ from dataclasses import dataclass
 from memstore.catalog.collections import validate_recall_target
 from memstore.errors import InvalidInputError
 
-# The ef values a tuning pass tries, in order, each at most 1.5x the one before (so the choice is within
-# 1.5x of the smallest ef that passes); pgvector's hnsw.ef_search takes at most 1000.
+# The ef values a tuning pass tries, in order: from 20 up, steps of about 1.5x at most, so the choice is
+# within about 1.5x of the smallest ef that passes; pgvector's hnsw.ef_search takes at most 1000.
 LADDER: tuple[int, ...] = (10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 1000)
 MAX_EF = 1000
 # One-sided 95%: the target is missed by chance at most about one time in twenty.
