@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import psutil
 import psycopg
 import pytest
@@ -15,6 +16,10 @@ import sqlalchemy as sa
 
 from memstore.db import priority
 from memstore.db.core import dedicated_connection
+from memstore.items import sealing
+from memstore.models import ItemIn
+from memstore.settings import Settings
+from memstore.store import VectorStore
 
 
 @pytest.fixture
@@ -99,3 +104,28 @@ def test_a_server_elsewhere_is_left_alone(conn: psycopg.Connection[Any], monkeyp
     assert not priority.lower(conn, 11)
     monkeypatch.undo()
     assert backend.nice() == before
+
+
+def test_a_seal_builds_on_a_lowered_connection(
+    engine: sa.Engine, settings: Settings, collection_name: str, conn: psycopg.Connection[Any]
+) -> None:
+    """The sealer's build connection (``sealing._held``, where seals and merges run) is at
+    ``build_niceness``; the store's own connections are not."""
+    _local(conn)
+    store = VectorStore(engine, settings=settings.model_copy(update={"build_niceness": 6, "seal_interval_s": 3600.0}))
+    try:
+        c = store.create_collection(name=collection_name, dimensions=8, write_path="segments")
+        rows = np.random.default_rng(1).normal(size=(50, 8)).astype(np.float32)
+        store.upsert_items(
+            collection=collection_name, items=[ItemIn(vector=v, external_id=str(i)) for i, v in enumerate(rows)]
+        )
+        with sealing._held(store.db, c, store.settings, 10.0) as (build, _, _):
+            assert psutil.Process(build.info.backend_pid).nice() == 6
+        with store.db.write() as other:
+            backend = psutil.Process(other.info.backend_pid)
+            parent = backend.parent()
+            assert parent is not None and backend.nice() == parent.nice()  # the postmaster's own
+        assert sealing.seal(store.db, c, store.settings, min_rows=1) is not None
+        assert store.search(collection=collection_name, vector=rows[3], k=1)[0].external_id == "3"
+    finally:
+        store.sealer.close()
