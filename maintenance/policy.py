@@ -41,7 +41,7 @@ from typing import Literal
 from maintenance.config import MaintenanceConfig
 from maintenance.probes import Probe
 from maintenance.search_cost import SearchCost, told_apart
-from maintenance.tuning import Point, bounds
+from maintenance.tuning import Point, bounds, rung_for
 from memstore.catalog.density import DENSE_BUILD_COST
 
 Action = Literal["nothing", "vacuum", "rebuild"]
@@ -102,20 +102,26 @@ def weigh(p: Probe, cost: SearchCost, config: MaintenanceConfig) -> tuple[str, s
         ms = cost.search_ms(ef)
         return None if ms is None else searches * ms / 1000.0
 
-    options: dict[str, tuple[float, float]] = {"nothing": (cost.ef_now, 0.0)}  # action: (ef left, action s)
+    # The ef each option leaves, as the tuning would set it: a rung (``tuning.rung_for``). A VACUUM that
+    # would bring the ef needed from 80 to 77 leaves the tuned ef at 80 and saves no search time (seen in
+    # bench.churn: two VACUUMs for search cost that could not move the ef).
+    def rung(ef: float) -> float:
+        return float(rung_for(ef, config.tune_max_ef))
+
+    options: dict[str, tuple[float, float]] = {"nothing": (rung(cost.ef_now), 0.0)}  # action: (ef left, action s)
     if cost.denser is not None and cost.denser_ef is not None:
-        options["rebuild"] = (min(cost.ef_now, cost.denser_ef), rebuild_s * DENSE_BUILD_COST)
+        options["rebuild"] = (rung(min(cost.ef_now, cost.denser_ef)), rebuild_s * DENSE_BUILD_COST)
     elif (
         cost.fresh_ef is not None
         and (p.churn_since_rebuild or 0) > 0
         and cost.worn(z=config.tune_z, design_effect=config.tune_design_effect)
     ):
-        options["rebuild"] = (cost.fresh_ef, rebuild_s)
+        options["rebuild"] = (rung(cost.fresh_ef), rebuild_s)
     if p.dead_entries > 0:
         d = min(p.dead_fraction, 1.0)
         ef_left = max(float(cost.fresh_ef or 1), cost.ef_now * (1.0 - d))
         repaired = 1.0 - (1.0 - d) ** (2 * max(p.hnsw_m, 1))
-        options["vacuum"] = (ef_left, rebuild_s * repaired)
+        options["vacuum"] = (rung(ef_left), rebuild_s * repaired)
     totals: dict[str, float] = {}
     for action, (ef, action_s) in options.items():
         s = search_s(ef)

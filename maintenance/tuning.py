@@ -280,6 +280,14 @@ def choose_ef(
     )
 
 
+def rung_for(ef: float, maximum: int = MAX_EF) -> int:
+    """The ef a tuning would set where ``ef`` is what recall needs: the smallest rung of
+    ``ladder_for(maximum)`` at or above it (the largest when none is). A tuning sets rungs only, so
+    a need between two rungs costs the upper one."""
+    rungs = ladder_for(maximum)
+    return next((e for e in rungs if e >= ef - 1e-9), rungs[-1])
+
+
 def ladder_for(maximum: int = MAX_EF, ladder: Sequence[int] = LADDER) -> list[int]:
     """The rungs up to ``maximum`` (and ``maximum`` itself as the last rung)."""
     rungs = sorted({e for e in ladder if e < maximum} | {min(maximum, MAX_EF)})

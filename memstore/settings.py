@@ -59,8 +59,8 @@ class Settings(BaseSettings):
         default=10,
         ge=0,
         le=19,
-        description="The CPU priority (nice) of background index builds (seals, merges, rebuilds, spaces) where the "
-        "database server runs on this machine, so searches get a core first; 0: the server's own.",
+        description="The CPU priority (nice) of background database work (seals, merges, rebuilds, new spaces) "
+        "where the database server runs on this machine, so searches get a core first; 0: the server's own.",
     )
     embedded_shared_buffers: str = Field(
         default="auto",

@@ -527,3 +527,24 @@ def test_stream_benchmark_measures_every_write_path(database_url: str, tmp_path:
         assert o["rows_built"] >= result["rows"]
     assert options["segments_1"]["rows_built"] == result["rows"]  # each row in one segment's build
     assert plot.stat().st_size > 10_000
+
+
+SMALL_BUILD_PRIORITY = ("--rows", "3000", "--dims", "16", "--queries", "20", "--rounds", "1", "--idle-s", "0.5")
+
+
+def test_build_priority_benchmark_times_searches_during_builds_at_both_priorities() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.build_priority", "--json", *SMALL_BUILD_PRIORITY],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(result["summary"]) == {"idle", "nice_0", "nice_10"}
+    for mode, runs in result["runs"].items():
+        assert runs and all(r["searches"] > 0 and r["p99_ms"] >= r["p50_ms"] > 0 for r in runs), mode
+    assert result["runs"]["nice_10"][0]["lowered"] is True  # the embedded server is this machine's own
+    assert result["runs"]["nice_0"][0]["lowered"] is False
+    assert result["summary"]["nice_10"]["build_s"] > 0

@@ -90,11 +90,20 @@ def test_a_fresh_graph_with_no_churn_is_never_rebuilt_for_cost() -> None:
 
 def test_vacuum_is_chosen_when_dead_entries_take_the_search_and_the_graph_is_not_worn() -> None:
     c = cost(now_at_fresh=None, fresh_at_fresh=None, fresh_ef=None, searches_per_s=500.0)
-    p = targeted(c, dead_entries=4000)  # 4% dead: a VACUUM repairs 1-(0.96)^32 = 73% of the graph
-    action, _, totals = weigh(p, c, CONFIG)
+    p = targeted(c, dead_entries=30_000)  # 30% dead: ef 80 -> 56, the tuning's rung 60
+    action, why, totals = weigh(p, c, CONFIG)
     assert set(totals) == {"nothing", "vacuum"}
-    assert action == "vacuum"
+    assert action == "vacuum" and "ef 80 -> 60" in why
     assert decide(p, CONFIG).action == "vacuum"
+
+
+def test_a_vacuum_that_cannot_move_the_tuned_ef_off_its_rung_saves_nothing() -> None:
+    """4% dead: the ef needed would fall from 80 to 77, but the tuning sets rungs (60, 80), so the
+    searches would still run at 80: however many there are, the VACUUM buys nothing."""
+    c = cost(now_at_fresh=None, fresh_at_fresh=None, fresh_ef=None, searches_per_s=1e6)
+    p = targeted(c, dead_entries=4000)
+    action, _, totals = weigh(p, c, CONFIG)
+    assert action == "nothing" and totals["vacuum"] > totals["nothing"]
 
 
 def test_a_planned_denser_graph_is_built_at_once_when_the_target_is_out_of_reach() -> None:

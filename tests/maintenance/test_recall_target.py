@@ -19,6 +19,7 @@ from maintenance.tuning import (
     passes,
     pooled,
     recheck,
+    rung_for,
     told_below,
     undecided,
     wilson,
@@ -202,6 +203,12 @@ def test_random_monotone_ladders_meet_the_target_on_the_truth() -> None:
         smallest = min(ef for ef in ladder if true[ef] >= 0.95)
         assert t.ef <= ladder[ladder.index(smallest) + 1]
     assert misses <= 10
+
+
+def test_the_rung_for_an_ef_is_the_tuning_s_next_value_up() -> None:
+    assert rung_for(77) == 80 and rung_for(80) == 80 and rung_for(56) == 60 and rung_for(1) == 10
+    assert rung_for(2000) == 1000
+    assert rung_for(70, maximum=50) == 50
 
 
 def test_ladder_for_caps_and_keeps_the_maximum() -> None:
