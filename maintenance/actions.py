@@ -25,7 +25,7 @@ from maintenance.config import MaintenanceConfig
 from maintenance.progress import Kind, ProgressCallback, Watch
 from maintenance.targets import Target, targets_for
 from memstore.catalog.density import Density
-from memstore.db import locks, priority, retrying
+from memstore.db import locks, retrying
 from memstore.db.retrying import attempt_number, next_pause
 
 log = logging.getLogger(__name__)
@@ -159,14 +159,13 @@ class Executor:
             )
         statement = sql.SQL("REINDEX INDEX CONCURRENTLY {}").format(sql.Identifier(target.index))
         try:
-            with priority.workers_lowered(conn, self.connect):  # at the worker's own priority
-                self.execute(
-                    conn,
-                    statement,
-                    label=target.label,
-                    kind="create_index",
-                    before_retry=lambda: self.drop_leftovers(conn, target),
-                )
+            self.execute(
+                conn,
+                statement,
+                label=target.label,
+                kind="create_index",
+                before_retry=lambda: self.drop_leftovers(conn, target),
+            )
         except BaseException:
             self._cleanup_after_failure(target)
             raise

@@ -39,7 +39,7 @@ from memstore.catalog.registry import (
     set_hnsw_density,
     set_option,
 )
-from memstore.db import online_ddl, priority
+from memstore.db import online_ddl
 from memstore.db.core import Database, get_database
 from memstore.items import bulk_load, sealing
 from memstore.settings import Settings, get_settings
@@ -98,8 +98,6 @@ class MaintenanceWorker:
         """A dedicated autocommit connection (REINDEX CONCURRENTLY and VACUUM cannot run in a transaction)."""
         conn = self.db.dedicated(application_name="memstore-maint")
         online_ddl.build_resources(conn, self.settings)
-        # All of its work is background: probes, vacuums and rebuilds yield the CPU to searches.
-        priority.lower(conn, self.settings.build_niceness)
         conn.execute(
             "SELECT set_config('lock_timeout', %s, false), set_config('statement_timeout', '0', false), "
             "set_config('vacuum_cost_delay', %s, false)",

@@ -55,13 +55,6 @@ class Settings(BaseSettings):
     max_parallel_maintenance_workers: int = Field(
         default=2, ge=0, le=64, description="Extra processes for one index build."
     )
-    build_niceness: int = Field(
-        default=10,
-        ge=0,
-        le=19,
-        description="The CPU priority (nice) of background database work (seals, merges, rebuilds, new spaces) "
-        "where the database server runs on this machine, so searches get a core first; 0: the server's own.",
-    )
     embedded_shared_buffers: str = Field(
         default="auto",
         pattern=rf"^(auto|{SERVER_SIZE})$",

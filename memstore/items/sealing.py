@@ -34,7 +34,7 @@ from psycopg import sql
 from memstore.catalog import registry, segments
 from memstore.catalog.collections import Collection
 from memstore.catalog.segments import Graph, Layout
-from memstore.db import locks, online_ddl, priority
+from memstore.db import locks, online_ddl
 from memstore.db.core import Database
 from memstore.errors import CollectionNotFoundError
 from memstore.settings import Settings
@@ -146,10 +146,7 @@ def _held(
 ) -> Iterator[tuple[psycopg.Connection[Any], Collection, Layout]]:
     """A build connection holding ``c``'s lock, ``c`` read afresh under it, and its layout with any
     leftovers of an interrupted build dropped."""
-    with (
-        db.dedicated(application_name="memstore-sealer") as conn,
-        priority.lowered(conn, settings.build_niceness, watcher=_watcher(db)),
-    ):
+    with db.dedicated(application_name="memstore-sealer") as conn:
         online_ddl.set_lock_timeout(conn)
         online_ddl.build_resources(conn, settings)
         with locks.session_lock(conn, locks.collection_key(c.id), busy=_busy(c), wait_s=wait_s):
@@ -159,10 +156,6 @@ def _held(
                 raise ValueError(f"collection {c.name!r} is not written as segments")
             _drop_leftovers(conn, fresh, found)
             yield conn, fresh, found
-
-
-def _watcher(db: Database) -> Callable[[], psycopg.Connection[Any]]:
-    return lambda: db.dedicated(application_name="memstore-build-priority")
 
 
 def _build(conn: psycopg.Connection[Any], c: Collection, graph: Graph) -> None:

@@ -21,8 +21,6 @@ activation refuses until the caller writes their vectors (``put_vectors``) or fo
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -289,18 +287,10 @@ def progress(conn: psycopg.Connection[Any], c: Collection, space: Space) -> Prog
     return Progress(space, active, vectors, total, waiting, failed, bare, listed, rate, eta)
 
 
-def build_index(
-    conn: psycopg.Connection[Any],
-    c: Collection,
-    space: Space,
-    *,
-    workers: int | None = None,
-    during: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
-) -> bool:
+def build_index(conn: psycopg.Connection[Any], c: Collection, space: Space, *, workers: int | None = None) -> bool:
     """Once the space's backlog is queued and embedded, build its HNSW index concurrently and mark
     it ready (autocommit ``conn``). False when it is not due yet, or another process is building it.
-    ``workers``: the build's parallel workers (the session's setting when None); ``during()``: a
-    context the build itself runs in (its parallel workers' priority, ``memstore.db.priority``)."""
+    ``workers``: the build's parallel workers (the session's setting when None)."""
     if space.state != "filling" or space.queued_at is None:
         return False
     if pending(conn, c, space)[0]:
@@ -320,8 +310,7 @@ def build_index(
             m=sql.Literal(space.hnsw_m),
             ef=sql.Literal(space.hnsw_ef_construction),
         )
-        with during() if during is not None else contextlib.nullcontext():
-            online_ddl.build_table_index(conn, space.index_name, sql.Identifier(space.table_name), definition)
+        online_ddl.build_table_index(conn, space.index_name, sql.Identifier(space.table_name), definition)
         conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(space.table_name)))
         conn.execute("UPDATE memstore_spaces SET state = 'ready', ready_at = now() WHERE id = %s", (space.id,))
         return True

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import logging
 import time
-from functools import partial
 from typing import Any
 
 import psycopg
 
 from memstore.catalog.collections import Collection, Space
 from memstore.catalog.registry import CACHE_SECONDS, Registry, read_collection
-from memstore.db import online_ddl, priority
+from memstore.db import online_ddl
 from memstore.db.core import Database
 from memstore.settings import Settings, get_settings
 from memstore.spaces import lifecycle
@@ -85,11 +84,7 @@ class SpacePass:
         if self._conn is None or self._conn.closed or self._conn.broken:
             self._conn = self.db.dedicated(application_name="memstore-spaces")
             online_ddl.build_resources(self._conn, self.settings)
-            priority.lower(self._conn, self.settings.build_niceness)  # background only (memstore.db.priority)
         return self._conn
-
-    def _watcher(self) -> psycopg.Connection[Any]:
-        return self.db.dedicated(application_name="memstore-build-priority")
 
     def _step_space(self, c: Collection, space: Space) -> int:
         conn = self._connection()
@@ -99,8 +94,7 @@ class SpacePass:
                 return max(queued, 1)
             fresh = read_collection(conn, id=c.id).space_by_id(space.id)
             workers = online_ddl.paced_build_workers(self.settings, self.pace.share())
-            during = partial(priority.workers_lowered, conn, self._watcher)
-            if fresh is not None and lifecycle.build_index(conn, c, fresh, workers=workers, during=during):
+            if fresh is not None and lifecycle.build_index(conn, c, fresh, workers=workers):
                 log.info("spaces: space %r of %s is ready", space.name, c.name)
                 self._listed_at = -CACHE_SECONDS
                 return 1
