@@ -207,6 +207,25 @@ def recheck(
     return []
 
 
+def unmeasured_above(
+    points: Sequence[Point],
+    target: float,
+    maximum: int = MAX_EF,
+    *,
+    z: float = DEFAULT_Z,
+    design_effect: float = DEFAULT_DESIGN_EFFECT,
+    tolerance: float = DEFAULT_TOLERANCE,
+) -> list[int]:
+    """The rungs above the largest measured, when no measured rung passes: the first sample stops at
+    the first rung that passes, and when fresh queries then fail that rung (``recheck``), the rungs
+    above it were never measured; without them the choice would read "unreachable" at a rung the
+    next one up may well pass (seen in bench.churn: ef 80 -> 60, "not reached")."""
+    if not points or choose_ef(points, target, z=z, design_effect=design_effect, tolerance=tolerance).reachable:
+        return []
+    top = max(p.ef for p in points)
+    return [e for e in ladder_for(maximum) if e > top]
+
+
 def told_below(
     points: Sequence[Point],
     target: float,

@@ -26,7 +26,7 @@ from maintenance.policy import Decision, decide
 from maintenance.probes import Probe, attach_recall, probe, record_probe
 from maintenance.progress import ProgressCallback
 from maintenance.targets import Target, every_target, representation, targets_for
-from maintenance.tuning import Tuning, choose_ef, ladder_for, recheck, told_below
+from maintenance.tuning import Tuning, choose_ef, ladder_for, recheck, told_below, unmeasured_above
 from memstore import action_log as core_history
 from memstore.catalog import density, segments
 from memstore.catalog.collections import RECALL_TUNING, Collection
@@ -530,6 +530,18 @@ class MaintenanceWorker:
                 if not more.points:
                     break
                 ladder = ladder.extended(more)
+            higher = unmeasured_above(
+                ladder.points,
+                goal,
+                cfg.tune_max_ef,
+                z=cfg.tune_z,
+                design_effect=cfg.tune_design_effect,
+                tolerance=cfg.tune_tolerance,
+            )
+            if higher:
+                more = rounds(on, higher, cfg.tune_sample, True)
+                if more.points:
+                    ladder = ladder.extended(more)
             return ladder
 
         try:

@@ -22,6 +22,7 @@ from maintenance.tuning import (
     rung_for,
     told_below,
     undecided,
+    unmeasured_above,
     wilson,
 )
 from memstore.errors import InvalidInputError
@@ -162,6 +163,19 @@ def test_a_move_of_the_ef_is_checked_on_fresh_queries_and_no_move_costs_nothing(
     decided = [Point(ef, r, 1000) for ef, r in [(10, 0.6), (40, 0.93), (80, 0.99)]]
     assert recheck(decided, 0.95, current=40) == []  # up, nothing undecided below
     assert recheck(decided, 0.95, current=160) == [80]  # down: confirmed even when decided
+
+
+def test_the_rungs_above_a_rung_that_failed_its_recheck_are_measured() -> None:
+    """The first sample stopped at 60 (it passed); pooled with fresh queries 60 fails, and 80 and up
+    were never measured: they are, before the choice reads "unreachable" at 60."""
+    pooled_60 = [Point(40, 0.90, 200), Point(60, 0.935, 200)]
+    assert not choose_ef(pooled_60, 0.95).reachable
+    assert unmeasured_above(pooled_60, 0.95) == [80, 120, 160, 240, 320, 480, 640, 1000]
+    assert unmeasured_above(pooled_60, 0.95, 100) == [80, 100]
+    # A reachable choice, or the whole ladder measured, leaves nothing to add.
+    assert unmeasured_above([*pooled_60, Point(80, 0.99, 100)], 0.95) == []
+    assert unmeasured_above([Point(1000, 0.9, 100)], 0.95) == []
+    assert unmeasured_above([], 0.95) == []
 
 
 def test_told_below_needs_the_upper_bound_under_the_target() -> None:
