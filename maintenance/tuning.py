@@ -167,9 +167,8 @@ def undecided(
     tolerance: float = DEFAULT_TOLERANCE,
 ) -> list[int]:
     """The rungs below the chosen one (all, when none passes) that fail but whose upper bound reaches
-    the target: more
-    queries there could show a smaller ef reaches it (or that the best one measured does), so the
-    worker measures them again on fresh queries before it settles (``maintenance.worker``)."""
+    the target: more queries there could show a smaller ef reaches it (or that the best one measured
+    does), so the worker measures them again on fresh queries before it settles (``maintenance.worker``)."""
     ladder = sorted(points, key=lambda p: p.ef)
     chosen = choose_ef(ladder, target, z=z, design_effect=design_effect, tolerance=tolerance) if ladder else None
     out = []

@@ -129,16 +129,18 @@ def test_bulk_benchmark_measures_live_scaling_and_the_crossover(database_url: st
     assert all(row["live"] > 0 and row["rebuilt"] > 0 and row["speedup"] > 0 for row in result["crossover"])
 
 
-def test_space_layout_benchmark_measures_both_layouts() -> None:
+def _run_on_its_own_server(module: str, *args: str) -> dict[str, Any]:
+    """A benchmark that starts an embedded server of its own (under ``bench.databases.scratch_dir``)."""
     done = subprocess.run(
-        [sys.executable, "-m", "bench.space_layout", "--json", "--rows", "600", "--queries", "20", "--rounds", "1"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
+        [sys.executable, "-m", module, "--json", *args], cwd=REPO, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_space_layout_benchmark_measures_both_layouts() -> None:
+    result = _run_on_its_own_server("bench.space_layout", "--rows", "600", "--queries", "20", "--rounds", "1")
     for layout in ("column", "side"):
         figures = result[layout]
         assert figures["rows_per_s"] > 0 and figures["search_qps"] > 0 and figures["first_index_growth"] >= 1.0
@@ -529,19 +531,9 @@ def test_stream_benchmark_measures_every_write_path(database_url: str, tmp_path:
     assert plot.stat().st_size > 10_000
 
 
-SMALL_BUILD_PRIORITY = ("--rows", "3000", "--dims", "16", "--queries", "20", "--rounds", "1", "--idle-s", "0.5")
-
-
 def test_build_priority_benchmark_times_searches_during_builds_at_both_priorities() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.build_priority", "--json", *SMALL_BUILD_PRIORITY],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    small = ("--rows", "3000", "--dims", "16", "--queries", "20", "--rounds", "1", "--idle-s", "0.5")
+    result = _run_on_its_own_server("bench.build_priority", *small)
     assert set(result["summary"]) == {"idle", "nice_0", "nice_10"}
     for mode, runs in result["runs"].items():
         assert runs and all(r["searches"] > 0 and r["p99_ms"] >= r["p50_ms"] > 0 for r in runs), mode
