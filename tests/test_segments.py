@@ -256,7 +256,9 @@ def test_the_sealer_seals_full_tails_and_merges_when_writes_pause(
         store.create_collection(name=collection_name, dimensions=DIMS, write_path="segments")
         x = _vectors(450, seed=2)
         for start in (0, 150, 300):  # three tails over the bound, each sealed before the next arrives
-            _write(store, collection_name, x[start : start + 150], start)
+            # One upsert each: in two, a sealer that looked between them (a loaded machine) sealed the
+            # first 100 and left the other 50 under seal_rows, and the watermark stopped short.
+            _write(store, collection_name, x[start : start + 150], start, batch=150)
             deadline = time.monotonic() + 60
             while _layout(store, collection_name).watermark < start + 150 and time.monotonic() < deadline:
                 time.sleep(0.1)
