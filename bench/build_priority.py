@@ -21,7 +21,6 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -30,8 +29,10 @@ import psycopg
 from pgvector.psycopg import register_vector
 from tqdm import tqdm
 
+from bench.build_settings import raw_table
 from bench.data import clustered
 from bench.databases import scratch_dir
+from bench.stream_memstore import Watcher
 from memstore.db.core import libpq_url
 from memstore.db.embedded import start_embedded_server
 
@@ -47,43 +48,10 @@ def _connect(url: str) -> psycopg.Connection[Any]:
     return conn
 
 
-def _load(url: str, vectors: np.ndarray) -> None:
-    with _connect(url) as conn:
-        conn.execute(f"CREATE TABLE {TABLE} (id bigint PRIMARY KEY, embedding vector({vectors.shape[1]}))")
-        with conn.cursor() as cur, cur.copy(f"COPY {TABLE} (id, embedding) FROM STDIN (FORMAT BINARY)") as copy:
-            copy.set_types(["int8", "vector"])
-            for i, v in enumerate(tqdm(vectors, desc="COPY", file=sys.stderr, leave=False)):
-                copy.write_row((i, v))
-        conn.execute(f"CREATE INDEX {INDEX} ON {TABLE} USING hnsw (embedding vector_cosine_ops)")
-        conn.execute(f"VACUUM ANALYZE {TABLE}")
-
-
-def _timed_searches(url: str, queries: np.ndarray, until: Callable[[], bool]) -> list[float]:
-    """Search without pause until ``until()``; each search's milliseconds."""
-    out: list[float] = []
-    with _connect(url) as conn:
-        conn.execute("SET hnsw.ef_search = 40")
-        i = 0
-        while not until():
-            t0 = time.perf_counter()
-            conn.execute(QUERY, (queries[i % len(queries)],), prepare=True).fetchall()
-            out.append((time.perf_counter() - t0) * 1000)
-            i += 1
-    return out
-
-
-def _after(seconds: float) -> Callable[[], bool]:
-    deadline = time.monotonic() + seconds
-    return lambda: time.monotonic() > deadline
-
-
-def _figures(ms: list[float]) -> dict[str, Any]:
-    a = np.asarray(ms)
-    return {
-        "searches": len(a),
-        "p50_ms": round(float(np.percentile(a, 50)), 3),
-        "p99_ms": round(float(np.percentile(a, 99)), 3),
-    }
+def _searching(conn: psycopg.Connection[Any], queries: np.ndarray) -> Watcher:
+    """Searches without pause on ``conn`` (its own thread) while the ``with`` block runs."""
+    conn.execute("SET hnsw.ef_search = 40")
+    return Watcher(lambda q: conn.execute(QUERY, (q,), prepare=True).fetchall(), queries)
 
 
 def _renice_workers(url: str, leader: int, niceness: int, stop: threading.Event) -> None:
@@ -96,34 +64,27 @@ def _renice_workers(url: str, leader: int, niceness: int, stop: threading.Event)
             stop.wait(0.05)
 
 
-def _during_build(url: str, queries: np.ndarray, niceness: int) -> dict[str, Any]:
-    done = threading.Event()
-    result: dict[str, Any] = {}
-
-    def build() -> None:
-        with _connect(url) as conn:
-            stop = threading.Event()
-            watcher = None
-            if niceness:
-                psutil.Process(conn.info.backend_pid).nice(niceness)  # the embedded server is this machine's
-                watcher = threading.Thread(
-                    target=_renice_workers, args=(url, conn.info.backend_pid, niceness, stop), daemon=True
-                )
-                watcher.start()
-            t0 = time.perf_counter()
-            conn.execute(f"REINDEX INDEX CONCURRENTLY {INDEX}")
-            result["build_s"] = round(time.perf_counter() - t0, 2)
-            result["backend_nice"] = psutil.Process(conn.info.backend_pid).nice()
-            stop.set()
-            if watcher is not None:
-                watcher.join()
-        done.set()
-
-    thread = threading.Thread(target=build, daemon=True)
-    thread.start()
-    ms = _timed_searches(url, queries, done.is_set)
-    thread.join()
-    return result | _figures(ms)
+def _build(url: str, niceness: int) -> dict[str, Any]:
+    """``REINDEX INDEX CONCURRENTLY`` with its backend and parallel workers at ``niceness`` (0: as is)."""
+    with _connect(url) as conn:
+        stop = threading.Event()
+        watcher = None
+        if niceness:
+            psutil.Process(conn.info.backend_pid).nice(niceness)  # the embedded server is this machine's
+            watcher = threading.Thread(
+                target=_renice_workers, args=(url, conn.info.backend_pid, niceness, stop), daemon=True
+            )
+            watcher.start()
+        t0 = time.perf_counter()
+        conn.execute(f"REINDEX INDEX CONCURRENTLY {INDEX}")
+        result = {
+            "build_s": round(time.perf_counter() - t0, 2),
+            "backend_nice": psutil.Process(conn.info.backend_pid).nice(),
+        }
+        stop.set()
+        if watcher is not None:
+            watcher.join()
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,13 +103,19 @@ def main(argv: list[str] | None = None) -> int:
     modes: dict[str, list[dict[str, Any]]] = {"idle": [], "nice_0": [], f"nice_{args.niceness}": []}
     with scratch_dir("memstore-build-priority-") as folder:
         url = start_embedded_server(folder, maintenance_work_mem="1GB", max_parallel_maintenance_workers=args.workers)
-        _load(url, base)
+        with _connect(url) as conn:
+            raw_table(conn, TABLE, base)
+            conn.execute(f"CREATE INDEX {INDEX} ON {TABLE} USING hnsw (embedding vector_cosine_ops)")
         steps = [("idle", 0), ("nice_0", 0), (f"nice_{args.niceness}", args.niceness)] * args.rounds
-        for mode, niceness in tqdm(steps, desc="modes", file=sys.stderr):
-            if mode == "idle":
-                modes[mode].append(_figures(_timed_searches(url, queries, _after(args.idle_s))))
-            else:
-                modes[mode].append(_during_build(url, queries, niceness))
+        with _connect(url) as conn:
+            for mode, niceness in tqdm(steps, desc="modes", file=sys.stderr):
+                built: dict[str, Any] = {}
+                with _searching(conn, queries) as searches:
+                    if mode == "idle":
+                        time.sleep(args.idle_s)
+                    else:
+                        built = _build(url, niceness)
+                modes[mode].append(built | searches.summary())
     idle_p99 = float(np.mean([r["p99_ms"] for r in modes["idle"]]))
     summary = {
         mode: {

@@ -51,7 +51,8 @@ def _variants(default_workers: int) -> list[dict[str, Any]]:
     ]
 
 
-def _load(conn: psycopg.Connection[Any], table: str, rows: np.ndarray) -> None:
+def raw_table(conn: psycopg.Connection[Any], table: str, rows: np.ndarray) -> None:
+    """``table`` afresh: ``rows`` COPYed in with ids from 0, no index yet, vacuumed and analysed."""
     name = sql.Identifier(table)
     conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(name))
     conn.execute(
@@ -113,8 +114,8 @@ def run(url: str, args: argparse.Namespace, settings: Settings) -> dict[str, Any
     with psycopg.connect(libpq_url(url), autocommit=True) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
         register_vector(conn)
-        _load(conn, TABLES["cosine"], base)
-        _load(conn, TABLES["inner_product"], unit)
+        raw_table(conn, TABLES["cosine"], base)
+        raw_table(conn, TABLES["inner_product"], unit)
         try:
             with tqdm(total=args.repeat * len(variants), desc="builds", file=sys.stderr) as bar:
                 for _ in range(args.repeat):
