@@ -9,7 +9,7 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from maintenance.tuning import DEFAULT_DESIGN_EFFECT, DEFAULT_TOLERANCE, DEFAULT_Z, MAX_EF
+from maintenance.tuning import DEFAULT_DESIGN_EFFECT, DEFAULT_TOLERANCE, DEFAULT_Z, MAX_EF, Margin
 
 
 class MaintenanceConfig(BaseSettings):
@@ -132,3 +132,7 @@ class MaintenanceConfig(BaseSettings):
 
     # --- loop ---
     interval_s: float = Field(default=300.0, gt=0, description="Seconds between passes of the daemon.")
+
+    def margin(self) -> Margin:
+        """The tuning's margin, as the keyword arguments of ``maintenance.tuning``'s decisions."""
+        return Margin(z=self.tune_z, design_effect=self.tune_design_effect, tolerance=self.tune_tolerance)

@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypedDict
 
 from memstore.catalog.collections import validate_recall_target
 from memstore.errors import InvalidInputError
@@ -51,6 +52,14 @@ DEFAULT_Z = 1.645
 DEFAULT_DESIGN_EFFECT = 2.0
 # How far below the target the lower confidence bound may read (the point estimate must reach it).
 DEFAULT_TOLERANCE = 0.01
+
+
+class Margin(TypedDict):
+    """The keyword arguments that set a decision's margin (``MaintenanceConfig.margin``)."""
+
+    z: float
+    design_effect: float
+    tolerance: float
 
 
 @dataclass(frozen=True)

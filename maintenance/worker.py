@@ -408,13 +408,7 @@ class MaintenanceWorker:
             for target in targets:
                 ladder = self._measure_ladder(conn, target, goal, c.default_ef_search)
                 if ladder.points:
-                    tuning = choose_ef(
-                        ladder.points,
-                        goal,
-                        z=self.config.tune_z,
-                        design_effect=self.config.tune_design_effect,
-                        tolerance=self.config.tune_tolerance,
-                    )
+                    tuning = choose_ef(ladder.points, goal, **self.config.margin())
                     measured.append((tuning, ladder))
         except psycopg.Error as exc:
             log.error("%s: recall target tuning failed: %s", c.name, exc)
@@ -505,39 +499,24 @@ class MaintenanceWorker:
                 recall_target=goal,
                 max_scan_tuples=self.settings.max_scan_tuples,
                 sample=sample,
-                z=cfg.tune_z,
-                design_effect=cfg.tune_design_effect,
-                tolerance=cfg.tune_tolerance,
                 stop_on_pass=first,
+                **cfg.margin(),
             )
 
         def measure(on: psycopg.Connection[Any]) -> Ladder:
             # The ladder on ``tune_sample`` queries; then, where the ef would move, fresh queries at the
-            # rungs that decide the move (``maintenance.tuning.recheck``), up to ``tune_sample_max``.
+            # rungs that decide the move (``maintenance.tuning.recheck``), up to ``tune_sample_max``; then,
+            # where those queries failed every rung measured, the rungs above (``tuning.unmeasured_above``).
             ladder = rounds(on, ladder_for(cfg.tune_max_ef), cfg.tune_sample, True)
             while ladder.points and ladder.queries < cfg.tune_sample_max:
-                rungs = recheck(
-                    ladder.points,
-                    goal,
-                    current,
-                    z=cfg.tune_z,
-                    design_effect=cfg.tune_design_effect,
-                    tolerance=cfg.tune_tolerance,
-                )
+                rungs = recheck(ladder.points, goal, current, **cfg.margin())
                 if not rungs:
                     break
                 more = rounds(on, rungs, min(cfg.tune_sample, cfg.tune_sample_max - ladder.queries), False)
                 if not more.points:
                     break
                 ladder = ladder.extended(more)
-            higher = unmeasured_above(
-                ladder.points,
-                goal,
-                cfg.tune_max_ef,
-                z=cfg.tune_z,
-                design_effect=cfg.tune_design_effect,
-                tolerance=cfg.tune_tolerance,
-            )
+            higher = unmeasured_above(ladder.points, goal, cfg.tune_max_ef, **cfg.margin())
             if higher:
                 more = rounds(on, higher, cfg.tune_sample, True)
                 if more.points:
