@@ -1,28 +1,34 @@
-"""``python -m bench.foreground --json``: search p99 while re-embedding runs, with the foreground
-controller on and off, side by side in one run.
+"""``python -m bench.foreground --json``: search p99 while background work runs (re-embedding, an
+ingest of photos, or OCR), with the foreground controller on and off, side by side in one run.
 
-    python -m bench.foreground --json [--images N] [--phases N] [--phase-s S] [--idle-s S]
-                                      [--search-rate R] [--slo-ms MS] [--workers N] [--database-url URL]
+    python -m bench.foreground --json [--background reembed|ingest|ocr] [--images N] [--round N]
+                                      [--phases N] [--phase-s S] [--idle-s S] [--search-rate R]
+                                      [--slo-ms MS] [--workers N] [--plot PNG] [--database-url URL]
 
 On a database of its own (the embedded server unless ``--database-url``), with the encoder engine of
 ``bench.reembed`` (two offline tiny models on CPU, torch threads as ``memstore serve`` takes them):
 
-1. ``--images`` photo-like JPEGs are stored and embedded by real ``IngestWorker`` threads, each run
-   under one ``memstore.services.foreground.ForegroundController`` (as ``memstore serve`` runs them),
-   which also holds the engine's ``background_share``.
+1. ``--images`` images are stored and embedded by real ``IngestWorker`` threads, each run under one
+   ``memstore.services.foreground.ForegroundController`` (as ``memstore serve`` runs them), which also
+   holds the engine's ``background_share``: photo-like JPEGs, or for ``ocr`` screenshots with text
+   (``bench.ocr``'s set) into a collection that reads text in its images (read before step 2).
 2. A stream of vector searches (``bench.search_stream``, open loop, ``--search-rate`` a second)
    starts; its latencies feed the controller, as the search route's do in the server. ``--idle-s``
    with no background work: the idle p99 (and the controller's baseline).
-3. Re-embedding runs without a break: a space of the wide model is created, filled by the workers'
-   space pass and indexed, then the next. Meanwhile ``--phases`` phases of ``--phase-s`` alternate
-   the controller off (share held at 1) and on, in the order off, on, on, off, off, on, ... so that
-   neither mode always comes first; the first second of each phase is left out (the switch settles).
+3. The background work (``bench.foreground_work``) runs without a break: ``reembed`` creates a space
+   of the wide model, waits until it is filled and indexed, then the next; ``ingest`` and ``ocr``
+   queue ``--round`` new images at a time (500: an ingest of 500 images), the next round once fewer
+   than half a round wait. Meanwhile ``--phases`` phases of ``--phase-s`` alternate the controller
+   off (share held at 1) and on, in the order off, on, on, off, off, on, ... so that neither mode
+   always comes first; the first second of each phase is left out (the switch settles).
 4. The background is stopped (share forced to 0) and the stream measured idle again.
 
-Reported: each phase's p99 and the re-embedding's items/s; per mode the median of the phases' p99
-over the idle p99 (``p99_ratio_on``, ``p99_ratio_off``; goal on <= 2), and the re-embedding rate on
-over off (``reembed_rate_ratio_on_vs_off``), the controller's back-offs and its share over time.
-Progress goes to stderr; the last line printed is one JSON object.
+Reported: each phase's p99 and the background's rate (units a second: vectors re-embedded, images
+embedded, images read); per mode the median of the phases' p99 over the idle p99 (``p99_ratio_on``,
+``p99_ratio_off``; goal on <= 2), and the background's rate on over off
+(``background_rate_ratio_on_vs_off``), the controller's back-offs and its share over time.
+``--plot`` draws p99 and the background's rate over time (``bench.foreground_plot``). Progress goes to
+stderr; the last line printed is one JSON object.
 """
 
 from __future__ import annotations
@@ -41,14 +47,17 @@ from typing import Any
 
 import psycopg
 from pgvector.psycopg import register_vector
-from psycopg import sql
 
+from bench import foreground_plot
 from bench.databases import drop_database, new_database, scratch_dir
+from bench.foreground_work import KINDS, UNITS, Feeder, Reembedding, Work, finished_units
 from bench.image_set import image_set
-from bench.reembed import COLLECTION, WIDE, log, open_engine, store_images, stored_queries
+from bench.ocr import image_set as ocr_image_set
+from bench.reembed import COLLECTION, log, open_engine, store_images, stored_queries, watch
 from bench.search_stream import SearchStream
 from encoder.engine import EmbeddingEngine
 from encoder.settings import EncoderSettings
+from memstore.catalog.collections import Collection
 from memstore.db.core import Database, create_engine, libpq_url, normalise_url
 from memstore.db.embedded import start_embedded_server
 from memstore.services.foreground import ForegroundController
@@ -78,33 +87,25 @@ def paced_workers(
             t.join(60)
 
 
-class Reembedding:
-    """Spaces of the wide model created one after the other, each once the last is ready."""
+def background(
+    args: argparse.Namespace, store: VectorStore, conn: psycopg.Connection[Any], c: Collection,
+    images: list[bytes], workers: list[IngestWorker],
+) -> Work:  # fmt: skip
+    if args.background == "reembed":
+        return Reembedding(store, conn, lambda: sum(w.totals.written for w in workers))
+    return Feeder(store, conn, c, images, round_size=args.round, finished=finished_units(args.background, c))
 
-    def __init__(self, store: VectorStore, conn: psycopg.Connection[Any]) -> None:
-        self.store, self.conn = store, conn
-        self.spaces = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="reembedding", daemon=True)
 
-    def start(self) -> Reembedding:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(120)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.spaces += 1
-            space = self.store.create_space(collection=COLLECTION, name=f"fg{self.spaces}", model=WIDE, dimensions=96)
-            ready = sql.SQL("SELECT state = 'ready' FROM memstore_spaces WHERE id = {}").format(sql.Literal(space.id))
-            while not self._stop.is_set():
-                row = self.conn.execute(ready).fetchone()
-                if row and row[0]:
-                    break
-                time.sleep(0.2)
+def per_second(stream: SearchStream, t0: float) -> list[dict[str, Any]]:
+    """The stream's p99 in each whole second since ``t0`` (the plot's upper panel)."""
+    samples = list(stream.samples)
+    last = max((s.due for s in samples), default=t0)
+    out = []
+    for second in range(int(last - t0) + 1):
+        figures = stream.window(t0 + second, t0 + second + 1)
+        if figures["p99_ms"] is not None:
+            out.append({"t": second, "p99_ms": figures["p99_ms"]})
+    return out
 
 
 def run(args: argparse.Namespace, url: str, images: list[bytes]) -> dict[str, Any]:
@@ -129,7 +130,9 @@ def run(args: argparse.Namespace, url: str, images: list[bytes]) -> dict[str, An
     phases: list[dict[str, Any]] = []
     try:
         with paced_workers(store.db, backend, fg, args.workers, args.batch_size) as workers:
-            c = store_images(store, conn, images)
+            c = store_images(store, conn, images, ocr=args.background == "ocr")
+            if args.background == "ocr":  # the stored images read before the idle window
+                watch(conn, finished_units("ocr", c), len(images), "ocr (stored images)")
             queries = stored_queries(conn, c, 200)
             stream = SearchStream(store, COLLECTION, queries, rate_per_s=args.search_rate).start()
             fg.force(None)
@@ -138,34 +141,34 @@ def run(args: argparse.Namespace, url: str, images: list[bytes]) -> dict[str, An
             time.sleep(args.idle_s)
             idle_before = stream.window(t0 + SETTLE_S, time.monotonic())
             log(f"idle: {idle_before}; target {fg.target_ms()}")
-            keeper = Reembedding(store, conn).start()
-            time.sleep(2.0)  # the first space's backlog queued, the workers busy
+            work = background(args, store, conn, c, images, workers).start()
+            time.sleep(2.0)  # the first backlog queued, the workers busy
             order = ["off", "on", "on", "off"]
             for i in range(args.phases):
                 mode = order[i % 4]
                 fg.force(1.0 if mode == "off" else None)
-                written = sum(w.totals.written for w in workers)
+                done = work.done()
                 backoffs = fg.backoffs
                 start = time.monotonic()
                 end = start + args.phase_s
                 while time.monotonic() < end:
                     time.sleep(0.25)
                     state = fg.state()
-                    trace.append({"t": round(time.monotonic() - t0, 2), "mode": mode,
+                    trace.append({"t": round(time.monotonic() - t0, 2), "mode": mode, "done": work.done(),
                                   "share": state["background_share"], "p99_ms": state["search_p99_ms"]})  # fmt: skip
                 figures = stream.window(start + SETTLE_S, end)
-                rate = (sum(w.totals.written for w in workers) - written) / args.phase_s
-                phases.append({"mode": mode, **figures, "reembed_items_per_s": round(rate, 2),
+                rate = (work.done() - done) / args.phase_s
+                phases.append({"mode": mode, **figures, "background_per_s": round(rate, 2),
                                "backoffs": fg.backoffs - backoffs})  # fmt: skip
                 log(f"phase {i + 1} ({mode}): {json.dumps(phases[-1])}")
-            keeper.stop()
+            work.stop()
             fg.force(0.0)  # the background stops between units
             time.sleep(3.0)
             t1 = time.monotonic()
             time.sleep(args.idle_s)
             idle_after = stream.window(t1 + SETTLE_S, time.monotonic())
             stream.stop()
-            spaces = keeper.spaces
+            windows = per_second(stream, t0)
     finally:
         fg.close()
         if stream is not None:
@@ -182,11 +185,14 @@ def run(args: argparse.Namespace, url: str, images: list[bytes]) -> dict[str, An
             "p99_ms_median": round(p99, 3),
             "p99_ratio": round(p99 / idle, 3) if idle else None,
             "p99_ratios": [round(p["p99_ms"] / idle, 3) for p in mine] if idle else None,
-            "reembed_items_per_s": round(median(p["reembed_items_per_s"] for p in mine), 2),
+            "background_per_s": round(median(p["background_per_s"] for p in mine), 2),
         }
 
     on, off = mode_figures("on"), mode_figures("off")
     result: dict[str, Any] = {
+        "background": args.background,
+        "unit": UNITS[args.background],
+        "round": args.round if args.background != "reembed" else None,
         "images": len(images),
         "workers": args.workers,
         "search_rate_per_s": args.search_rate,
@@ -200,15 +206,16 @@ def run(args: argparse.Namespace, url: str, images: list[bytes]) -> dict[str, An
         "p99_ratio_on": on["p99_ratio"],
         "p99_ratio_off": off["p99_ratio"],
         "p99_on_vs_off": round(on["p99_ms_median"] / off["p99_ms_median"], 3),
-        "reembed_rate_ratio_on_vs_off": round(on["reembed_items_per_s"] / off["reembed_items_per_s"], 3)
-        if off["reembed_items_per_s"]
+        "background_rate_ratio_on_vs_off": round(on["background_per_s"] / off["background_per_s"], 3)
+        if off["background_per_s"]
         else None,
         "backoffs": fg.backoffs,
-        "spaces_started": spaces,
+        "work_started": getattr(work, "spaces", None) or getattr(work, "rounds", None),
         "failed_searches": sum(p["failed"] for p in phases) + idle_before["failed"] + idle_after["failed"],
         "load_average": {"before": load_before, "after": round(os.getloadavg()[0], 2)},
         "phases": phases,
         "share_trace": trace,
+        "search_windows": windows,
     }
     result["goals"] = {"p99_ratio_on<=2": on["p99_ratio"] is not None and on["p99_ratio"] <= 2.0}
     return result
@@ -218,7 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.foreground", description=__doc__.split("\n")[0])
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.add_argument("--database-url", help="server to create the benchmark database on (default: embedded)")
-    p.add_argument("--images", type=int, default=300, help="stored images, re-embedded again and again")
+    p.add_argument("--background", choices=KINDS, default="reembed", help="the background work (default reembed)")
+    p.add_argument("--images", type=int, help="stored images (default 300; 60 screenshots for ocr)")
+    p.add_argument("--round", type=int, default=500, help="images queued at a time for ingest and ocr")
     p.add_argument("--largest", type=int, default=1200, help="long side of the largest image, pixels")
     p.add_argument("--workers", type=int, default=1, help="ingest worker threads (as memstore serve --workers)")
     p.add_argument("--batch-size", type=int, default=IngestSettings.model_fields["batch_size"].default)
@@ -233,8 +242,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window-s", type=float, default=1.0, help="MEMSTORE_FOREGROUND_WINDOW_S")
     p.add_argument("--connections", type=int, default=2, help="MEMSTORE_BACKGROUND_CONNECTIONS")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--plot", type=Path, help="write p99 and the background's rate over time here (PNG)")
     args = p.parse_args(argv)
-    images = image_set(args.images, args.seed, largest=args.largest)
+    if args.images is None:
+        args.images = 60 if args.background == "ocr" else 300
+    if args.background == "ocr":
+        images = [r.content for r in ocr_image_set(args.images)]
+    else:
+        images = image_set(args.images, args.seed, largest=args.largest)
     with scratch_dir(prefix="memstore-bench-") as tmp:
         server = (
             normalise_url(args.database_url)
@@ -246,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
             result = run(args, url, images)
         finally:
             drop_database(url)
+    if args.plot:
+        log(f"plot: {foreground_plot.plot(result, args.plot)}")
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
     return 0
 

@@ -56,7 +56,7 @@ from bench.peers_pg import MemstorePython, RawPgvector, sample_queries, server_s
 from bench.peers_rest import HttpxSearches, MemstoreRest, Serve
 from memstore.db import migrate
 from memstore.db.core import create_engine, libpq_url
-from memstore.settings import Settings
+from memstore.settings import ApiSettings, Settings
 from memstore.store import VectorStore
 
 CORE = ("memstore_python", "memstore_rest", "raw_pgvector")
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace, url: str, folder: Path) -> dict[str, Any]:
         if "memstore_python" in wanted:
             systems.append(MemstorePython(store, args.dims, representation))
         if "memstore_rest" in wanted:
-            serve = Serve(url, folder, args.rest_batch, access_log=not args.no_access_log)
+            serve = Serve(url, folder, args.rest_batch, access_log=args.access_log)
             systems.append(MemstoreRest(serve, store, args.dims, representation, args.rest_batch))
         if "raw_pgvector" in wanted:
             systems.append(RawPgvector(url, args.dims, settings, args.halfvec))
@@ -157,7 +157,7 @@ def run(args: argparse.Namespace, url: str, folder: Path) -> dict[str, Any]:
         "k": K,
         "hnsw": {"m": 16, "ef_construction": 64},
         "representation": representation,
-        "rest_access_log": not args.no_access_log,
+        "rest_access_log": args.access_log,
         "recall_target": args.target,
         "ef_ladder": list(args.ef_ladder),
         "server": server,
@@ -263,9 +263,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--systems", default=",".join((*CORE, *OPTIONAL)), help="comma-separated; default: all")
     p.add_argument("--rest-batch", type=int, default=5000, help="vectors per POST .../items (fewer if over 48 MiB)")
     p.add_argument(
-        "--no-access-log",
-        action="store_true",
-        help="the REST server without its access log (MEMSTORE_API_ACCESS_LOG=false, as behind a logging proxy)",
+        "--access-log",
+        choices=("all", "sampled", "off"),
+        default=ApiSettings.model_fields["access_log"].default,
+        help="the REST server's MEMSTORE_API_ACCESS_LOG (default: as it ships, %(default)s)",
     )
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--plot", type=Path, help="write q/s against recall per system here (PNG; needs --whole-ladder)")

@@ -46,8 +46,9 @@ class Serve:
     """``memstore serve --no-encoder`` in its own process, with an admin key to reach it."""
 
     def __init__(
-        self, url: str, data_dir: Path, max_items: int, *, access_log: bool = True, tiny_encoder: bool = False
+        self, url: str, data_dir: Path, max_items: int, *, access_log: str | None = None, tiny_encoder: bool = False
     ) -> None:
+        """``access_log``: MEMSTORE_API_ACCESS_LOG (all, sampled, off); None: the server's default."""
         db = Database(create_engine(url))
         _, self.key = keys.create_key(db, name=f"bench-peers-{uuid.uuid4().hex[:6]}", scopes=["admin"])
         db.engine.dispose()
@@ -57,8 +58,9 @@ class Serve:
             "MEMSTORE_DATA_DIR": str(data_dir),
             # The items endpoint takes 1,000 items a request by default; a bulk client sends more.
             "MEMSTORE_API_MAX_ITEMS_PER_REQUEST": str(max(1000, max_items)),
-            "MEMSTORE_API_ACCESS_LOG": "true" if access_log else "false",
         }
+        if access_log is not None:
+            env["MEMSTORE_API_ACCESS_LOG"] = access_log
         if tiny_encoder:  # the untrained tiny model, for images and texts without weights to download
             env |= {"MEMSTORE_MODEL": "memstore-tiny", "MEMSTORE_PRETRAINED": "none"}
         self.tiny_encoder = tiny_encoder

@@ -132,20 +132,29 @@ def watch(conn: psycopg.Connection[Any], query: sql.Composed, until: int, desc: 
             time.sleep(POLL_S)
 
 
-def store_images(store: VectorStore, conn: psycopg.Connection[Any], images: list[bytes]) -> Collection:
-    """Create the collection and queue every image (in id order); the running workers embed them."""
-    c = store.create_collection(name=COLLECTION, dimensions=64, model=TINY)
-    step = 64
-    for start in tqdm(range(0, len(images), step), desc="store", file=sys.stderr, leave=False):
-        chunk = images[start : start + step]
-        items = [
-            PendingItem(content=b, content_type="image/jpeg", external_id=f"p{start + i:06d}")
-            for i, b in enumerate(chunk)
-        ]
-        jobs.enqueue(store.db, c, items)
+def store_images(
+    store: VectorStore, conn: psycopg.Connection[Any], images: list[bytes], *, ocr: bool = False
+) -> Collection:
+    """Create the collection (reading text in its images when ``ocr``) and queue every image (in id
+    order); the running workers embed them."""
+    c = store.create_collection(name=COLLECTION, dimensions=64, model=TINY, ocr=ocr)
+    queue_images(store, c, images, prefix="p", desc="store")
     ready = sql.SQL("SELECT count(*) FROM {} WHERE embedding IS NOT NULL").format(c.table)
     watch(conn, ready, len(images), "embed (default space)")
     return c
+
+
+def queue_images(store: VectorStore, c: Collection, images: list[bytes], *, prefix: str, desc: str = "") -> None:
+    """Queue ``images`` (JPEGs) into ``c`` as items ``{prefix}000000``, ``{prefix}000001``, ..., 64 to
+    a transaction."""
+    step = 64
+    for start in tqdm(range(0, len(images), step), desc=desc, file=sys.stderr, leave=False, disable=not desc):
+        chunk = images[start : start + step]
+        items = [
+            PendingItem(content=b, content_type="image/jpeg", external_id=f"{prefix}{start + i:06d}")
+            for i, b in enumerate(chunk)
+        ]
+        jobs.enqueue(store.db, c, items)
 
 
 def encoder_alone(backend: EmbeddingEngine, images: list[bytes], batch_size: int, desc: str) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -235,6 +236,7 @@ def test_peers_benchmark_measures_every_system_the_same_way(database_url: str) -
     """Keys and recall only: how fast each system is depends on the machine."""
     from bench.peers import CORE
     from bench.peers_libs import OPTIONAL
+    from memstore.settings import ApiSettings
 
     result = _run(
         "bench.peers",
@@ -262,7 +264,7 @@ def test_peers_benchmark_measures_every_system_the_same_way(database_url: str) -
     assert "maintenance pass" in systems["memstore_python"]["cleanup"]
     assert result["ratio_ef"] == systems["memstore_python"]["ef"]
     assert set(result["goals"]) >= {"ingest_ratio_vs_raw_build>=0.8", "search_ratio_vs_raw>=0.85"}
-    assert result["rest_access_log"] is True  # the REST server as it ships, unless --no-access-log
+    assert result["rest_access_log"] == ApiSettings.model_fields["access_log"].default  # the server as it ships
 
 
 def test_scale_reference_measures_the_same_rows_in_hnswlib(database_url: str) -> None:
@@ -540,3 +542,28 @@ def test_build_priority_benchmark_times_searches_during_builds_at_both_prioritie
     assert result["runs"]["nice_10"][0]["backend_nice"] == 10  # the embedded server is this machine's own
     assert result["runs"]["nice_0"][0]["backend_nice"] < 10
     assert result["summary"]["nice_10"]["build_s"] > 0
+
+
+@pytest.mark.parametrize("background", ["ingest", "ocr"])
+def test_foreground_benchmark_runs_each_background_under_the_search_stream(
+    background: str, database_url: str, tmp_path: Path
+) -> None:
+    """A short run of each background kind a round of new images at a time: every phase measured, the
+    background kept going (units done in both modes), no search failed, and the plot drawn."""
+    if background == "ocr" and shutil.which("tesseract") is None:
+        pytest.fail("tesseract is not installed (apt-get install tesseract-ocr tesseract-ocr-eng)", pytrace=False)
+    plot = tmp_path / "foreground.png"
+    result = _run(
+        "bench.foreground",
+        database_url,
+        *("--database-url", database_url, "--background", background, "--images", "8", "--round", "6"),
+        *("--largest", "400", "--phases", "2", "--phase-s", "3", "--idle-s", "1.5", "--plot", str(plot)),
+    )
+    assert result["background"] == background and result["round"] == 6
+    assert [p["mode"] for p in result["phases"]] == ["off", "on"]
+    assert result["failed_searches"] == 0
+    assert result["idle_before"]["searches"] > 0 and result["idle_before"]["p99_ms"] > 0
+    done = [point["done"] for point in result["share_trace"]]
+    assert done == sorted(done) and done[-1] > 0  # a count that only grows, and work was done
+    assert result["work_started"] >= 1 and result["search_windows"]
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
