@@ -29,8 +29,16 @@ class QuerySampler:
 
     def offer(self, collection_id: int, vector: npt.ArrayLike) -> None:
         """Keep ``vector`` (converted to float32 only when it is drawn) with this sampler's rate."""
-        if self.rate <= 0 or random.random() >= self.rate:
-            return
+        if self.draw():
+            self.keep_one(collection_id, vector)
+
+    def draw(self) -> bool:
+        """Whether this query is one of the share kept: a caller that must look something up before
+        ``keep_one`` (the collection's id) draws first and looks it up for the drawn few only."""
+        return self.rate > 0 and random.random() < self.rate
+
+    def keep_one(self, collection_id: int, vector: npt.ArrayLike) -> None:
+        """Keep ``vector`` (already drawn)."""
         vector = np.asarray(vector, dtype=np.float32)
         if self._thread is None:
             self._thread = threading.Thread(target=self._drain, name="query-sampler", daemon=True)

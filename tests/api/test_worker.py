@@ -302,6 +302,21 @@ def test_query_samples_keep_only_the_most_recent(worker_engine, tiny_collection)
     assert kept == [8.0, 9.0, 10.0, 11.0, 12.0]
 
 
+def test_a_sampler_draws_its_share_before_anything_is_looked_up(worker_engine) -> None:
+    """The search route draws first and looks the collection up for the drawn queries only: the draw
+    alone must keep the sampler's share."""
+    import random
+
+    from memstore.services.query_sampler import QuerySampler
+
+    db = Database(worker_engine)
+    random.seed(7)
+    assert not any(QuerySampler(db, rate=0.0).draw() for _ in range(1000))
+    assert all(QuerySampler(db, rate=1.0).draw() for _ in range(1000))
+    drawn = sum(QuerySampler(db, rate=0.25).draw() for _ in range(4000))
+    assert 850 <= drawn <= 1150  # 1,000 expected; seeded, so the same count every run
+
+
 def test_failing_claims_locks_items_in_id_order_so_an_enqueue_cannot_deadlock_with_it(
     worker_engine, tiny_collection
 ) -> None:

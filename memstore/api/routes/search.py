@@ -239,10 +239,10 @@ def _answer(
 ) -> dict[str, Any]:
     """The response body; a share of the query vectors is kept for the recall probes (not item
     searches; the probes measure the default space's index)."""
-    if query is not None and rt.sampler.rate > 0:
+    if query is not None and rt.sampler.draw():  # the collection looked up for the drawn few only
         c = rt.store.cached_collection(name)
         if c is not None and not c.space(using).side:
-            rt.sampler.offer(c.id, query)
+            rt.sampler.keep_one(c.id, query)
     return {
         "results": [
             {
