@@ -50,7 +50,7 @@ from pgvector.psycopg import register_vector
 
 from bench import foreground_plot
 from bench.databases import drop_database, new_database, scratch_dir
-from bench.foreground_work import KINDS, UNITS, Feeder, Reembedding, Work, finished_units
+from bench.foreground_work import KINDS, UNITS, Background, Feeder, Reembedding, finished_units
 from bench.image_set import image_set
 from bench.ocr import image_set as ocr_image_set
 from bench.reembed import COLLECTION, log, open_engine, store_images, stored_queries, watch
@@ -90,7 +90,7 @@ def paced_workers(
 def background(
     args: argparse.Namespace, store: VectorStore, conn: psycopg.Connection[Any], c: Collection,
     images: list[bytes], workers: list[IngestWorker],
-) -> Work:  # fmt: skip
+) -> Background:  # fmt: skip
     if args.background == "reembed":
         return Reembedding(store, conn, lambda: sum(w.totals.written for w in workers))
     return Feeder(store, conn, c, images, round_size=args.round, finished=finished_units(args.background, c))
@@ -210,7 +210,7 @@ def run(args: argparse.Namespace, url: str, images: list[bytes]) -> dict[str, An
         if off["background_per_s"]
         else None,
         "backoffs": fg.backoffs,
-        "work_started": getattr(work, "spaces", None) or getattr(work, "rounds", None),
+        "work_started": work.started,
         "failed_searches": sum(p["failed"] for p in phases) + idle_before["failed"] + idle_after["failed"],
         "load_average": {"before": load_before, "after": round(os.getloadavg()[0], 2)},
         "phases": phases,

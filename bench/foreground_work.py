@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -30,26 +30,16 @@ UNITS = {"reembed": "vectors re-embedded", "ingest": "images embedded", "ocr": "
 POLL_S = 0.2
 
 
-class Work(Protocol):
-    def start(self) -> Work: ...
+class Background:
+    """A thread that keeps one kind of work going until ``stop()``; ``started`` counts what it began
+    (spaces or rounds), ``done()`` the units finished since it was made."""
 
-    def stop(self) -> None: ...
-
-    def done(self) -> int: ...
-
-
-class Reembedding:
-    """Spaces of the wide model created one after the other, each once the last is ready."""
-
-    def __init__(self, store: VectorStore, conn: psycopg.Connection[Any], written: Callable[[], int]) -> None:
-        self.store, self.conn = store, conn
-        self.spaces = 0
-        self._written = written
-        self._at_start = written()
+    def __init__(self, name: str) -> None:
+        self.started = 0
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="reembedding", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
-    def start(self) -> Reembedding:
+    def start(self) -> Background:
         self._thread.start()
         return self
 
@@ -58,12 +48,28 @@ class Reembedding:
         self._thread.join(120)
 
     def done(self) -> int:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class Reembedding(Background):
+    """Spaces of the wide model created one after the other, each once the last is ready."""
+
+    def __init__(self, store: VectorStore, conn: psycopg.Connection[Any], written: Callable[[], int]) -> None:
+        super().__init__("reembedding")
+        self.store, self.conn = store, conn
+        self._written = written
+        self._at_start = written()
+
+    def done(self) -> int:
         return self._written() - self._at_start
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.spaces += 1
-            space = self.store.create_space(collection=COLLECTION, name=f"fg{self.spaces}", model=WIDE, dimensions=96)
+            self.started += 1
+            space = self.store.create_space(collection=COLLECTION, name=f"fg{self.started}", model=WIDE, dimensions=96)
             ready = sql.SQL("SELECT state = 'ready' FROM memstore_spaces WHERE id = {}").format(sql.Literal(space.id))
             while not self._stop.is_set():
                 row = self.conn.execute(ready).fetchone()
@@ -72,7 +78,7 @@ class Reembedding:
                 time.sleep(POLL_S)
 
 
-class Feeder:
+class Feeder(Background):
     """New images queued into ``c`` a round at a time: the next round once fewer than half a round
     wait (``finished``: a count in the database of the units done so far), so the workers never run
     dry and the queue never grows without bound."""
@@ -87,22 +93,12 @@ class Feeder:
         round_size: int,
         finished: sql.Composed,
     ) -> None:
+        super().__init__("feeder")
         self.store, self.conn, self.c = store, conn, c
         self.images, self.round_size = images, round_size
-        self.rounds = 0
         self._finished = finished
         self._at_start = self._count()
         self._done = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="feeder", daemon=True)
-
-    def start(self) -> Feeder:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(120)
 
     def done(self) -> int:
         return self._done
@@ -116,10 +112,10 @@ class Feeder:
         while not self._stop.is_set():
             self._done = self._count() - self._at_start
             if queued - self._done < self.round_size / 2:
-                start = self.rounds * self.round_size
+                start = self.started * self.round_size
                 batch = [self.images[(start + i) % len(self.images)] for i in range(self.round_size)]
-                queue_images(self.store, self.c, batch, prefix=f"r{self.rounds:04d}-")
-                self.rounds += 1
+                queue_images(self.store, self.c, batch, prefix=f"r{self.started:04d}-")
+                self.started += 1
                 queued += self.round_size
             self._stop.wait(POLL_S)
 
