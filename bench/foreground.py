@@ -235,7 +235,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="the encoder's micro-batch (MEMSTORE_ENCODER_BATCH_SIZE's default)")  # fmt: skip
     p.add_argument("--torch-threads", type=int, help="the encoder's torch threads (default: as serve, cores - 1)")
     p.add_argument("--phases", type=int, default=8, help="alternating phases, controller off and on")
-    p.add_argument("--phase-s", type=float, default=10.0, help="seconds per phase")
+    p.add_argument(
+        "--phase-s", type=float, default=20.0, help="seconds per phase (20: a phase's p99 is its fourth-slowest search)"
+    )
     p.add_argument("--idle-s", type=float, default=8.0, help="the stream alone, before and after")
     p.add_argument("--search-rate", type=float, default=20.0, help="searches a second in the stream")
     p.add_argument("--slo-ms", type=float, help="MEMSTORE_SEARCH_P99_SLO_MS (default: 2 x the idle baseline)")
