@@ -142,6 +142,12 @@ class Settings(BaseSettings):
         "a full share; fewer as the share falls, none at zero.",
     )
 
+    gc_freeze: bool = Field(
+        default=True,
+        description="Once the API process has started (and again once its model has loaded), the objects made so far "
+        "are kept out of the garbage collector's passes (gc.freeze): a full collection over them held every search "
+        "for about 0.2 s with a model loaded. false: the collector as CPython has it.",
+    )
     encoder_load_yield: bool = Field(
         default=True,
         description="While a local model loads (/health says starting), the interpreter switches threads every "

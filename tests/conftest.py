@@ -28,6 +28,11 @@ from memstore.settings import Settings, reread
 from memstore.store import VectorStore
 from tests.databases import scratch_database
 
+# The test process starts many in-process servers: none of them keeps the objects of the tests before
+# it out of the collector (memstore.services.gc_freeze), so what a test leaves is collected as usual.
+# The default (on) is checked on a real `memstore serve` (tests/test_cli.py).
+os.environ.setdefault("MEMSTORE_GC_FREEZE", "false")
+
 
 def pytest_report_header(config: pytest.Config) -> str:
     """Shown in the session header (printing from the fixture is captured and never seen)."""

@@ -568,3 +568,17 @@ def test_foreground_benchmark_runs_each_background_under_the_search_stream(
     assert done == sorted(done) and done[-1] > 0  # a count that only grows, and work was done
     assert result["work_started"] >= 1 and result["search_windows"]
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_gc_pause_benchmark_times_full_collections_before_and_after_the_freeze() -> None:
+    """Shape and counts only: almost every object the loaded process tracks is frozen (how long a
+    collection takes is the benchmark's figure, not a test's)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.gc_pause", "--json", "--rounds", "2"],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["tracked_objects"] > 100_000  # torch and the model
+    assert result["frozen_objects"] >= 0.9 * result["tracked_objects"]
+    assert len(result["full_collection_ms_before"]) == len(result["full_collection_ms_after"]) == 2

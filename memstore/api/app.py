@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gc
 import hashlib
 import re
 import time
@@ -46,6 +47,7 @@ from memstore.db import migrate
 from memstore.db.core import get_database
 from memstore.queue import jobs
 from memstore.search.runner import AsyncSearcher
+from memstore.services.gc_freeze import freeze_startup
 from memstore.services.query_sampler import QuerySampler
 from memstore.settings import ApiSettings, IngestSettings, Settings, get_api_settings, get_ingest_settings, get_settings
 from memstore.spaces.model_choice import models_of
@@ -94,6 +96,7 @@ def build_app(
         app.state.runtime = rt
         try:
             rt.start(opts)
+            freeze_startup("the API started", enabled=settings.gc_freeze)
             yield
         finally:
             await rt.searcher.close()
@@ -440,4 +443,5 @@ def _health(rt: Runtime, detailed: bool) -> dict[str, Any]:
         "maintenance": rt.notes.get("maintenance", "off"),
     }
     body["foreground"] = rt.foreground.state()
+    body["gc"] = {"frozen_objects": gc.get_freeze_count()}  # start-up objects kept out (services.gc_freeze)
     return body

@@ -19,6 +19,7 @@ from encoder.images import ImageOptions
 from encoder.settings import OFFLINE_HINT, encoder_settings
 from encoder.types import EmbeddingBackend
 from memstore.errors import EncoderUnavailableError
+from memstore.services.gc_freeze import freeze_startup
 from memstore.settings import get_settings
 from memstore.spaces.model_choice import models_of
 
@@ -136,6 +137,9 @@ class EncoderHost:
         if self.stop_event.is_set():
             close()
             return
+        # While /health still says starting: the one full collection the freeze needs goes before
+        # searches that need the model arrive (memstore.services.gc_freeze).
+        freeze_startup("the encoder loaded", enabled=get_settings().gc_freeze)
         self._ready(backend, close, on_ready)
         log.info("encoder ready: %s", backend.info)
         # Measured: a torch model whose loading thread has exited runs 3-5x slower afterwards
