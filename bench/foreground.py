@@ -12,6 +12,8 @@ On a database of its own (the embedded server unless ``--database-url``), with t
    ``memstore.services.foreground.ForegroundController`` (as ``memstore serve`` runs them), which also
    holds the engine's ``background_share``: photo-like JPEGs, or for ``ocr`` screenshots with text
    (``bench.ocr``'s set) into a collection that reads text in its images (read before step 2).
+   Then, as ``memstore serve`` does, the objects made so far are kept out of the garbage collector's
+   passes (``memstore.services.gc_freeze``; ``MEMSTORE_GC_FREEZE=false``: not).
 2. A stream of vector searches (``bench.search_stream``, open loop, ``--search-rate`` a second)
    starts; its latencies feed the controller, as the search route's do in the server. ``--idle-s``
    with no background work: the idle p99 (and the controller's baseline).
@@ -61,6 +63,7 @@ from memstore.catalog.collections import Collection
 from memstore.db.core import Database, create_engine, libpq_url, normalise_url
 from memstore.db.embedded import start_embedded_server
 from memstore.services.foreground import ForegroundController
+from memstore.services.gc_freeze import freeze_startup
 from memstore.settings import IngestSettings, Settings
 from memstore.store import VectorStore
 from memstore.workers.ingest import IngestWorker
@@ -134,6 +137,7 @@ def run(args: argparse.Namespace, url: str, images: list[bytes]) -> dict[str, An
             if args.background == "ocr":  # the stored images read before the idle window
                 watch(conn, finished_units("ocr", c), len(images), "ocr (stored images)")
             queries = stored_queries(conn, c, 200)
+            freeze_startup("bench.foreground", enabled=store.settings.gc_freeze)  # as memstore serve does
             stream = SearchStream(store, COLLECTION, queries, rate_per_s=args.search_rate).start()
             fg.force(None)
             fg.start()
