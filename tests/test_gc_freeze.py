@@ -34,7 +34,8 @@ def test_the_freeze_collects_garbage_first_then_keeps_the_living_out_of_collecti
     frozen = freeze_startup("a test")
 
     assert gone() is None  # the garbage was collected, not kept for ever
-    assert frozen == gc.get_freeze_count() > 0
+    # Not equal to get_freeze_count() later: a frozen object another thread frees leaves the count.
+    assert frozen > 0 and gc.get_freeze_count() > 0
     assert not any(o is living for o in gc.get_objects())  # out of every generation the collector walks
     made_after = {"new": []}
     assert any(o is made_after for o in gc.get_objects())  # what comes later is collected as usual
