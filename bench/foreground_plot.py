@@ -23,9 +23,10 @@ def phase_spans(trace: list[dict[str, Any]]) -> list[tuple[float, float, str]]:
 def rates(trace: list[dict[str, Any]], step_s: float = RATE_STEP_S) -> list[tuple[float, float]]:
     """(time, units a second) over steps of ``step_s`` from the trace's cumulative counts."""
     out: list[tuple[float, float]] = []
-    last = trace[0] if trace else None
+    if not trace:
+        return out
+    last = trace[0]
     for point in trace[1:]:
-        assert last is not None
         if point["t"] - last["t"] >= step_s:
             out.append((point["t"], (point["done"] - last["done"]) / (point["t"] - last["t"])))
             last = point

@@ -1,8 +1,9 @@
 """A process's start-up objects kept out of the garbage collector's passes.
 
 A process that has loaded torch and a model tracks about 500,000 container objects, and a full
-collection walks every one of them while it holds the interpreter lock: 180 to 190 ms with the tiny
-model loaded on the 2-core development machine, during which no search in the process moves (one such
+collection walks every one of them while it holds the interpreter lock: about 0.2 s with the tiny
+model loaded on the 2-core development machine (``python -m bench.gc_pause``), during which no search
+in the process moves (one such
 stall of every search, 252 ms, shows in ``bench.foreground``'s re-embedding plot). CPython runs a full
 collection whenever the objects that survived younger collections pass a quarter of those that
 survived the last full one, so a server that keeps allocating meets one now and then, at a moment

@@ -364,8 +364,8 @@ def nearest(
         k=k,
         filter=filter_of(chips),
     )
-    if vector is not None and mode != "keyword" and sample and rt.sampler.rate > 0 and not c.space().side:
-        rt.sampler.offer(c.id, np.asarray(vector, dtype=np.float32))
+    if vector is not None and mode != "keyword" and sample and not c.space().side:
+        rt.sampler.offer(c.id, vector)  # drawn first; made float32 only when kept
     return results
 
 
