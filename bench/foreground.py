@@ -38,10 +38,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from statistics import median
@@ -49,13 +51,14 @@ from typing import Any
 
 import psycopg
 from pgvector.psycopg import register_vector
+from psycopg import sql
 
 from bench import foreground_plot
 from bench.databases import drop_database, new_database, scratch_dir
 from bench.foreground_work import KINDS, UNITS, Background, Feeder, Reembedding, finished_units
 from bench.image_set import image_set
 from bench.ocr import image_set as ocr_image_set
-from bench.reembed import COLLECTION, log, open_engine, store_images, stored_queries, watch
+from bench.reembed import COLLECTION, TINY, WIDE, log, open_engine, store_images, stored_queries, watch
 from bench.search_stream import SearchStream
 from encoder.engine import EmbeddingEngine
 from encoder.settings import EncoderSettings
@@ -63,6 +66,7 @@ from memstore.catalog.collections import Collection
 from memstore.db.core import Database, create_engine, libpq_url, normalise_url
 from memstore.db.embedded import start_embedded_server
 from memstore.services.foreground import ForegroundController
+from memstore.services.foreground_signal import SharePublisher
 from memstore.services.gc_freeze import freeze_startup
 from memstore.settings import IngestSettings, Settings
 from memstore.store import VectorStore
@@ -90,11 +94,62 @@ def paced_workers(
             t.join(60)
 
 
+@contextmanager
+def worker_process(url: str, args: argparse.Namespace, log_dir: Path) -> Iterator[list[IngestWorker]]:
+    """``--split``: the ingest workers in a ``memstore worker`` process of their own, with their own
+    encoder (the models of ``open_engine``), as compose.yaml runs them; they follow the share this
+    process publishes (``memstore.services.foreground_signal``). Yields no in-process workers."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "MEMSTORE_DATABASE_URL": url,
+            "MEMSTORE_MODEL": TINY,
+            "MEMSTORE_PRETRAINED": "none",
+            "MEMSTORE_MODELS": f"{WIDE}=none",
+            "MEMSTORE_ENCODER_DEVICE": "cpu",
+            "MEMSTORE_ENCODER_BATCH_SIZE": str(args.encoder_batch_size),
+            "MEMSTORE_FOREGROUND_WINDOW_S": str(args.window_s),
+            "MEMSTORE_BACKGROUND_CONNECTIONS": str(args.connections),
+        }
+    )
+    if args.torch_threads is not None:
+        env["MEMSTORE_ENCODER_TORCH_THREADS"] = str(args.torch_threads)
+    command = [sys.executable, "-m", "memstore.cli", "worker", "--no-migrate", "--threads", str(args.workers)]
+    command += ["--batch-size", str(args.batch_size)]
+    out = (log_dir / "worker.log").open("w")
+    proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield []
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        out.close()
+        if proc.returncode not in (0, -signal.SIGTERM):
+            log(f"memstore worker exited {proc.returncode}: {(log_dir / 'worker.log').read_text()[-2000:]}")
+
+
+def space_vectors(store: VectorStore, conn: psycopg.Connection[Any]) -> int:
+    """Vectors written into the collection's side spaces so far (what re-embedding made), counted in
+    the database: the workers of ``--split`` run in another process."""
+    c = store.get_collection(name=COLLECTION, fresh=True)
+    total = 0
+    for space in c.spaces:
+        if space.side:
+            row = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(space.table_name))).fetchone()
+            total += int(row[0]) if row else 0
+    return total
+
+
 def background(
     args: argparse.Namespace, store: VectorStore, conn: psycopg.Connection[Any], c: Collection,
     images: list[bytes], workers: list[IngestWorker],
 ) -> Background:  # fmt: skip
     if args.background == "reembed":
+        if args.split:
+            return Reembedding(store, conn, lambda: space_vectors(store, conn))
         return Reembedding(store, conn, lambda: sum(w.totals.written for w in workers))
     return Feeder(store, conn, c, images, round_size=args.round, finished=finished_units(args.background, c))
 
@@ -111,11 +166,14 @@ def per_second(stream: SearchStream, t0: float) -> list[dict[str, Any]]:
     return out
 
 
-def run(args: argparse.Namespace, url: str, images: list[bytes]) -> dict[str, Any]:
+def run(args: argparse.Namespace, url: str, images: list[bytes], log_dir: Path) -> dict[str, Any]:
     load_before = round(os.getloadavg()[0], 2)
     engine = create_engine(url, pool_size=args.workers + 4)
     store = VectorStore(engine, settings=Settings(database_url=url))
-    backend, close_backend = open_engine(args.encoder_batch_size, args.torch_threads)
+    backend: EmbeddingEngine | None = None
+    close_backend: Callable[[], None] = lambda: None  # noqa: E731
+    if not args.split:  # the encoder in this process (with --split, in the worker process)
+        backend, close_backend = open_engine(args.encoder_batch_size, args.torch_threads)
     conn = psycopg.connect(libpq_url(url), autocommit=True)
     register_vector(conn)
     stream: SearchStream | None = None
@@ -127,12 +185,20 @@ def run(args: argparse.Namespace, url: str, images: list[bytes]) -> dict[str, An
         return [(t, lat) for t, lat in done if t >= start]
 
     fg = ForegroundController(answered, slo_ms=args.slo_ms, window_s=args.window_s, connections=args.connections)
-    fg.attach_encoder(backend)
+    if backend is None:  # --split: the worker process follows what this one publishes
+        fg.publisher = SharePublisher(store.db, heartbeat_s=args.window_s)
+    else:
+        fg.attach_encoder(backend)
     fg.force(1.0)
     trace: list[dict[str, Any]] = []
     phases: list[dict[str, Any]] = []
     try:
-        with paced_workers(store.db, backend, fg, args.workers, args.batch_size) as workers:
+        workers_cm = (
+            worker_process(url, args, log_dir)
+            if backend is None
+            else paced_workers(store.db, backend, fg, args.workers, args.batch_size)
+        )
+        with workers_cm as workers:
             c = store_images(store, conn, images, ocr=args.background == "ocr")
             if args.background == "ocr":  # the stored images read before the idle window
                 watch(conn, finished_units("ocr", c), len(images), "ocr (stored images)")
@@ -195,6 +261,7 @@ def run(args: argparse.Namespace, url: str, images: list[bytes]) -> dict[str, An
     on, off = mode_figures("on"), mode_figures("off")
     result: dict[str, Any] = {
         "background": args.background,
+        "layout": "split" if args.split else "one process",
         "unit": UNITS[args.background],
         "round": args.round if args.background != "reembed" else None,
         "images": len(images),
@@ -248,6 +315,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window-s", type=float, default=1.0, help="MEMSTORE_FOREGROUND_WINDOW_S")
     p.add_argument("--connections", type=int, default=2, help="MEMSTORE_BACKGROUND_CONNECTIONS")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--split",
+        action="store_true",
+        help="the workers in a memstore worker process of their own, following the share this one publishes",
+    )
     p.add_argument("--plot", type=Path, help="write p99 and the background's rate over time here (PNG)")
     args = p.parse_args(argv)
     if args.images is None:
@@ -264,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         url = new_database(server, "bench_foreground")
         try:
-            result = run(args, url, images)
+            result = run(args, url, images, Path(tmp))
         finally:
             drop_database(url)
     if args.plot:

@@ -2,8 +2,10 @@
 
     python -m bench.recall_target --json [--sizes 10000,100000] [--targets 0.9,0.95,0.99] [--samples]
 
-For each size, loads that many clustered synthetic 128-d vectors (``bench.churn_data.synthetic``)
-into a collection, then for each target runs the maintenance worker's tuning (``MaintenanceWorker.tune``:
+For each size, creates a collection with the first target set and loads that many clustered synthetic
+128-d vectors (``bench.churn_data.synthetic``) through ``VectorStore.bulk_load``, as a user would: from
+``memstore.catalog.density.DENSE_ROWS`` rows (250,000) that load builds the denser graph its size needs
+(``graph`` in the JSON says which was built). Then for each target it runs the maintenance worker's tuning (``MaintenanceWorker.tune``:
 stand-in queries made from stored rows; ``--samples``: the API's kept query samples, 200 queries of
 the same distribution) and measures, on 200 held-out queries from the same distribution:
 
@@ -27,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.churn import sample_user_queries, setup_collection
+from bench.churn import sample_user_queries
 from bench.churn_data import synthetic
 from bench.churn_db import connect
 from bench.churn_target import time_tuned_vs_fixed
@@ -37,7 +39,9 @@ from maintenance.targets import targets_for
 from maintenance.tuning import LADDER
 from maintenance.worker import MaintenanceWorker
 from memstore.db import migrate
+from memstore.catalog import density
 from memstore.db.core import get_engine, resolve_database_url
+from memstore.models import ItemIn
 from memstore.settings import get_settings
 from memstore.store import VectorStore
 
@@ -50,15 +54,35 @@ FINE = sorted(
 )
 
 
+def load(store: VectorStore, base: np.ndarray, rows: int, target: float) -> dict[str, Any]:
+    """A new collection asking for ``target``, loaded with ``rows`` rows the way a user loads a set; the
+    graph its load built."""
+    if NAME in {c.name for c in store.list_collections()}:
+        store.drop_collection(name=NAME)
+    store.create_collection(name=NAME, dimensions=int(base.shape[1]), recall_target=target)
+    items = (ItemIn(vector=base[i], external_id=str(i)) for i in range(rows))
+    result = store.bulk_load(collection=NAME, items=items, total=rows, progress=True)
+    c = store.get_collection(name=NAME, fresh=True)
+    chosen = c.options.get(density.HNSW_DENSITY)
+    return {
+        "hnsw_m": c.hnsw_m,
+        "hnsw_ef_construction": c.hnsw_ef_construction,
+        "chosen_by": chosen.get("by") if isinstance(chosen, dict) else None,
+        "deferred_index": result.deferred_index,
+        "build_s": round(result.build_s, 1),
+    }
+
+
 def run_size(store: VectorStore, size: int, targets: list[float], *, samples: bool, tune_sample: int) -> dict[str, Any]:
     ds = synthetic(size + 100, queries=2 * HELD_OUT)
     held_out, kept = list(ds.queries[:HELD_OUT]), ds.queries[HELD_OUT:]
     t0 = time.perf_counter()
-    setup_collection(store, NAME, ds, size, seed=7)
+    graph = load(store, ds.base, size, targets[0])
     load_s = time.perf_counter() - t0
     if samples:
         sample_user_queries(store, NAME, kept)
-    out: dict[str, Any] = {"rows": size, "dims": int(ds.base.shape[1]), "load_s": round(load_s, 1), "targets": []}
+    out: dict[str, Any] = {"rows": size, "dims": int(ds.base.shape[1]), "load_s": round(load_s, 1), "graph": graph}
+    out["targets"] = []
     with connect() as conn:
         [target] = [t for t in targets_for(conn, store.get_collection(name=NAME, fresh=True)) if t.space is None]
         fine = measure_ladder(

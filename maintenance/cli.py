@@ -35,6 +35,7 @@ from maintenance.worker import EXIT_FAILED, EXIT_OK, ActionOutcome, MaintenanceW
 from memstore.catalog import density
 from memstore.catalog.collections import Collection
 from memstore.db.core import get_database
+from memstore.services.foreground_signal import ForegroundFollower
 from memstore.settings import Settings, get_settings
 
 log = logging.getLogger("memstore-maint")
@@ -74,10 +75,17 @@ def cli() -> None:
 
 
 def _run(
-    common: Common, body: Callable[[MaintenanceWorker], int], *, daemon: bool = False, interval: float | None = None
+    common: Common,
+    body: Callable[[MaintenanceWorker], int],
+    *,
+    daemon: bool = False,
+    interval: float | None = None,
+    follow: bool = False,
 ) -> int:
     """Set up logging, the settings and the worker, then run ``body`` with SIGTERM/SIGINT stopping it
-    (the running statement is cancelled and recorded, and the pass ends)."""
+    (the running statement is cancelled and recorded, and the pass ends). ``follow``: the passes wait
+    while the search servers' published search p99 is over the SLO (``memstore.services.foreground_signal``;
+    this process answers no searches of its own)."""
     logging.basicConfig(
         level=logging.INFO if common.verbose or daemon else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -91,9 +99,21 @@ def _run(
         config = config.model_copy(update={"interval_s": interval})
     db = get_database(settings, replicas=False)  # the primary: what maintenance acts on and measures
     bars = Bars(enabled=not common.as_json and sys.stderr.isatty())
-    worker = MaintenanceWorker(db, settings=settings, config=config, collections=common.collections, on_progress=bars)
-    with stop_on_signals(worker.stop, on_signal=_announce_stop):
-        return body(worker)
+    follower = ForegroundFollower.for_process(db, settings).start() if follow and settings.foreground_shared else None
+    worker = MaintenanceWorker(
+        db,
+        settings=settings,
+        config=config,
+        collections=common.collections,
+        on_progress=bars,
+        latency_source=None if follower is None else follower.latency_p99_ms,
+    )
+    try:
+        with stop_on_signals(worker.stop, on_signal=_announce_stop):
+            return body(worker)
+    finally:
+        if follower is not None:
+            follower.close()
 
 
 def _announce_stop(signum: int) -> None:
@@ -171,7 +191,7 @@ def run_command(common: Common) -> int:
         code = worker.run_once()
         return max(code, _outcomes(common, worker.last_outcomes))
 
-    return _run(common, one_pass)
+    return _run(common, one_pass, follow=True)
 
 
 @cli.command(short_help="a pass every --interval seconds until SIGTERM")
@@ -179,7 +199,7 @@ def run_command(common: Common) -> int:
 @common_options
 def daemon(common: Common, interval: float | None) -> int:
     """Run a pass of the policy every --interval seconds until SIGTERM or SIGINT."""
-    return _run(common, lambda worker: worker.run_forever(), daemon=True, interval=interval)
+    return _run(common, lambda worker: worker.run_forever(), daemon=True, interval=interval, follow=True)
 
 
 @cli.command(short_help="recorded actions (or probes)")

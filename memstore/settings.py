@@ -125,6 +125,11 @@ class Settings(BaseSettings):
     foreground: bool = Field(
         default=True, description="Whether background work yields to searches at all (false: always full speed)."
     )
+    foreground_shared: bool = Field(
+        default=True,
+        description="A process that answers searches publishes its share in the database, and background work "
+        "in other processes (memstore worker, the maintenance daemon) follows the lowest fresh one.",
+    )
     foreground_window_s: float = Field(
         default=1.0, gt=0, le=60, description="The window search p99 is measured over; the share is set 4x a window."
     )

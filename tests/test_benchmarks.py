@@ -464,6 +464,8 @@ def test_recall_target_benchmark_tunes_to_each_target_on_held_out_queries(databa
     )
     [size] = result["sizes"]
     assert size["rows"] == 2000
+    # Loaded as a user loads a set, into the graph a collection of its size gets (the default one).
+    assert (size["graph"]["hnsw_m"], size["graph"]["hnsw_ef_construction"]) == (16, 64)
     [target] = size["targets"]
     assert target["held_out_recall"] is not None and target["held_out_recall"] >= 0.89
     assert target["recall_ok"] is True
@@ -568,6 +570,22 @@ def test_foreground_benchmark_runs_each_background_under_the_search_stream(
     assert done == sorted(done) and done[-1] > 0  # a count that only grows, and work was done
     assert result["work_started"] >= 1 and result["search_windows"]
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_foreground_benchmark_with_the_workers_in_a_process_of_their_own(database_url: str) -> None:
+    """``--split``: re-embedding done by a ``memstore worker`` process (its spaces' vectors counted in
+    the database), following the share the searching process publishes."""
+    result = _run(
+        "bench.foreground",
+        database_url,
+        *("--database-url", database_url, "--background", "reembed", "--images", "8", "--split"),
+        *("--largest", "400", "--phases", "2", "--phase-s", "3", "--idle-s", "1.5"),
+    )
+    assert result["layout"] == "split"
+    assert [p["mode"] for p in result["phases"]] == ["off", "on"]
+    assert result["failed_searches"] == 0
+    done = [point["done"] for point in result["share_trace"]]
+    assert done == sorted(done) and done[-1] > 0  # the other process re-embedded
 
 
 def test_gc_pause_benchmark_times_full_collections_before_and_after_the_freeze() -> None:

@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 
+from memstore.db.core import libpq_url
 from tests.databases import scratch_database
 
 TEXTS = [f"note number {i} about {'cats' if i % 2 else 'boats'}" for i in range(40)]
@@ -97,6 +99,12 @@ def _stop(roles: list[Role]) -> dict[str, int | None]:
             role.proc.kill()
             codes[role.name] = None
     return codes
+
+
+def _published(env: dict[str, str], pid: int) -> int:
+    with psycopg.connect(libpq_url(env["MEMSTORE_DATABASE_URL"])) as conn:
+        row = conn.execute("SELECT count(*) FROM memstore_foreground WHERE source LIKE %s", (f"%:{pid}",)).fetchone()
+    return int(row[0]) if row else 0
 
 
 @pytest.mark.slow
@@ -176,9 +184,13 @@ def test_split_deployment(split_env: dict[str, str], tmp_path: Path) -> None:
             assert r.status_code == 200, r.text
             results = r.json()["results"]
             assert results and results[0]["external_id"] == "n3"
+        # The API publishes its foreground share for the workers and the daemon, which answer no
+        # searches (memstore.services.foreground_signal); the row goes when the API stops.
+        assert _published(env, api.proc.pid) == 1
         assert all(role.alive() for role in roles)
     finally:
         codes = _stop(roles)
+    assert _published(env, api.proc.pid) == 0
     assert all(code == 0 for code in codes.values()), {
         name: (code, next(r.output() for r in roles if r.name == name)) for name, code in codes.items()
     }

@@ -25,6 +25,7 @@ from memstore.queue.claims import Claimer
 from memstore.search.runner import AsyncSearcher
 from memstore.services.encoder_host import EncoderChoice, EncoderHost, EncoderMode
 from memstore.services.foreground import ForegroundController
+from memstore.services.foreground_signal import SharePublisher
 from memstore.services.latency import LatencyTracker
 from memstore.services.query_sampler import QuerySampler
 from memstore.services.workers import BackgroundService, InProcessWorkers, ServiceContext
@@ -79,6 +80,8 @@ class Runtime:
         self.encoder = EncoderHost(self.stop_event)
         # Background work yields to the searches this process answers (their latency, self.latency).
         self.foreground = ForegroundController.from_settings(self.settings, self.latency.since)
+        if self.settings.foreground_shared:  # and in other processes: memstore worker, the maintenance daemon
+            self.foreground.publisher = SharePublisher(self.db, heartbeat_s=self.settings.foreground_window_s)
         self.workers = InProcessWorkers(self.db, self.ingest, self.stop_event, pace=self.foreground)
         self.store.sealer.pace = self.foreground  # seals and merges of segmented collections yield too
 

@@ -35,7 +35,8 @@ def command(
     from memstore.db.core import get_database, resolve_database_url
     from memstore.queue import claims
     from memstore.services.encoder_host import EncoderChoice, open_backend
-    from memstore.settings import get_ingest_settings
+    from memstore.services.foreground_signal import ForegroundFollower
+    from memstore.settings import get_ingest_settings, get_settings
     from memstore.workers.ingest import IngestWorker, Report
 
     exit_cleanly_on_sigterm()
@@ -59,8 +60,11 @@ def command(
         click.echo(f"memstore worker: the encoder did not start: {exc}", err=True)
         return EXIT_USAGE
     stop = threading.Event()
+    # No searches here: the work yields to the search servers' published shares (foreground first).
+    follower = ForegroundFollower.for_process(db, get_settings()).start()
+    follower.attach_encoder(backend)
     workers = [
-        IngestWorker(db, backend, settings=settings, stop_event=stop, name=f"worker-{i}")
+        IngestWorker(db, backend, settings=settings, stop_event=stop, name=f"worker-{i}", pace=follower)
         for i in range(max(1, threads))
     ]
     codes = [0] * len(workers)
@@ -80,6 +84,7 @@ def command(
                     t.join(0.5)
     finally:
         stop.set()
+        follower.close()
         close()
     total = Report()
     for w in workers:

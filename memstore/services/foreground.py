@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 from encoder.scheduling import background_pause
 from memstore.services.latency import p99
@@ -123,6 +123,9 @@ class ForegroundController(Pace):
     _thread: threading.Thread | None = None
     _encoders: list[Any] = field(default_factory=list)
     _forced: bool = False  # held by force(), not the control loop
+    # Called after every tick of the loop (memstore.services.foreground_signal.SharePublisher: the
+    # share written for background work in other processes); its close() runs with the controller's.
+    publisher: Callable[[ForegroundController], None] | None = None
 
     @classmethod
     def from_settings(
@@ -142,7 +145,7 @@ class ForegroundController(Pace):
         return self.window_s / 4
 
     # -- the control loop ---------------------------------------------------------------------------
-    def start(self) -> ForegroundController:
+    def start(self) -> Self:
         if self._thread is None:
             self._stop.clear()
             self._thread = threading.Thread(target=self._run, name="foreground", daemon=True)
@@ -155,10 +158,15 @@ class ForegroundController(Pace):
             self._thread.join(2)
             self._thread = None
         self._set_share(1.0, forced=True)  # nothing waits on a closed controller
+        closer = getattr(self.publisher, "close", None)
+        if closer is not None:
+            closer()
 
     def _run(self) -> None:
         while not self._stop.wait(self.tick_s):
             self.tick()
+            if self.publisher is not None:
+                self.publisher(self)
 
     def target_ms(self) -> float | None:
         if self.slo_ms is not None:
