@@ -5,9 +5,11 @@
 For each size, creates a collection with the first target set and loads that many clustered synthetic
 128-d vectors (``bench.churn_data.synthetic``) through ``VectorStore.bulk_load``, as a user would: from
 ``memstore.catalog.density.DENSE_ROWS`` rows (250,000) that load builds the denser graph its size needs
-(``graph`` in the JSON says which was built). Then for each target it runs the maintenance worker's tuning (``MaintenanceWorker.tune``:
-stand-in queries made from stored rows; ``--samples``: the API's kept query samples, 200 queries of
-the same distribution) and measures, on 200 held-out queries from the same distribution:
+(``graph`` in the JSON says which was built). Then for each target it runs the maintenance worker's
+tuning (``MaintenanceWorker.tune``: stand-in queries made from stored rows; ``--samples``: the API's
+kept query samples, ``--sample-queries`` of the same distribution, 1,000 by default as the API keeps
+per collection; ``--tune-sample`` and ``--tune-sample-max`` as the worker's settings) and measures, on
+200 held-out queries from the same distribution:
 
 - ``held_out_recall``: recall@10 of default searches at the tuned ef_search (goal: >= target - 0.01);
 - ``best_ef``: the smallest ef of a fine ladder that reaches the target on those same held-out
@@ -38,8 +40,8 @@ from maintenance.ladder import measure_ladder
 from maintenance.targets import targets_for
 from maintenance.tuning import LADDER
 from maintenance.worker import MaintenanceWorker
-from memstore.db import migrate
 from memstore.catalog import density
+from memstore.db import migrate
 from memstore.db.core import get_engine, resolve_database_url
 from memstore.models import ItemIn
 from memstore.settings import get_settings
@@ -73,8 +75,10 @@ def load(store: VectorStore, base: np.ndarray, rows: int, target: float) -> dict
     }
 
 
-def run_size(store: VectorStore, size: int, targets: list[float], *, samples: bool, tune_sample: int) -> dict[str, Any]:
-    ds = synthetic(size + 100, queries=2 * HELD_OUT)
+def run_size(
+    store: VectorStore, size: int, targets: list[float], *, samples: int, config: MaintenanceConfig
+) -> dict[str, Any]:
+    ds = synthetic(size + 100, queries=HELD_OUT + samples)
     held_out, kept = list(ds.queries[:HELD_OUT]), ds.queries[HELD_OUT:]
     t0 = time.perf_counter()
     graph = load(store, ds.base, size, targets[0])
@@ -100,7 +104,6 @@ def run_size(store: VectorStore, size: int, targets: list[float], *, samples: bo
     out["default_ef"] = DEFAULT_EF
     out["default_ef_recall"] = round(curve[DEFAULT_EF], 4)
     table = store.get_collection(name=NAME).table_name
-    config = MaintenanceConfig(_env_file=None, tune_sample=tune_sample)  # type: ignore[call-arg]
     worker = MaintenanceWorker(store.db, settings=store.settings, config=config, collections=[NAME])
     try:
         for goal in targets:
@@ -146,7 +149,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="10000", help="comma-separated row counts (default 10000)")
     parser.add_argument("--targets", default="0.9,0.95,0.99")
     parser.add_argument("--samples", action="store_true", help="tune on kept query samples, not stand-ins")
-    parser.add_argument("--tune-sample", type=int, default=100, help="queries of a tuning (default 100)")
+    parser.add_argument(
+        "--sample-queries",
+        type=int,
+        default=1000,
+        help="query samples kept before tuning (default 1000: what the API keeps per collection)",
+    )
+    defaults = MaintenanceConfig.model_fields
+    parser.add_argument(
+        "--tune-sample", type=int, default=defaults["tune_sample"].default, help="queries of a tuning's first round"
+    )
+    parser.add_argument(
+        "--tune-sample-max",
+        type=int,
+        default=defaults["tune_sample_max"].default,
+        help="queries a tuning may grow to (default: MEMSTORE_MAINT_TUNE_SAMPLE_MAX's)",
+    )
     parser.add_argument("--json", action="store_true", help="(the last line is always the JSON result)")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s]
@@ -156,13 +174,30 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     try:
         for size in sizes:
-            results.append(run_size(store, size, targets, samples=args.samples, tune_sample=args.tune_sample))
+            config = MaintenanceConfig(  # type: ignore[call-arg]
+                _env_file=None, tune_sample=args.tune_sample, tune_sample_max=args.tune_sample_max
+            )
+            kept = args.sample_queries if args.samples else 0
+            results.append(run_size(store, size, targets, samples=kept, config=config))
             if not args.json:
                 print(json.dumps(results[-1]), flush=True)
     finally:
         store.drop_collection(name=NAME)
     goals = all(t["recall_ok"] and t["ef_ok"] for r in results for t in r["targets"])
-    print(json.dumps({"k": K, "held_out": HELD_OUT, "samples": args.samples, "sizes": results, "goals_met": goals}))
+    print(
+        json.dumps(
+            {
+                "k": K,
+                "held_out": HELD_OUT,
+                "samples": args.samples,
+                "sample_queries": args.sample_queries if args.samples else 0,
+                "tune_sample": args.tune_sample,
+                "tune_sample_max": args.tune_sample_max,
+                "sizes": results,
+                "goals_met": goals,
+            }
+        )
+    )
     return 0
 
 

@@ -145,3 +145,31 @@ def test_an_unreachable_database_neither_raises_nor_holds_work_back() -> None:
         publisher.close()
     finally:
         db.close()
+
+
+def test_windows_in_which_a_follower_worked_do_not_enter_the_search_servers_baseline(db: Database) -> None:
+    now = [100.0]
+    fast = [(99.5, 0.002)] * 5  # five searches in the last window, 2 ms each
+    server = ForegroundController(lambda since: fast, clock=lambda: now[0])
+    publisher = SharePublisher(db, source="search:1", heartbeat_s=0.0)
+    follower = _follower(db)
+    try:
+        publisher(server)
+        server.tick()
+        assert server.state()["baseline_windows"] == 1  # no background work anywhere: an idle window
+        with follower.unit(threading.Event()) as unit:
+            unit.did(1)
+        follower.tick()
+        assert follower.reported == 1
+        publisher(server)  # its write reads when the follower last worked
+        server.tick()
+        assert server.state()["baseline_windows"] == 1  # that window is left out
+        now[0] += 10 * server.window_s  # long after the follower's work
+        fast[:] = [(now[0] - 0.5, 0.002)] * 5
+        server.tick()
+        assert server.state()["baseline_windows"] == 2
+    finally:
+        follower.close()
+        publisher.close()
+    with db.write() as conn:
+        assert conn.execute("SELECT count(*) FROM memstore_foreground").fetchone() == (0,)  # both rows gone

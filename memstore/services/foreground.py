@@ -116,6 +116,7 @@ class ForegroundController(Pace):
     _active: int = 0  # units running
     _waiting: int = 0  # units held back
     _work_ended: float = -math.inf  # when the last unit that did something ended
+    _elsewhere_ended: float = -math.inf  # the same in the processes that follow this one's share
     _units: collections.Counter[str] = field(default_factory=collections.Counter)
     _turns: threading.local = field(default_factory=threading.local)
     _cond: threading.Condition = field(default_factory=threading.Condition)
@@ -182,7 +183,7 @@ class ForegroundController(Pace):
         judged = [s for t, s in window if t >= self._judged_from]
         self._p99_ms = None if not window else 1000.0 * (p99([s for _, s in window]) or 0.0)
         with self._cond:
-            idle = self._active == 0 and now - self._work_ended >= self.window_s
+            idle = self._active == 0 and now - max(self._work_ended, self._elsewhere_ended) >= self.window_s
         if idle and len(window) >= self.tuning.min_samples and self._p99_ms is not None:
             self._baseline.append(self._p99_ms)  # a window without background work
         target = self.target_ms()
@@ -207,6 +208,13 @@ class ForegroundController(Pace):
         self._calm = decision.calm
         self._set_share(decision.share)
         return decision
+
+    def background_elsewhere(self, ago_s: float | None) -> None:
+        """Background work in a process that follows this one's share last ran ``ago_s`` seconds ago
+        (0: it runs now; None: none known): the windows around it are not idle ones."""
+        if ago_s is not None:
+            with self._cond:
+                self._elsewhere_ended = max(self._elsewhere_ended, self.clock() - max(0.0, ago_s))
 
     def force(self, share: float | None) -> None:
         """Tests and benchmarks: hold the share at ``share`` (None: back to the control loop)."""

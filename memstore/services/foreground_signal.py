@@ -12,7 +12,11 @@ of its own process, so there:
 - a process without searches runs a ``ForegroundFollower``: a controller whose share is the lowest
   fresh one published (``sql/foreground_follow.sql``), read every tick, so its workers hold back,
   space out and narrow their connections exactly as the search server's own would. A row older than
-  ``fresh_s`` (a crashed or stopped server) counts for nothing; with none fresh the share is 1.
+  ``fresh_s`` (a crashed or stopped server) counts for nothing; with none fresh the share is 1;
+- a follower that did work writes so (a ``background`` row, at most once a window,
+  ``sql/foreground_worked.sql``), and a publisher's write reads the latest of those: a search server
+  whose target is a multiple of its idle p99 must not take windows in which work ran elsewhere for
+  idle ones (its baseline, and so its target, would creep up with the background's load).
 
 Why the database and not a socket or a file: every process already holds a connection to it, it is
 the one thing they all share wherever they run, and a one-row write a second is nothing to it. What
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import socket
 import time
@@ -122,10 +127,11 @@ class SharePublisher:
             "p99_ms": state["search_p99_ms"],
             "target_ms": state["target_p99_ms"],
         }
-        self._link.execute(sqlfiles.text("foreground_publish"), params)
+        row = self._link.execute(sqlfiles.text("foreground_publish"), params)
         if self._link.ok:
             self._last = (share, now)
             self.published += 1
+            controller.background_elsewhere(None if row is None or row[0] is None else float(row[0]))
 
     def close(self) -> None:
         """The row goes with the process (a follower stops counting it at once, not after fresh_s)."""
@@ -163,7 +169,11 @@ class ForegroundFollower(ForegroundController):
     db: Database | None = None
     fresh_s: float = MIN_FRESH_S
     published: Published | None = None
+    source: str = field(default_factory=source_name)
+    reported: int = 0  # rows written to say when this process last did background work
     _link: _Link | None = None
+    _reported_at: float = -math.inf  # when it last wrote
+    _reported_work: float = -math.inf  # the work end it wrote
 
     @classmethod
     def for_process(cls, db: Database, settings: Settings) -> ForegroundFollower:
@@ -194,7 +204,25 @@ class ForegroundFollower(ForegroundController):
                 "share_after": round(share, 4),
             }
         self._set_share(share)
+        self._report_work()
         return Decision(self._share, 0, backed_off)
+
+    def _report_work(self) -> None:
+        """Tell the search servers when this process last did background work (running units: now),
+        at most once a window, so that their idle baselines leave those windows out."""
+        now = self.clock()
+        with self._cond:
+            active, ended = self._active, self._work_ended
+        if self._link is None or now - self._reported_at < self.window_s:
+            return
+        if active == 0 and ended <= self._reported_work:
+            return  # nothing new since the last report
+        ago = 0.0 if active else max(0.0, now - ended)
+        params = {"source": self.source, "share": self._share, "ago_s": ago}
+        self._link.execute(sqlfiles.text("foreground_worked"), params)
+        if self._link.ok:
+            self._reported_at, self._reported_work = now, ended
+            self.reported += 1
 
     def latency_p99_ms(self) -> float | None:
         """The highest search p99 the servers published lately (the maintenance daemon's back-off)."""
@@ -209,4 +237,6 @@ class ForegroundFollower(ForegroundController):
     def close(self) -> None:
         super().close()
         if self._link is not None:
+            if self.reported:
+                self._link.execute("DELETE FROM memstore_foreground WHERE source = %(source)s", {"source": self.source})
             self._link.close()
