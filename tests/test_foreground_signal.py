@@ -164,7 +164,7 @@ def test_windows_in_which_a_follower_worked_do_not_enter_the_search_servers_base
         publisher(server)  # its write reads when the follower last worked
         server.tick()
         assert server.state()["baseline_windows"] == 1  # that window is left out
-        now[0] += 10 * server.window_s  # long after the follower's work
+        now[0] += 10 * server.window_s  # long after the follower's work (and the news of it)
         fast[:] = [(now[0] - 0.5, 0.002)] * 5
         server.tick()
         assert server.state()["baseline_windows"] == 2

@@ -211,10 +211,13 @@ class ForegroundController(Pace):
 
     def background_elsewhere(self, ago_s: float | None) -> None:
         """Background work in a process that follows this one's share last ran ``ago_s`` seconds ago
-        (0: it runs now; None: none known): the windows around it are not idle ones."""
+        (0: it runs now; None: none known): the windows around it are not idle ones. The news is up to
+        two windows late (the follower writes once a window, this process reads once a window), so it
+        counts as work until two windows after it."""
         if ago_s is not None:
             with self._cond:
-                self._elsewhere_ended = max(self._elsewhere_ended, self.clock() - max(0.0, ago_s))
+                ended = self.clock() - max(0.0, ago_s) + 2 * self.window_s
+                self._elsewhere_ended = max(self._elsewhere_ended, ended)
 
     def force(self, share: float | None) -> None:
         """Tests and benchmarks: hold the share at ``share`` (None: back to the control loop)."""
