@@ -404,9 +404,12 @@ class MaintenanceWorker:
             return skipped("no valid HNSW index")
         measured: list[tuple[Tuning, Ladder]] = []
         scans = index_scans(conn, [t.index for t in targets if t.index])
+        earlier = c.recall_tuning or {}
+        # The ef searches use now was chosen for this very target by an earlier tuning (not a new target).
+        settled = earlier.get("target") == goal and earlier.get("ef") == c.default_ef_search
         try:
             for target in targets:
-                ladder = self._measure_ladder(conn, target, goal, c.default_ef_search)
+                ladder = self._measure_ladder(conn, target, goal, c.default_ef_search, settled=settled)
                 if ladder.points:
                     tuning = choose_ef(ladder.points, goal, **self.config.margin())
                     measured.append((tuning, ladder))
@@ -484,9 +487,12 @@ class MaintenanceWorker:
         log.info("tune %s: %s in %.1fs", c.name, reason, seconds)
         return out
 
-    def _measure_ladder(self, conn: psycopg.Connection[Any], target: Target, goal: float, current: int) -> Ladder:
+    def _measure_ladder(
+        self, conn: psycopg.Connection[Any], target: Target, goal: float, current: int, *, settled: bool
+    ) -> Ladder:
         """The ladder on ``recall_session()`` (a standby with ``recall_on_replica``), on the primary when
-        the standby fails it; ``current``: the collection's ef now."""
+        the standby fails it; ``current``: the collection's ef now; ``settled``: an earlier tuning chose
+        it for this target (``maintenance.tuning.recheck``)."""
         where = self.recall_session()
         cfg = self.config
 
@@ -509,7 +515,7 @@ class MaintenanceWorker:
             # where those queries failed every rung measured, the rungs above (``tuning.unmeasured_above``).
             ladder = rounds(on, ladder_for(cfg.tune_max_ef), cfg.tune_sample, True)
             while ladder.points and ladder.queries < cfg.tune_sample_max:
-                rungs = recheck(ladder.points, goal, current, **cfg.margin())
+                rungs = recheck(ladder.points, goal, current, settled=settled, **cfg.margin())
                 if not rungs:
                     break
                 more = rounds(on, rungs, min(cfg.tune_sample, cfg.tune_sample_max - ladder.queries), False)

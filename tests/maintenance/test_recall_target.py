@@ -158,6 +158,8 @@ def test_a_move_of_the_ef_is_checked_on_fresh_queries_and_no_move_costs_nothing(
     points = [Point(ef, r, 100, design_effect=10.0) for ef, r in [(10, 0.6), (40, 0.93), (80, 0.965), (120, 0.995)]]
     assert choose_ef(points, 0.95).ef == 120
     assert recheck(points, 0.95, current=120) == []  # no move
+    # No move, but the ef was not settled for this target (a new target): confirmed as a move down is.
+    assert recheck(points, 0.95, current=120, settled=False) == [40, 80, 120]
     assert recheck(points, 0.95, current=80) == [40, 80]  # up: could 40 or 80 do?
     assert recheck(points, 0.95, current=240) == [40, 80, 120]  # down: 120 must pass again
     decided = [Point(ef, r, 1000) for ef, r in [(10, 0.6), (40, 0.93), (80, 0.99)]]
