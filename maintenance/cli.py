@@ -107,6 +107,7 @@ def _run(
         collections=common.collections,
         on_progress=bars,
         latency_source=None if follower is None else follower.latency_p99_ms,
+        pace=follower,
     )
     try:
         with stop_on_signals(worker.stop, on_signal=_announce_stop):

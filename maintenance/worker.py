@@ -43,6 +43,7 @@ from memstore.db import online_ddl
 from memstore.db.core import Database, get_database
 from memstore.items import bulk_load, sealing
 from memstore.settings import Settings, get_settings
+from memstore.workers.pacing import Pace
 
 log = logging.getLogger(__name__)
 
@@ -79,14 +80,18 @@ class MaintenanceWorker:
         collections: list[str] | None = None,
         latency_source: LatencySource | None = None,
         on_progress: ProgressCallback | None = None,
+        pace: Pace | None = None,
     ) -> None:
         """``latency_source`` returns the foreground search p99 in ms (the API passes its own tracker);
-        without one the worker back-offs on nothing but lock timeouts."""
+        without one the worker back-offs on nothing but lock timeouts. ``pace``: the process's
+        foreground controller (or follower), whose share sets the parallel workers a rebuild starts
+        with (``online_ddl.paced_build_workers``)."""
         self.db = db
         self.settings = settings or get_settings()
         self.config = config or MaintenanceConfig()
         self.collections = collections
         self.latency_source = latency_source
+        self.pace = pace
         self.on_progress = on_progress
         self.stop = threading.Event()
         self.last_outcomes: list[ActionOutcome] = []
@@ -265,7 +270,13 @@ class MaintenanceWorker:
         elif action == "rebuild":
             if target.index is None:
                 raise LookupError(f"{target.table} has no valid HNSW index to rebuild")
-            ex.rebuild(conn, target, density=graph)
+            if self.pace is not None:  # a build cannot be paused: it starts with what the share allows
+                online_ddl.set_build_workers(conn, online_ddl.paced_build_workers(self.settings, self.pace.share()))
+            try:
+                ex.rebuild(conn, target, density=graph)
+            finally:
+                if self.pace is not None:
+                    online_ddl.set_build_workers(conn, self.settings.max_parallel_maintenance_workers)
             self._wait_for_slo(ex.stop)
             ex.vacuum(conn, target)
         elif action == "own_index_cleanup":

@@ -104,7 +104,7 @@ class Runtime:
             self.workers.start(backend)
 
         self.encoder.start(options.encoder_choice(), on_ready)
-        context = ServiceContext(self.db, self.settings, self.latency.p99_ms, self.stop_event)
+        context = ServiceContext(self.db, self.settings, self.latency.p99_ms, self.stop_event, pace=self.foreground)
         for service in options.services:
             thread, note = service.start(context)
             self.notes[service.name] = note

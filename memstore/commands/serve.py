@@ -34,7 +34,9 @@ class MaintenanceService:
 
         # The primary alone (its pool is the API's): maintenance acts on the primary and measures there.
         db = get_database(context.settings, replicas=False)
-        worker = MaintenanceWorker(db, settings=context.settings, latency_source=context.latency_p99_ms)
+        worker = MaintenanceWorker(
+            db, settings=context.settings, latency_source=context.latency_p99_ms, pace=context.pace
+        )
         t = threading.Thread(target=worker.run_forever, args=(context.stop_event,), name="maintenance", daemon=True)
         t.start()
         return t, "running"

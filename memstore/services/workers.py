@@ -18,12 +18,13 @@ from memstore.workers.pacing import FULL_SPEED, Pace
 @dataclass(frozen=True)
 class ServiceContext:
     """What a background service may use: the database, the settings, the foreground latency (to
-    back off while searches are slow) and the process's stop signal."""
+    back off while searches are slow), the process's stop signal and its foreground controller."""
 
     db: Database
     settings: Settings
     latency_p99_ms: Callable[[], float | None]
     stop_event: threading.Event
+    pace: Pace = FULL_SPEED  # the process's foreground controller: the share background work may use
 
 
 class BackgroundService(Protocol):

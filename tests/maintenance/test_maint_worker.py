@@ -356,3 +356,32 @@ def test_a_low_recall_reading_is_confirmed_on_a_second_sample_before_a_rebuild(
         (c.table_name,),
     ).fetchone()
     assert recorded is not None and recorded[1] == 20 and abs(recorded[0] - sum(readings) / 2) < 1e-9
+
+
+def test_a_rebuild_starts_with_the_parallel_workers_the_foreground_share_allows(
+    make_collection: Callable[..., Collection], make_worker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """REINDEX CONCURRENTLY cannot be paused once it runs: with searches slow (share 0.4 of the
+    default 2 workers) it starts with none in parallel, and the session gets its full number back."""
+    from maintenance.actions import Executor
+    from memstore.services.foreground import ForegroundController
+
+    make_collection(1500, 16)
+    pace = ForegroundController(lambda since: [])
+    pace.force(0.4)
+    worker = make_worker()
+    worker.pace = pace
+    seen: list[str] = []
+    original = Executor.rebuild
+
+    def recording(self: Executor, conn: psycopg.Connection[Any], *args: Any, **kwargs: Any) -> None:
+        row = conn.execute("SHOW max_parallel_maintenance_workers").fetchone()
+        seen.append(row[0] if row else "")
+        original(self, conn, *args, **kwargs)
+
+    monkeypatch.setattr(Executor, "rebuild", recording)
+    [target] = worker.targets(worker.session())
+    assert worker.act(target, "rebuild", reason="test").outcome == "ok"
+    assert seen == ["0"]
+    after = worker.session().execute("SHOW max_parallel_maintenance_workers").fetchone()
+    assert after is not None and after[0] == str(worker.settings.max_parallel_maintenance_workers)
