@@ -17,16 +17,25 @@ from memstore.db.core import Database, create_engine
 from memstore.services.foreground import ForegroundController
 from memstore.services.foreground_signal import ForegroundFollower, SharePublisher
 from memstore.settings import Settings
-from memstore.store import VectorStore
+from tests.databases import scratch_database
 
 
-@pytest.fixture
-def db(store: VectorStore) -> Iterator[Database]:
-    with store.db.write() as conn:
+@pytest.fixture(scope="module")
+def db(server_url: str) -> Iterator[Database]:
+    """A database of its own: the suite's API servers publish their shares in the shared one."""
+    with scratch_database(server_url, "memstore_signal") as url:
+        database = Database(create_engine(url, pool_size=2))
+        try:
+            yield database
+        finally:
+            database.close()
+
+
+@pytest.fixture(autouse=True)
+def no_rows(db: Database) -> Iterator[None]:
+    with db.write() as conn:
         conn.execute("DELETE FROM memstore_foreground")
-    yield store.db
-    with store.db.write() as conn:
-        conn.execute("DELETE FROM memstore_foreground")
+    yield
 
 
 def _server(share: float) -> ForegroundController:
