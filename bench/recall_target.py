@@ -13,7 +13,8 @@ per collection; ``--tune-sample`` and ``--tune-sample-max`` as the worker's sett
 
 - ``held_out_recall``: recall@10 of default searches at the tuned ef_search (goal: >= target - 0.01);
 - ``best_ef``: the smallest ef of a fine ladder that reaches the target on those same held-out
-  queries, against ``ef``, the tuned one (goal: ef <= 1.5 x best_ef, or best_ef + 20);
+  queries, against ``ef``, the tuned one (goal: ef <= 1.5 x best_ef, or best_ef + 20; met when no
+  ef reaches the target, where the recall goal alone judges);
 - ``tune_s``: the tuning pass's time;
 - ``timing``: the held-out queries searched at the tuned ef against the fixed default's
   (``default_ef``, 80), taking turns (``bench.churn_target.time_tuned_vs_fixed``): q/s, p50, p99; and
@@ -122,7 +123,9 @@ def run_size(
             reaching = [e for e, r in sorted(curve.items()) if r >= goal]
             best = reaching[0] if reaching else None
             recall_ok = held is not None and held >= goal - 0.01
-            ef_ok = ef <= max(1.5 * best, best + 20) if best is not None else ef == max(curve)
+            # Within 1.5x (or +20) of the smallest ef that reaches the target; where none does on these
+            # queries, there is no such bound, and the recall goal alone judges the choice.
+            ef_ok = best is None or ef <= max(1.5 * best, best + 20)
             out["targets"].append(
                 {
                     "target": goal,
