@@ -95,7 +95,9 @@ def paced_workers(
 
 
 @contextmanager
-def worker_process(url: str, args: argparse.Namespace, log_dir: Path) -> Iterator[list[IngestWorker]]:
+def worker_process(
+    url: str, args: argparse.Namespace, log_dir: Path, exits: list[int | None]
+) -> Iterator[list[IngestWorker]]:
     """``--split``: the ingest workers in a ``memstore worker`` process of their own, with their own
     encoder (the models of ``open_engine``), as compose.yaml runs them; they follow the share this
     process publishes (``memstore.services.foreground_signal``). Yields no in-process workers."""
@@ -121,13 +123,15 @@ def worker_process(url: str, args: argparse.Namespace, log_dir: Path) -> Iterato
     try:
         yield []
     finally:
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGTERM)  # while this process still publishes a share of zero
         try:
             proc.wait(60)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait()
         out.close()
-        if proc.returncode not in (0, -signal.SIGTERM):
+        exits.append(proc.returncode)
+        if proc.returncode != 0:
             log(f"memstore worker exited {proc.returncode}: {(log_dir / 'worker.log').read_text()[-2000:]}")
 
 
@@ -191,10 +195,11 @@ def run(args: argparse.Namespace, url: str, images: list[bytes], log_dir: Path) 
         fg.attach_encoder(backend)
     fg.force(1.0)
     trace: list[dict[str, Any]] = []
+    worker_exits: list[int | None] = []  # --split: the worker process's exit status
     phases: list[dict[str, Any]] = []
     try:
         workers_cm = (
-            worker_process(url, args, log_dir)
+            worker_process(url, args, log_dir, worker_exits)
             if backend is None
             else paced_workers(store.db, backend, fg, args.workers, args.batch_size)
         )
@@ -262,6 +267,7 @@ def run(args: argparse.Namespace, url: str, images: list[bytes], log_dir: Path) 
     result: dict[str, Any] = {
         "background": args.background,
         "layout": "split" if args.split else "one process",
+        "worker_exit": worker_exits[0] if worker_exits else None,
         "unit": UNITS[args.background],
         "round": args.round if args.background != "reembed" else None,
         "images": len(images),

@@ -582,6 +582,8 @@ def test_foreground_benchmark_with_the_workers_in_a_process_of_their_own(databas
         *("--largest", "400", "--phases", "2", "--phase-s", "3", "--idle-s", "1.5"),
     )
     assert result["layout"] == "split"
+    # Stopped while the searching process still published a share of zero: it exits cleanly at once.
+    assert result["worker_exit"] == 0
     assert [p["mode"] for p in result["phases"]] == ["off", "on"]
     assert result["failed_searches"] == 0
     done = [point["done"] for point in result["share_trace"]]

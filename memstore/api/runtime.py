@@ -138,6 +138,7 @@ class Runtime:
 
     def close(self) -> None:
         self.stop_event.set()
+        self.foreground.force(1.0)  # the work in hand finishes at full speed, not held by a share of zero
         # Workers finish the batch in hand; a model still loading is not waited for (daemon thread).
         deadline = time.monotonic() + 20
         for t in self.threads():

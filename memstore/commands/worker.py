@@ -76,7 +76,8 @@ def command(
     if not as_json:
         click.echo(f"memstore worker: {len(running)} thread(s), model {backend.info.model}", err=True)
     try:
-        with stop_on_signals(stop):
+        # Stopping: the batch in hand finishes at full speed (a published share of zero would hold it).
+        with stop_on_signals(stop, on_signal=lambda _signum: follower.force(1.0)):
             for t in running:
                 t.start()
             while any(t.is_alive() for t in running):
