@@ -196,18 +196,22 @@ class ForegroundController(Pace):
             p99_ms = None if judged_p99 is None else 1000.0 * judged_p99
             decision = decide(self._share, self._calm, p99_ms, len(judged), target, self.tuning)
             if decision.backed_off:
-                self.backoffs += 1
                 self._judged_from = now
-                self.last_backoff = {
-                    "at": time.time(),
-                    "p99_ms": None if p99_ms is None else round(p99_ms, 3),
-                    "target_ms": None if target is None else round(target, 3),
-                    "share_before": round(self._share, 4),
-                    "share_after": round(decision.share, 4),
-                }
+                self._record_backoff(p99_ms, target, decision.share)
         self._calm = decision.calm
         self._set_share(decision.share)
         return decision
+
+    def _record_backoff(self, p99_ms: float | None, target_ms: float | None, share_after: float) -> None:
+        """A cut of the share from its current value to ``share_after``, counted and kept for /health."""
+        self.backoffs += 1
+        self.last_backoff = {
+            "at": time.time(),
+            "p99_ms": None if p99_ms is None else round(p99_ms, 3),
+            "target_ms": None if target_ms is None else round(target_ms, 3),
+            "share_before": round(self._share, 4),
+            "share_after": round(share_after, 4),
+        }
 
     def background_elsewhere(self, ago_s: float | None) -> None:
         """Background work in a process that follows this one's share last ran ``ago_s`` seconds ago

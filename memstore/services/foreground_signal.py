@@ -94,6 +94,10 @@ class _Link:
                 log.warning("%s: %s (%d failure(s) so far)", self.application_name, exc, self.failures)
             return None
 
+    def forget(self, source: str) -> None:
+        """The process's row goes with it (a follower stops counting it at once, not after fresh_s)."""
+        self.execute(sqlfiles.text("foreground_forget"), {"source": source})
+
     def close(self) -> None:
         if self.conn is not None:
             with contextlib.suppress(psycopg.Error):
@@ -134,8 +138,7 @@ class SharePublisher:
             controller.background_elsewhere(None if row is None or row[0] is None else float(row[0]))
 
     def close(self) -> None:
-        """The row goes with the process (a follower stops counting it at once, not after fresh_s)."""
-        self._link.execute("DELETE FROM memstore_foreground WHERE source = %(source)s", {"source": self.source})
+        self._link.forget(self.source)
         self._link.close()
 
 
@@ -189,20 +192,15 @@ class ForegroundFollower(ForegroundController):
     def tick(self) -> Decision:
         if self._link is None and self.db is not None:
             self._link = _Link(self.db, "memstore-foreground-follower")
+        if not self.enabled:  # switched off, or forced (stopping): nothing to read or tell
+            self._set_share(1.0)
+            return Decision(self._share, 0, False)
         self.published = None if self._link is None else read_published(self._link, self.fresh_s)
         share = 1.0 if self.published is None or self.published.share is None else self.published.share
         self._p99_ms = None if self.published is None else self.published.search_p99_ms
-        before = self._share
-        backed_off = self.enabled and share < before
+        backed_off = share < self._share
         if backed_off:
-            self.backoffs += 1
-            self.last_backoff = {
-                "at": time.time(),
-                "p99_ms": self._p99_ms,
-                "target_ms": None,
-                "share_before": round(before, 4),
-                "share_after": round(share, 4),
-            }
+            self._record_backoff(self._p99_ms, None, share)
         self._set_share(share)
         self._report_work()
         return Decision(self._share, 0, backed_off)
@@ -238,5 +236,5 @@ class ForegroundFollower(ForegroundController):
         super().close()
         if self._link is not None:
             if self.reported:
-                self._link.execute("DELETE FROM memstore_foreground WHERE source = %(source)s", {"source": self.source})
+                self._link.forget(self.source)
             self._link.close()
