@@ -1,11 +1,13 @@
 """Recall at a ladder of ef_search values, for the recall target's tuning (``maintenance.tuning``).
 
 One sample of queries (the API's kept query samples where there are enough, topped up with stored
-vectors), one transaction and snapshot, and one exact scan for the whole ladder: the index first
-answers every query at a reference rung, whose k-th distances bound the exact scan
-(``memstore.search.exact_answers.exact_answers``); then each rung from the bottom is one pipelined round of index
-searches scored against those same exact answers, up to the first rung that passes the target with
-its margin. A ladder thus costs one probe's exact scan plus a few rounds of index searches.
+vectors), one transaction and snapshot, and one pass over the table for the exact answers of the
+whole ladder (``memstore.search.exact_answers.exact_answers``: the rows streamed and ranked in the
+client for a tuning's hundreds of queries; for a few, a scan in the server bounded by the k-th
+distances of a reference rung the index answers first); then each rung from the bottom is one
+pipelined round of index searches scored against those same exact answers, up to the first rung
+that passes the target with its margin. A ladder thus costs one read of the table plus a few rounds
+of index searches.
 """
 
 from __future__ import annotations
@@ -33,11 +35,12 @@ from maintenance.tuning import (
 )
 from memstore.db import sqlfiles
 from memstore.search import query_samples
-from memstore.search.exact_answers import recall_hits
+from memstore.search.exact_answers import recall_hits, uses_found
 from memstore.search.statements import apply
 
-# The rung whose answers bound the exact scan: deep enough that its k-th distances are close to the
-# true ones (a tight bound returns few rows), shallow enough to cost little on a large graph.
+# The rung whose answers bound the server's exact scan (a few queries): deep enough that its k-th
+# distances are close to the true ones (a tight bound returns few rows), shallow enough to cost
+# little on a large graph.
 REFERENCE_EF = 240
 # How far a stand-in query is moved from its stored vector, in nearest-neighbour distances (see stand_ins).
 STAND_IN_STRETCH = 2.0
@@ -98,7 +101,7 @@ def stand_ins(
         return []
     statement = index_search(target)
     outer = conn.info.transaction_status != TransactionStatus.IDLE
-    with conn.pipeline(), conn.transaction(), conn.cursor() as cur:
+    with conn.transaction(), conn.cursor() as cur:
         if not outer:
             cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         apply(cur, index_settings(ef_search=40, max_scan_tuples=max_scan_tuples))
@@ -155,18 +158,21 @@ def measure_ladder(
     if not vectors or not rungs:
         return Ladder([], 0, source)
     statement = index_search(target)
-    reference = min(max(rungs), REFERENCE_EF)
     points: list[Point] = []
+    answers: dict[int, list[list[tuple[int, float]]]] = {}
+    ms: dict[int, float] = {}
     outer = conn.info.transaction_status != TransactionStatus.IDLE
-    with conn.pipeline(), conn.transaction(), conn.cursor() as cur:
+    with conn.transaction(), conn.cursor() as cur:
         if not outer:
             cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        apply(cur, index_settings(ef_search=reference, max_scan_tuples=max_scan_tuples))
-        t0 = time.perf_counter()
-        answers = {reference: _index_answers(conn, statement, vectors, k)}
-        ms = {reference: (time.perf_counter() - t0) * 1000 / len(vectors)}
+        reference = min(max(rungs), REFERENCE_EF)
+        if uses_found(len(vectors)):  # the server's exact scan is bounded by a deep rung's answers
+            apply(cur, index_settings(ef_search=reference, max_scan_tuples=max_scan_tuples))
+            t0 = time.perf_counter()
+            answers[reference] = _index_answers(conn, statement, vectors, k)
+            ms[reference] = (time.perf_counter() - t0) * 1000 / len(vectors)
         apply(cur, exact_settings(ef_search=reference, max_scan_tuples=max_scan_tuples))
-        exact = exact_answers(cur, target, vectors, answers[reference], k)
+        exact = exact_answers(cur, target, vectors, answers.get(reference, [[] for _ in vectors]), k)
         expected = sum(len(e) for e in exact)
         for ef in rungs:
             found = answers.get(ef)

@@ -129,9 +129,10 @@ def measure_recall(
     found: list[list[tuple[int, float]]] = []
     # One transaction and one snapshot for all the searches, so that rows written meanwhile are seen
     # by both the index and the exact answers or by neither; the settings are transaction-local.
-    # Pipelined: the whole probe is a few round trips, however many queries it asks.
+    # The index's answers are pipelined: the whole probe is a few round trips, however many queries
+    # it asks (the exact answers of many stream by COPY, which a pipeline cannot hold).
     outer = conn.info.transaction_status != TransactionStatus.IDLE  # then its snapshot rules
-    with conn.pipeline(), conn.transaction(), conn.cursor() as cur:
+    with conn.transaction(), conn.cursor() as cur:
         if not outer:
             cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         apply(cur, approx)
@@ -167,11 +168,11 @@ def measure_recall(
 def _index_answers(
     conn: psycopg.Connection[Any], statement: Statement, queries: Sequence[np.ndarray], k: int
 ) -> list[list[tuple[int, float]]]:
-    """The index's answer to each query, all sent at once (a cursor of their own: in a pipeline, a
-    cursor also holds the results of the statements queued on it before)."""
+    """The index's answer to each query, all sent at once in one pipeline (a cursor of their own: in a
+    pipeline, a cursor also holds the results of the statements queued on it before)."""
     if not queries:
         return []
-    with conn.cursor() as cur:
+    with conn.pipeline(), conn.cursor() as cur:
         cur.executemany(statement, [{"q": q, "k": k} for q in queries], returning=True)
         answers = []
         while True:

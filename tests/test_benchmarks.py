@@ -149,11 +149,13 @@ def test_space_layout_benchmark_measures_both_layouts() -> None:
 
 
 def test_recall_probe_benchmark_agrees_with_brute_force(database_url: str) -> None:
-    result = _run("bench.recall_probe", database_url, "--rows", "3000", "--repeats", "1")
-    for n in (5, 20):
+    result = _run("bench.recall_probe", database_url, "--rows", "3000", "--repeats", "1", "--queries", "5,20,80")
+    for n in (5, 20, 80):
         figures = result[f"queries_{n}"]
         assert figures["same_answers"] is True
-        assert figures["per_query_ms"] > 0 and figures["one_scan_ms"] > 0
+        assert figures["in_server_ms"] > 0 and figures["in_client_ms"] > 0
+    assert result["queries_20"]["per_query_ms"] > 0 and "per_query_ms" not in result["queries_80"]
+    assert result["stream_from"] > 20
 
 
 def test_search_benchmark_finds_identifiers_with_hybrid_search(database_url: str) -> None:

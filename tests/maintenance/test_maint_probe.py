@@ -10,18 +10,24 @@ import psycopg
 import pytest
 from pgvector.psycopg import register_vector
 
+import memstore.search.exact_answers as exact_answers_module
 from maintenance.config import MaintenanceConfig
 from maintenance.probes import probe
 from maintenance.recall import exact_answers, exact_settings, index_search, index_settings, measure_recall
 from maintenance.sizing import estimate_index_bytes
 from maintenance.targets import targets_for
 from memstore.catalog.collections import Collection
+from memstore.db.vector_copy import CopyFormatError, stream_vectors
+from memstore.search.exact_answers import STREAM_FROM, bounded_in_server, uses_found
 from memstore.search.statements import SearchSettings, apply
 from tests.maintenance.maint_helpers import churn, clustered
 
 
-def _all_vectors(conn: psycopg.Connection[Any], c: Collection) -> tuple[np.ndarray, np.ndarray]:
-    rows = conn.execute(f'SELECT id, embedding FROM "{c.table_name}" ORDER BY id').fetchall()
+def _all_vectors(
+    conn: psycopg.Connection[Any], c: Collection, *, with_vector: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    where = " WHERE embedding IS NOT NULL" if with_vector else ""
+    rows = conn.execute(f'SELECT id, embedding FROM "{c.table_name}"{where} ORDER BY id').fetchall()
     return np.array([r[0] for r in rows]), np.stack([r[1].to_numpy() for r in rows])
 
 
@@ -83,6 +89,82 @@ def test_exact_answers_from_one_scan_match_numpy_even_when_bounds_mislead(
     for o, d, answer in zip(order, distances, answers, strict=True):
         assert [i for i, _ in answer] == [int(ids[j]) for j in o[:k]]
         assert np.allclose([x for _, x in answer], d[o[:k]], atol=1e-5)
+
+
+@pytest.mark.parametrize("metric", ["cosine", "l2", "inner_product"])
+def test_exact_answers_ranked_in_the_client_match_numpy(
+    conn: psycopg.Connection[Any],
+    make_collection: Callable[..., Collection],
+    metric: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tuning's hundreds of queries stream the rows once and rank them in the client: the same k
+    nearest as numpy's brute force and as the server's own scan, duplicates and rows without a
+    vector included (and, under cosine, a zero vector, whose distance is NaN: ranked last), the
+    rows in chunks of 50 (each query's best carried from chunk to chunk)."""
+    monkeypatch.setattr(exact_answers_module, "STREAM_CELLS", 1)
+    monkeypatch.setattr(exact_answers_module, "MIN_CHUNK_ROWS", 50)
+    c = make_collection(400, 12, metric=metric, seed=6)
+    first = conn.execute(f'SELECT embedding FROM "{c.table_name}" ORDER BY id LIMIT 1').fetchone()
+    assert first is not None
+    conn.execute(f"INSERT INTO \"{c.table_name}\" (external_id, embedding) VALUES ('dup', %s)", (first[0],))
+    conn.execute(f"INSERT INTO \"{c.table_name}\" (external_id, embedding, status) VALUES ('none', NULL, 'pending')")
+    if metric == "cosine":
+        conn.execute(f"INSERT INTO \"{c.table_name}\" (external_id, embedding) VALUES ('zero', %s)", (np.zeros(12),))
+    # Rows of many lengths, so that the three distances order them differently.
+    rng = np.random.default_rng(11)
+    for i, v in enumerate(clustered(200, 12, seed=10)):
+        conn.execute(
+            f'INSERT INTO "{c.table_name}" (external_id, embedding) VALUES (%s, %s)', (f"s{i}", v * rng.uniform(0.2, 5))
+        )
+    [target] = targets_for(conn, c)
+    n = STREAM_FROM + 6
+    queries = np.concatenate([clustered(n - 1, 12, seed=9), [first[0].to_numpy()]])  # the last: a duplicated row
+    ids, vectors = _all_vectors(conn, c, with_vector=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        distances = np.nan_to_num(_numpy_distances(metric, queries, vectors), nan=np.inf)
+    k = 8
+    order = [np.lexsort((ids, d))[:k] for d in distances]
+    assert not uses_found(len(queries))
+    with conn.transaction(), conn.cursor() as cur:
+        apply(cur, exact_settings(ef_search=40, max_scan_tuples=20_000))
+        answers = exact_answers(cur, target, list(queries), [[] for _ in queries], k)
+        in_server = bounded_in_server(
+            cur,
+            table=target.table,
+            operator=c.spec.operator,
+            dimensions=12,
+            queries=list(queries[:5]),
+            found=[[] for _ in range(5)],
+            k=k,
+        )
+    for o, d, answer in zip(order, distances, answers, strict=True):
+        assert [i for i, _ in answer] == [int(ids[j]) for j in o]
+        assert np.allclose([x for _, x in answer], d[o], rtol=1e-6, atol=1e-6)
+    assert [[i for i, _ in a] for a in in_server] == [[i for i, _ in a] for a in answers[:5]]
+    # The duplicated row's query finds both copies at distance 0 (cosine, l2), nearest first.
+    if metric != "inner_product":
+        assert answers[-1][0][1] == pytest.approx(0.0, abs=1e-6)
+        assert answers[-1][1][1] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_stored_vectors_stream_in_chunks_and_a_wrong_layout_is_an_error(
+    conn: psycopg.Connection[Any], make_collection: Callable[..., Collection]
+) -> None:
+    c = make_collection(250, 6, seed=2)
+    conn.execute(f"INSERT INTO \"{c.table_name}\" (external_id, embedding, status) VALUES ('none', NULL, 'pending')")
+    ids, vectors = _all_vectors(conn, c, with_vector=True)
+    with conn.transaction(), conn.cursor() as cur:
+        chunks = list(stream_vectors(cur, c.table_name, 6, chunk_rows=40))
+    assert len(chunks) >= 250 // 40 and all(len(i) <= 2 * 40 + 40 for i, _ in chunks)
+    got_ids = np.concatenate([i for i, _ in chunks])
+    got = np.concatenate([v for _, v in chunks])
+    assert got.dtype == np.float32 and got.shape == (250, 6)
+    by_id = dict(zip(got_ids.tolist(), got, strict=True))
+    assert sorted(by_id) == sorted(ids.tolist())
+    assert all(np.array_equal(by_id[int(i)], v.astype(np.float32)) for i, v in zip(ids, vectors, strict=True))
+    with conn.transaction(), conn.cursor() as cur, pytest.raises(CopyFormatError):
+        list(stream_vectors(cur, c.table_name, 5))
 
 
 def test_recall_probe_prefers_sampled_real_queries(
