@@ -92,8 +92,8 @@ class MaintenanceConfig(BaseSettings):
         default=1000,
         ge=5,
         le=5000,
-        description="Queries a tuning may grow to, ``tune_sample`` more at a time, where the ef would move: a "
-        "lower ef must pass again on fresh queries, a higher one is checked against the undecided rungs below it.",
+        description="Queries a tuning may grow to, in one more round of fresh queries where the ef would move: a "
+        "lower ef must pass again on them, a higher one is checked against the undecided rungs below it.",
     )
     tune_z: float = Field(
         default=DEFAULT_Z,

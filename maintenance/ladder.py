@@ -52,6 +52,7 @@ class Ladder:
     queries: int
     source: str  # "query_samples", "stand_ins", "query_samples+stand_ins" or "given"
     ms: dict[int, float] = field(default_factory=dict)  # ms per search at each ef measured (one pipelined round)
+    sample_ids: tuple[int, ...] = ()  # the API's kept samples among the queries (a later round draws others)
 
     def extended(self, more: Ladder) -> Ladder:
         """This ladder with ``more`` measured on other queries: a rung both measured is pooled."""
@@ -62,20 +63,23 @@ class Ladder:
         for ef, m in more.ms.items():
             ms[ef] = (ms[ef] + m) / 2 if ef in ms else m
         source = self.source if more.source in self.source.split("+") else f"{self.source}+{more.source}"
-        return Ladder(sorted(by_ef.values(), key=lambda p: p.ef), self.queries + more.queries, source, ms)
+        points = sorted(by_ef.values(), key=lambda p: p.ef)
+        return Ladder(points, self.queries + more.queries, source, ms, self.sample_ids + more.sample_ids)
 
 
 def tuning_queries(
-    conn: psycopg.Connection[Any], target: Target, n: int, *, max_scan_tuples: int
-) -> tuple[list[np.ndarray], str]:
-    """``n`` queries: a random draw of the API's kept samples, topped up with stand-ins made from
-    random stored vectors when fewer are kept (a side space's: stand-ins only, the API keeps the
+    conn: psycopg.Connection[Any], target: Target, n: int, *, max_scan_tuples: int, exclude: Sequence[int] = ()
+) -> tuple[list[np.ndarray], str, tuple[int, ...]]:
+    """``n`` queries, their source and the ids of the API's kept samples among them: a random draw
+    of those samples other than ``exclude`` (an earlier round's), topped up with stand-ins made from
+    random stored vectors when fewer are left (a side space's: stand-ins only, the API keeps the
     default space's), see ``stand_ins``."""
     c = target.collection
-    kept = [] if target.space else query_samples.draw(conn, c.id, n, dimensions=c.dimensions)
+    kept = [] if target.space else query_samples.draw(conn, c.id, n, dimensions=c.dimensions, exclude=exclude)
     vectors = [v for _, v in kept]
+    ids = tuple(i for i, _ in kept)
     if len(vectors) >= n:
-        return vectors, "query_samples"
+        return vectors, "query_samples", ids
     rows = (
         conn.cursor(binary=True)
         .execute(sqlfiles.composed("sample_stored", table=target.table), {"n": n - len(vectors)})
@@ -83,7 +87,7 @@ def tuning_queries(
     )
     stored = stand_ins(conn, target, [query_samples.as_numpy(r[0]) for r in rows], max_scan_tuples=max_scan_tuples)
     source = "query_samples+stand_ins" if vectors and stored else ("query_samples" if vectors else "stand_ins")
-    return vectors + stored, source
+    return vectors + stored, source, ids
 
 
 def stand_ins(
@@ -147,13 +151,17 @@ def measure_ladder(
     design_effect: float = DEFAULT_DESIGN_EFFECT,
     tolerance: float = DEFAULT_TOLERANCE,
     stop_on_pass: bool = True,
+    exclude: Sequence[int] = (),
 ) -> Ladder:
     """Recall@k at each of ``rungs`` (ascending), stopping after the first that passes
-    ``recall_target`` with the margin (``stop_on_pass``)."""
+    ``recall_target`` with the margin (``stop_on_pass``); ``exclude``: kept samples not to draw."""
+    sample_ids: tuple[int, ...] = ()
     if queries is not None:
         vectors, source = list(queries), "given"
     else:
-        vectors, source = tuning_queries(conn, target, sample, max_scan_tuples=max_scan_tuples)
+        vectors, source, sample_ids = tuning_queries(
+            conn, target, sample, max_scan_tuples=max_scan_tuples, exclude=exclude
+        )
     rungs = sorted(set(rungs))
     if not vectors or not rungs:
         return Ladder([], 0, source)
@@ -188,4 +196,4 @@ def measure_ladder(
             points.append(point)
             if stop_on_pass and passes(point, recall_target, z=z, design_effect=design_effect, tolerance=tolerance):
                 break
-    return Ladder(points, len(vectors), source, ms)
+    return Ladder(points, len(vectors), source, ms, sample_ids)

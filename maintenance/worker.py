@@ -507,7 +507,9 @@ class MaintenanceWorker:
         where = self.recall_session()
         cfg = self.config
 
-        def rounds(on: psycopg.Connection[Any], rungs: Sequence[int], sample: int, first: bool) -> Ladder:
+        def rounds(
+            on: psycopg.Connection[Any], rungs: Sequence[int], sample: int, first: bool, exclude: Sequence[int] = ()
+        ) -> Ladder:
             return measure_ladder(
                 on,
                 target,
@@ -517,22 +519,23 @@ class MaintenanceWorker:
                 max_scan_tuples=self.settings.max_scan_tuples,
                 sample=sample,
                 stop_on_pass=first,
+                exclude=exclude,
                 **cfg.margin(),
             )
 
         def measure(on: psycopg.Connection[Any]) -> Ladder:
-            # The ladder on ``tune_sample`` queries; then, where the ef would move, fresh queries at the
-            # rungs that decide the move (``maintenance.tuning.recheck``), up to ``tune_sample_max``; then,
-            # where those queries failed every rung measured, the rungs above (``tuning.unmeasured_above``).
+            # The ladder on ``tune_sample`` queries; then, where the ef would move, the rungs that
+            # decide the move (``maintenance.tuning.recheck``) on fresh queries, all the rest up to
+            # ``tune_sample_max`` in one round: a lower ef is re-checked until the queries run out
+            # anyway, and each round reads the whole table once for its exact answers. Then, where
+            # those queries failed every rung measured, the rungs above (``tuning.unmeasured_above``).
             ladder = rounds(on, ladder_for(cfg.tune_max_ef), cfg.tune_sample, True)
-            while ladder.points and ladder.queries < cfg.tune_sample_max:
-                rungs = recheck(ladder.points, goal, current, settled=settled, **cfg.margin())
-                if not rungs:
-                    break
-                more = rounds(on, rungs, min(cfg.tune_sample, cfg.tune_sample_max - ladder.queries), False)
-                if not more.points:
-                    break
-                ladder = ladder.extended(more)
+            left = cfg.tune_sample_max - ladder.queries
+            rungs = recheck(ladder.points, goal, current, settled=settled, **cfg.margin()) if ladder.points else []
+            if rungs and left > 0:
+                more = rounds(on, rungs, left, False, exclude=ladder.sample_ids)
+                if more.points:
+                    ladder = ladder.extended(more)
             higher = unmeasured_above(ladder.points, goal, cfg.tune_max_ef, **cfg.margin())
             if higher:
                 more = rounds(on, higher, cfg.tune_sample, True)

@@ -157,15 +157,23 @@ def ranked_in_client(
 
 def _scores(operator: str, q: np.ndarray, x: np.ndarray) -> np.ndarray:
     """Per query (rows of ``q``), a float32 score of every vector (rows of ``x``) in the order of its
-    distance: the distance less what is constant for the query (NaN, a zero vector's cosine, last)."""
-    dots = q @ x.T
+    distance: the distance less what is constant for the query (a zero vector's cosine, NaN in
+    pgvector, last). One product and one pass over the scores, in place: they are the bulk of the
+    ranking's memory and time."""
+    if operator == "<=>":
+        norms = np.linalg.norm(x, axis=1)
+        zero = norms == 0
+        scores = q @ (x / np.where(zero, 1.0, norms)[:, None]).T
+        np.negative(scores, out=scores)
+        if zero.any():
+            scores[:, zero] = np.inf
+        return scores
+    scores = q @ x.T
     if operator == "<#>":
-        return -dots
-    if operator == "<->":
-        return np.einsum("ij,ij->i", x, x)[None, :] - 2 * dots
-    with np.errstate(divide="ignore", invalid="ignore"):
-        scores = -dots / np.linalg.norm(x, axis=1)[None, :]
-    return np.where(np.isnan(scores), np.inf, scores)
+        return np.negative(scores, out=scores)
+    scores *= -2.0
+    scores += np.einsum("ij,ij->i", x, x)[None, :]
+    return scores
 
 
 def exact_distances(operator: str, q: np.ndarray, x: np.ndarray, rows: np.ndarray) -> np.ndarray:
