@@ -124,10 +124,10 @@ def probe(
     owned = str(stats["index_cleanup"]).lower() in ("off", "false", "0", "no")
     index_bytes = int(stats["index_bytes"]) if target.index else 0
 
-    last_recall = parse_json(history["last_recall"])
-    recall_due = _recall_due(last_recall, counters, live, config)
     last_clean = parse_json(history["last_clean"])
     last_compact = parse_json(history["last_compact"])
+    last_recall = last_reading(parse_json(history["last_recall"]), last_clean, last_compact)
+    recall_due = _recall_due(last_recall, counters, live, config)
     dead_entries, dead_age = int(stats["n_dead_tup"]), None
     if last_clean is not None:
         after = last_clean.get("after") or {}
@@ -228,6 +228,23 @@ def recall_budget(p: Probe, config: MaintenanceConfig) -> float:
     """Seconds the recall probe may take: a fraction of what rebuilding this index last cost."""
     rebuild_s = p.rebuild_s if p.rebuild_s is not None else p.live_rows / config.rebuild_rows_per_s
     return min(config.recall_budget_s, config.recall_cost_fraction * rebuild_s)
+
+
+def last_reading(probed: dict[str, Any] | None, *actions: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The latest recall reading with the counters it was taken at: the last probe's (``taken_at``,
+    ``counters``), or the one a clean took of the index it left (its ``after``), whichever is newer.
+    A rebuild measures the graph it built; counted from the probe before it, the churn the rebuild
+    wiped out made the next pass measure recall (and re-tune a recall target) on a nearly unchanged
+    graph (seen in bench.churn: a 1,000-query tuning in the pass after the one that rebuilt and
+    tuned)."""
+    readings = [probed] if probed is not None and probed.get("counters") is not None else []
+    for action in actions:
+        after = (action or {}).get("after") or {}
+        if after.get("recall") is not None and after.get("counters") is not None and after.get("taken_at"):
+            readings.append({"taken_at": after["taken_at"], "counters": after["counters"], "recall": after["recall"]})
+    if not readings:
+        return probed
+    return max(readings, key=lambda r: datetime.fromisoformat(r["taken_at"]))
 
 
 def _recall_due(last: dict[str, Any] | None, counters: dict[str, int], live: int, config: MaintenanceConfig) -> bool:
