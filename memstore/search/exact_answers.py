@@ -36,6 +36,8 @@ MIN_CHUNK_ROWS = 1024
 # Candidates per query and chunk, as a multiple of k, whose distance is computed in float64: the
 # float32 scores that pick them may swap rows at nearly equal distances, never by k places.
 SHORTLIST = 2
+# The id of no row, in a query's padded candidates: it sorts after every real one at equal distance.
+NO_ROW = np.iinfo(np.int64).max
 
 
 def recall_hits(found: Sequence[tuple[int, float]], exact: Sequence[tuple[int, float]]) -> int:
@@ -124,8 +126,11 @@ def ranked_in_client(
     """The true k nearest rows of ``table`` to every query, its rows streamed once and ranked here.
 
     Each chunk of rows is scored against all the queries by one float32 matrix product, which orders
-    rows as the distance does; the ``SHORTLIST`` x k best of each query then get their distance
-    in float64, as pgvector defines it (``exact_distances``), and the k nearest are kept."""
+    rows as the distance does. A query's candidates in a chunk are the rows scoring within its bar,
+    the ``SHORTLIST`` x k-th best score it has seen (its best ``SHORTLIST`` x k until it has seen
+    that many): after the first chunks a handful, so that the selection is one comparison per row
+    rather than a partial sort. The candidates get their distance in float64, as pgvector defines it
+    (``exact_distances``), and each query keeps its k nearest, ties by id."""
     if operator not in ("<->", "<=>", "<#>"):
         raise ValueError(f"unknown distance operator {operator!r}")
     if not queries:
@@ -133,26 +138,53 @@ def ranked_in_client(
     q = np.stack([np.asarray(v, dtype=np.float64) for v in queries])
     q32 = q.astype(np.float32)
     n = len(q)
+    m = SHORTLIST * k
     best_d = np.empty((n, 0))
     best_i = np.empty((n, 0), dtype=np.int64)
+    seen = np.empty((n, 0), dtype=np.float32)  # each query's m best scores so far
+    bar = np.full(n, np.inf, dtype=np.float32)
     for ids, vectors in stream_vectors(cur, table, dimensions, chunk_rows=max(MIN_CHUNK_ROWS, STREAM_CELLS // n)):
         if not len(ids):
             continue
-        scores = _scores(operator, q32, vectors)
-        m = min(len(ids), SHORTLIST * k)
-        if m < len(ids):
-            shortlist = np.argpartition(scores, m - 1, axis=1)[:, :m]
-        else:
-            shortlist = np.broadcast_to(np.arange(len(ids)), (n, len(ids)))
-        best_d = np.concatenate([best_d, exact_distances(operator, q, vectors, shortlist)], axis=1)
-        best_i = np.concatenate([best_i, ids[shortlist]], axis=1)
-        # Each query's k nearest so far, ties by id (a few times k columns: a full sort is cheap).
+        columns, scores = _candidates(_scores(operator, q32, vectors), bar, m)
+        if not columns.shape[1]:
+            continue
+        padding = columns < 0
+        distances = exact_distances(operator, q, vectors, columns)
+        distances[padding] = np.inf
+        best_d = np.concatenate([best_d, distances], axis=1)
+        best_i = np.concatenate([best_i, np.where(padding, NO_ROW, ids[columns])], axis=1)
         keep = np.lexsort((best_i, best_d), axis=1)[:, :k]
         best_d, best_i = np.take_along_axis(best_d, keep, axis=1), np.take_along_axis(best_i, keep, axis=1)
+        seen = np.concatenate([seen, scores], axis=1)
+        if seen.shape[1] > m:
+            seen = np.partition(seen, m - 1, axis=1)[:, :m]
+        if seen.shape[1] == m:
+            bar = seen.max(axis=1)
     return [
-        [(int(i), float(d)) for i, d in zip(row_i, row_d, strict=True)]
+        [(int(i), float(d)) for i, d in zip(row_i, row_d, strict=True) if i != NO_ROW]
         for row_i, row_d in zip(best_i, best_d, strict=True)
     ]
+
+
+def _candidates(scores: np.ndarray, bar: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per query (row of ``scores``), the columns scoring at or under its ``bar``, at most its ``m``
+    best, and their scores: ``(n, width)`` arrays, padded with column -1 at score +inf."""
+    n, width = scores.shape
+    if width <= m:
+        return np.broadcast_to(np.arange(width), (n, width)), scores
+    within = scores <= bar[:, None]
+    counts = within.sum(axis=1)
+    if np.isinf(bar).any() or int(counts.max()) > m:
+        columns = np.argpartition(scores, m - 1, axis=1)[:, :m]
+        return columns, np.take_along_axis(scores, columns, axis=1)
+    rows, found = np.nonzero(within)  # row by row, so a query's candidates are consecutive
+    place = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
+    columns = np.full((n, int(counts.max())), -1, dtype=np.intp)
+    chosen = np.full(columns.shape, np.inf, dtype=np.float32)
+    columns[rows, place] = found
+    chosen[rows, place] = scores[rows, found]
+    return columns, chosen
 
 
 def _scores(operator: str, q: np.ndarray, x: np.ndarray) -> np.ndarray:

@@ -148,6 +148,19 @@ def test_exact_answers_ranked_in_the_client_match_numpy(
         assert answers[-1][1][1] == pytest.approx(0.0, abs=1e-6)
 
 
+def test_exact_answers_ranked_in_the_client_on_a_table_of_fewer_than_k_rows(
+    conn: psycopg.Connection[Any], make_collection: Callable[..., Collection]
+) -> None:
+    c = make_collection(5, 6, metric="l2", seed=4)
+    [target] = targets_for(conn, c)
+    queries = clustered(STREAM_FROM, 6, seed=5)
+    ids, vectors = _all_vectors(conn, c)
+    distances = _numpy_distances("l2", queries, vectors)
+    with conn.transaction(), conn.cursor() as cur:
+        answers = exact_answers(cur, target, list(queries), [[] for _ in queries], 8)
+    assert [[i for i, _ in a] for a in answers] == [[int(ids[j]) for j in np.argsort(d)] for d in distances]
+
+
 def test_stored_vectors_stream_in_chunks_and_a_wrong_layout_is_an_error(
     conn: psycopg.Connection[Any], make_collection: Callable[..., Collection]
 ) -> None:
