@@ -32,6 +32,7 @@ from maintenance.tuning import (
     design_effect_of,
     passes,
     pooled,
+    told_below,
 )
 from memstore.db import sqlfiles
 from memstore.search import query_samples
@@ -151,10 +152,14 @@ def measure_ladder(
     design_effect: float = DEFAULT_DESIGN_EFFECT,
     tolerance: float = DEFAULT_TOLERANCE,
     stop_on_pass: bool = True,
+    stop_below: bool = False,
     exclude: Sequence[int] = (),
 ) -> Ladder:
     """Recall@k at each of ``rungs`` (ascending), stopping after the first that passes
-    ``recall_target`` with the margin (``stop_on_pass``); ``exclude``: kept samples not to draw."""
+    ``recall_target`` with the margin (``stop_on_pass``); or (``stop_below``) from the top down,
+    stopping after the first whose recall is below the target beyond the sample's error (recall
+    rises with ef: the rungs under it are below too, and a re-check of many queries need not pay for
+    them). ``exclude``: kept samples not to draw."""
     sample_ids: tuple[int, ...] = ()
     if queries is not None:
         vectors, source = list(queries), "given"
@@ -182,7 +187,7 @@ def measure_ladder(
         apply(cur, exact_settings(ef_search=reference, max_scan_tuples=max_scan_tuples))
         exact = exact_answers(cur, target, vectors, answers.get(reference, [[] for _ in vectors]), k)
         expected = sum(len(e) for e in exact)
-        for ef in rungs:
+        for ef in sorted(rungs, reverse=stop_below):
             found = answers.get(ef)
             if found is None:
                 apply(cur, index_settings(ef_search=ef, max_scan_tuples=max_scan_tuples))
@@ -196,4 +201,6 @@ def measure_ladder(
             points.append(point)
             if stop_on_pass and passes(point, recall_target, z=z, design_effect=design_effect, tolerance=tolerance):
                 break
-    return Ladder(points, len(vectors), source, ms, sample_ids)
+            if stop_below and told_below([point], recall_target, ef, z=z, design_effect=design_effect):
+                break
+    return Ladder(sorted(points, key=lambda p: p.ef), len(vectors), source, ms, sample_ids)

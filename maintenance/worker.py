@@ -510,6 +510,8 @@ class MaintenanceWorker:
         def rounds(
             on: psycopg.Connection[Any], rungs: Sequence[int], sample: int, first: bool, exclude: Sequence[int] = ()
         ) -> Ladder:
+            # The first round climbs to the first rung that passes; a re-check comes down from the
+            # rung that decides to the first one told below the target.
             return measure_ladder(
                 on,
                 target,
@@ -519,6 +521,7 @@ class MaintenanceWorker:
                 max_scan_tuples=self.settings.max_scan_tuples,
                 sample=sample,
                 stop_on_pass=first,
+                stop_below=not first,
                 exclude=exclude,
                 **cfg.margin(),
             )

@@ -175,15 +175,19 @@ def _candidates(scores: np.ndarray, bar: np.ndarray, m: int) -> tuple[np.ndarray
         return np.broadcast_to(np.arange(width), (n, width)), scores
     within = scores <= bar[:, None]
     counts = within.sum(axis=1)
-    if np.isinf(bar).any() or int(counts.max()) > m:
+    most = int(counts.max())
+    if np.isinf(bar).any() or most > width // 8:  # no bar yet, or one too loose to spare the sort
         columns = np.argpartition(scores, m - 1, axis=1)[:, :m]
         return columns, np.take_along_axis(scores, columns, axis=1)
     rows, found = np.nonzero(within)  # row by row, so a query's candidates are consecutive
     place = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
-    columns = np.full((n, int(counts.max())), -1, dtype=np.intp)
+    columns = np.full((n, most), -1, dtype=np.intp)
     chosen = np.full(columns.shape, np.inf, dtype=np.float32)
     columns[rows, place] = found
     chosen[rows, place] = scores[rows, found]
+    if most > m:  # the m best of each query's candidates
+        best = np.argpartition(chosen, m - 1, axis=1)[:, :m]
+        columns, chosen = np.take_along_axis(columns, best, axis=1), np.take_along_axis(chosen, best, axis=1)
     return columns, chosen
 
 

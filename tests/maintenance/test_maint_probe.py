@@ -91,19 +91,22 @@ def test_exact_answers_from_one_scan_match_numpy_even_when_bounds_mislead(
         assert np.allclose([x for _, x in answer], d[o[:k]], atol=1e-5)
 
 
+@pytest.mark.parametrize("chunk", [50, 200])
 @pytest.mark.parametrize("metric", ["cosine", "l2", "inner_product"])
 def test_exact_answers_ranked_in_the_client_match_numpy(
     conn: psycopg.Connection[Any],
     make_collection: Callable[..., Collection],
     metric: str,
+    chunk: int,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A tuning's hundreds of queries stream the rows once and rank them in the client: the same k
     nearest as numpy's brute force and as the server's own scan, duplicates and rows without a
     vector included (and, under cosine, a zero vector, whose distance is NaN: ranked last), the
-    rows in chunks of 50 (each query's best carried from chunk to chunk)."""
+    rows in chunks (each query's best carried from chunk to chunk, and its candidates in a chunk
+    chosen by its bar: of 50 rows, all of them or a sort; of 200, the few within it)."""
     monkeypatch.setattr(exact_answers_module, "STREAM_CELLS", 1)
-    monkeypatch.setattr(exact_answers_module, "MIN_CHUNK_ROWS", 50)
+    monkeypatch.setattr(exact_answers_module, "MIN_CHUNK_ROWS", chunk)
     c = make_collection(400, 12, metric=metric, seed=6)
     first = conn.execute(f'SELECT embedding FROM "{c.table_name}" ORDER BY id LIMIT 1').fetchone()
     assert first is not None

@@ -9,6 +9,8 @@ import pytest
 
 from maintenance import history
 from maintenance.cli import main
+from maintenance.ladder import measure_ladder
+from maintenance.targets import targets_for
 from maintenance.tuning import (
     LADDER,
     Point,
@@ -311,6 +313,44 @@ def test_worker_tunes_ef_search_to_the_target_and_again_after_a_load(
     assert again.default_ef_search == again.recall_tuning["ef"]
     held_out = np.vstack([clustered(n + 50, dims, seed=0)[n:], clustered(3 * n + 150, dims, seed=5)[3 * n :]])
     assert held_out_recall(store, collection_name, np.vstack([data, more]), held_out) >= 0.94
+
+
+def test_a_recheck_comes_down_the_ladder_and_stops_at_the_first_rung_told_below(make_collection, conn) -> None:
+    """A re-check of many queries measures from the top rung down and stops after the first whose
+    recall is below the target beyond the sample's error: the rungs under it are not paid for."""
+    c = make_collection(3000, 32)
+    [target] = targets_for(conn, c)
+    queries = list(clustered(3200, 32, seed=0)[3000:])
+    rungs = [10, 20, 40, 80, 160]
+    every = measure_ladder(
+        conn,
+        target,
+        k=10,
+        rungs=rungs,
+        recall_target=0.995,
+        max_scan_tuples=20_000,
+        queries=queries,
+        stop_on_pass=False,
+    )
+    down = measure_ladder(
+        conn,
+        target,
+        k=10,
+        rungs=rungs,
+        recall_target=0.995,
+        max_scan_tuples=20_000,
+        queries=queries,
+        stop_on_pass=False,
+        stop_below=True,
+    )
+    assert [p.ef for p in every.points] == rungs
+    measured = [p.ef for p in down.points]
+    assert measured == sorted(measured) and measured[-1] == 160 and len(measured) < len(rungs)
+    lowest = down.points[0]
+    assert told_below([lowest], 0.995, lowest.ef)  # the one it stopped at
+    assert not any(told_below([p], 0.995, p.ef) for p in down.points[1:])
+    # The same queries, the same readings where both measured.
+    assert {p.ef: p.recall for p in down.points} == {p.ef: p.recall for p in every.points if p.ef in measured}
 
 
 def test_an_unreachable_target_keeps_the_largest_ef_and_says_so(
