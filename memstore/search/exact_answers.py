@@ -7,9 +7,9 @@ Two ways to the exact answers, one pass over the table either way:
   query, bounded by the index's answers (``exact_within_statement``);
 - more: the rows stream to the client once (``memstore.db.vector_copy``) and are ranked there in
   chunks with numpy. The server's scan costs every row one distance per query and grows faster
-  than the queries (100,000 rows of 128 numbers: 0.48 s for 100 queries, 14 s for 900), while the
-  stream costs one read of the table and a matrix product per chunk (0.6 s for 900 queries, the
-  same rows; ``python -m bench.recall_probe``, figures in docs/maintenance.md).
+  than the queries (100,000 rows of 128 numbers: 0.65 s for 100 queries, 11.3 s for 1,000), while
+  the stream costs one read of the table and a matrix product per chunk (0.46 s and 0.94 s; from
+  about 40 queries it is the cheaper; ``python -m bench.recall_probe``, docs/maintenance.md).
 """
 
 from __future__ import annotations
