@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 import numpy as np
@@ -322,7 +323,8 @@ def test_a_recheck_comes_down_the_ladder_and_stops_at_the_first_rung_told_below(
     [target] = targets_for(conn, c)
     queries = list(clustered(3200, 32, seed=0)[3000:])
     rungs = [10, 20, 40, 80, 160]
-    every = measure_ladder(
+    ladder = functools.partial(
+        measure_ladder,
         conn,
         target,
         k=10,
@@ -332,17 +334,7 @@ def test_a_recheck_comes_down_the_ladder_and_stops_at_the_first_rung_told_below(
         queries=queries,
         stop_on_pass=False,
     )
-    down = measure_ladder(
-        conn,
-        target,
-        k=10,
-        rungs=rungs,
-        recall_target=0.995,
-        max_scan_tuples=20_000,
-        queries=queries,
-        stop_on_pass=False,
-        stop_below=True,
-    )
+    every, down = ladder(), ladder(stop_below=True)
     assert [p.ef for p in every.points] == rungs
     measured = [p.ef for p in down.points]
     assert measured == sorted(measured) and measured[-1] == 160 and len(measured) < len(rungs)
