@@ -7,13 +7,16 @@ client for a tuning's hundreds of queries; for a few, a scan in the server bound
 distances of a reference rung the index answers first); then each rung from the bottom is one
 pipelined round of index searches scored against those same exact answers, up to the first rung
 that passes the target with its margin. A ladder thus costs one read of the table plus a few rounds
-of index searches.
+of index searches. A tuning that will likely re-check its choice on fresh queries (``Sample.split``)
+draws and answers those too, in the same read and the same snapshot.
 """
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,6 +141,109 @@ def stand_ins(
     return out
 
 
+@dataclass(frozen=True)
+class Sample:
+    """Queries with their exact answers from one snapshot: what a ladder's rungs are scored against.
+    The API's kept samples come first (``sample_ids``, in order), then any stand-ins."""
+
+    vectors: list[np.ndarray]
+    exact: list[list[tuple[int, float]]]
+    source: str
+    sample_ids: tuple[int, ...] = ()
+    # The index's answers already read at an ef (the reference rung bounding the server's scan), and
+    # their ms per search: a rung at that ef costs nothing more.
+    found: dict[int, list[list[tuple[int, float]]]] = field(default_factory=dict)
+    ms: dict[int, float] = field(default_factory=dict)
+
+    def split(self, n: int) -> tuple[Sample, Sample]:
+        """The first ``n`` queries and the rest, as two samples of the same snapshot."""
+        return self._part(slice(0, n)), self._part(slice(n, len(self.vectors)))
+
+    def _part(self, part: slice) -> Sample:
+        start, stop, _ = part.indices(len(self.vectors))
+        kept = max(0, min(stop, len(self.sample_ids)) - start)
+        stood_in = (stop - start) - kept
+        source = self.source if self.source == "given" else _source(kept, stood_in)
+        whole = start == 0 and stop == len(self.vectors)
+        return Sample(
+            self.vectors[part],
+            self.exact[part],
+            source,
+            self.sample_ids[part],
+            {ef: f[part] for ef, f in self.found.items()} if whole else {},
+            dict(self.ms) if whole else {},
+        )
+
+
+def _source(kept: int, stood_in: int) -> str:
+    if kept and stood_in:
+        return "query_samples+stand_ins"
+    return "query_samples" if kept or not stood_in else "stand_ins"
+
+
+@contextmanager
+def snapshot(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """One transaction and snapshot (REPEATABLE READ when it is the outermost): the exact answers
+    drawn in it and every rung measured in it see the same rows."""
+    outer = conn.info.transaction_status != TransactionStatus.IDLE
+    with conn.transaction():
+        if not outer:
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        yield
+
+
+def answered(
+    conn: psycopg.Connection[Any],
+    target: Target,
+    vectors: Sequence[np.ndarray],
+    *,
+    k: int,
+    max_scan_tuples: int,
+    reference: int = REFERENCE_EF,
+    source: str = "given",
+    sample_ids: tuple[int, ...] = (),
+) -> Sample:
+    """``vectors`` with their exact answers, from one pass over the table: ranked in the worker for
+    many queries; for a few, a scan in the server bounded by the ``reference`` rung's answers."""
+    vectors = list(vectors)
+    found: dict[int, list[list[tuple[int, float]]]] = {}
+    ms: dict[int, float] = {}
+    with snapshot(conn), conn.cursor() as cur:
+        if vectors and uses_found(len(vectors)):
+            apply(cur, index_settings(ef_search=reference, max_scan_tuples=max_scan_tuples))
+            t0 = time.perf_counter()
+            found[reference] = _index_answers(conn, index_search(target), vectors, k)
+            ms[reference] = (time.perf_counter() - t0) * 1000 / len(vectors)
+        apply(cur, exact_settings(ef_search=reference, max_scan_tuples=max_scan_tuples))
+        exact = exact_answers(cur, target, vectors, found.get(reference, [[] for _ in vectors]), k) if vectors else []
+    return Sample(vectors, exact, source, sample_ids, found, ms)
+
+
+def draw(
+    conn: psycopg.Connection[Any],
+    target: Target,
+    n: int,
+    *,
+    k: int,
+    max_scan_tuples: int,
+    reference: int = REFERENCE_EF,
+    exclude: Sequence[int] = (),
+) -> Sample:
+    """``n`` tuning queries (``tuning_queries``) with their exact answers, in one snapshot."""
+    with snapshot(conn):
+        vectors, source, ids = tuning_queries(conn, target, n, max_scan_tuples=max_scan_tuples, exclude=exclude)
+        return answered(
+            conn,
+            target,
+            vectors,
+            k=k,
+            max_scan_tuples=max_scan_tuples,
+            reference=reference,
+            source=source,
+            sample_ids=ids,
+        )
+
+
 def measure_ladder(
     conn: psycopg.Connection[Any],
     target: Target,
@@ -148,6 +254,7 @@ def measure_ladder(
     max_scan_tuples: int,
     sample: int = 100,
     queries: Sequence[np.ndarray] | None = None,
+    drawn: Sample | None = None,
     z: float = DEFAULT_Z,
     design_effect: float = DEFAULT_DESIGN_EFFECT,
     tolerance: float = DEFAULT_TOLERANCE,
@@ -159,48 +266,85 @@ def measure_ladder(
     ``recall_target`` with the margin (``stop_on_pass``); or (``stop_below``) from the top down,
     stopping after the first whose recall is below the target beyond the sample's error (recall
     rises with ef: the rungs under it are below too, and a re-check of many queries need not pay for
-    them). ``exclude``: kept samples not to draw."""
-    sample_ids: tuple[int, ...] = ()
-    if queries is not None:
-        vectors, source = list(queries), "given"
-    else:
-        vectors, source, sample_ids = tuning_queries(
-            conn, target, sample, max_scan_tuples=max_scan_tuples, exclude=exclude
-        )
+    them). The queries: ``drawn`` (answered already, in the caller's snapshot), else ``queries``,
+    else ``sample`` drawn here other than the kept samples ``exclude``."""
     rungs = sorted(set(rungs))
-    if not vectors or not rungs:
-        return Ladder([], 0, source)
+    with snapshot(conn):
+        if drawn is None:
+            reference = min(max(rungs, default=REFERENCE_EF), REFERENCE_EF)
+            drawn = (
+                answered(conn, target, queries, k=k, max_scan_tuples=max_scan_tuples, reference=reference)
+                if queries is not None
+                else draw(
+                    conn, target, sample, k=k, max_scan_tuples=max_scan_tuples, reference=reference, exclude=exclude
+                )
+            )
+        if not drawn.vectors or not rungs:
+            return Ladder([], 0, drawn.source)
+        return _climb(
+            conn,
+            target,
+            drawn,
+            rungs,
+            k=k,
+            max_scan_tuples=max_scan_tuples,
+            stop_below=stop_below,
+            stop=functools.partial(
+                _stops,
+                recall_target=recall_target,
+                z=z,
+                design_effect=design_effect,
+                tolerance=tolerance,
+                on_pass=stop_on_pass,
+                below=stop_below,
+            ),
+        )
+
+
+def _stops(
+    point: Point,
+    *,
+    recall_target: float,
+    z: float,
+    design_effect: float,
+    tolerance: float,
+    on_pass: bool,
+    below: bool,
+) -> bool:
+    if on_pass and passes(point, recall_target, z=z, design_effect=design_effect, tolerance=tolerance):
+        return True
+    return below and told_below([point], recall_target, point.ef, z=z, design_effect=design_effect)
+
+
+def _climb(
+    conn: psycopg.Connection[Any],
+    target: Target,
+    drawn: Sample,
+    rungs: Sequence[int],
+    *,
+    k: int,
+    max_scan_tuples: int,
+    stop_below: bool,
+    stop: Callable[[Point], bool],
+) -> Ladder:
+    """Each rung's index searches, in the caller's snapshot, scored against ``drawn``'s exact answers."""
     statement = index_search(target)
     points: list[Point] = []
-    answers: dict[int, list[list[tuple[int, float]]]] = {}
-    ms: dict[int, float] = {}
-    outer = conn.info.transaction_status != TransactionStatus.IDLE
-    with conn.transaction(), conn.cursor() as cur:
-        if not outer:
-            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        reference = min(max(rungs), REFERENCE_EF)
-        if uses_found(len(vectors)):  # the server's exact scan is bounded by a deep rung's answers
-            apply(cur, index_settings(ef_search=reference, max_scan_tuples=max_scan_tuples))
-            t0 = time.perf_counter()
-            answers[reference] = _index_answers(conn, statement, vectors, k)
-            ms[reference] = (time.perf_counter() - t0) * 1000 / len(vectors)
-        apply(cur, exact_settings(ef_search=reference, max_scan_tuples=max_scan_tuples))
-        exact = exact_answers(cur, target, vectors, answers.get(reference, [[] for _ in vectors]), k)
-        expected = sum(len(e) for e in exact)
+    ms = dict(drawn.ms)
+    exact = drawn.exact
+    expected = sum(len(e) for e in exact)
+    with conn.cursor() as cur:
         for ef in sorted(rungs, reverse=stop_below):
-            found = answers.get(ef)
+            found = drawn.found.get(ef)
             if found is None:
                 apply(cur, index_settings(ef_search=ef, max_scan_tuples=max_scan_tuples))
                 t0 = time.perf_counter()
-                found = _index_answers(conn, statement, vectors, k)
-                ms[ef] = (time.perf_counter() - t0) * 1000 / len(vectors)
+                found = _index_answers(conn, statement, drawn.vectors, k)
+                ms[ef] = (time.perf_counter() - t0) * 1000 / len(drawn.vectors)
             per_query = [recall_hits(f, e) for f, e in zip(found, exact, strict=True)]
-            hits = sum(per_query)
             spread = design_effect_of(per_query, [len(e) for e in exact])
-            point = Point(ef, hits / expected if expected else 1.0, len(vectors), k, spread)
+            point = Point(ef, sum(per_query) / expected if expected else 1.0, len(drawn.vectors), k, spread)
             points.append(point)
-            if stop_on_pass and passes(point, recall_target, z=z, design_effect=design_effect, tolerance=tolerance):
+            if stop(point):
                 break
-            if stop_below and told_below([point], recall_target, ef, z=z, design_effect=design_effect):
-                break
-    return Ladder(sorted(points, key=lambda p: p.ef), len(vectors), source, ms, sample_ids)
+    return Ladder(sorted(points, key=lambda p: p.ef), len(drawn.vectors), drawn.source, ms, drawn.sample_ids)

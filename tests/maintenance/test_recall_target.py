@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from maintenance import history
+from maintenance import history, recall
 from maintenance.cli import main
 from maintenance.ladder import measure_ladder
 from maintenance.targets import targets_for
@@ -343,6 +343,34 @@ def test_a_recheck_comes_down_the_ladder_and_stops_at_the_first_rung_told_below(
     assert not any(told_below([p], 0.995, p.ef) for p in down.points[1:])
     # The same queries, the same readings where both measured.
     assert {p.ef: p.recall for p in down.points} == {p.ef: p.recall for p in every.points if p.ef in measured}
+
+
+def test_a_tuning_that_rechecks_reads_the_table_once(
+    store, make_collection, make_worker, collection_name, monkeypatch
+) -> None:
+    """A new target's tuning re-checks its choice on fresh queries: those are drawn and answered with
+    the first round's, so the whole tuning reads the table for exact answers once. A settled tuning
+    (nothing moved since) draws only the first round's queries."""
+    make_collection(3000, 32)
+    store.set_recall_target(collection=collection_name, target=0.95)
+    reads: list[int] = []
+    real = recall.core_exact_answers
+
+    def counted(cur, **kwargs):
+        reads.append(len(kwargs["queries"]))
+        return real(cur, **kwargs)
+
+    monkeypatch.setattr(recall, "core_exact_answers", counted)
+    worker = make_worker(tune_sample=100, tune_sample_max=300)
+    assert worker.run_once() == 0
+    c = store.get_collection(name=collection_name, fresh=True)
+    assert c.recall_tuning is not None and c.recall_tuning["queries"] == 300, c.recall_tuning
+    tunings = [n for n in reads if n >= 100]  # the probes' samples are smaller
+    assert tunings == [300]
+    reads.clear()
+    again = worker.tune(c)
+    assert again.outcome == "ok", again
+    assert next(n for n in reads if n >= 100) == 100
 
 
 def test_an_unreachable_target_keeps_the_largest_ef_and_says_so(
