@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -43,7 +44,7 @@ from memstore.db import online_ddl
 from memstore.db.core import Database, get_database
 from memstore.items import bulk_load, sealing
 from memstore.settings import Settings, get_settings
-from memstore.workers.pacing import Pace
+from memstore.workers.pacing import FULL_SPEED, Pace, Unit
 
 log = logging.getLogger(__name__)
 
@@ -260,25 +261,39 @@ class MaintenanceWorker:
         log.info("%s %s: %s in %.1fs (%s)", action, target.label, out.outcome, out.duration_s, reason)
         return out
 
+    @contextmanager
+    def working(self, kind: str, *, counted: bool = True) -> Iterator[Unit]:
+        """Work that loads the server (a VACUUM, a build, a tuning's or a probe's reads), counted as
+        background work by the process's pace, never held back by it (``Pace.working``): the search
+        latency read meanwhile is not taken for the idle baseline, here or in the search servers a
+        follower reports to. ``counted`` False: only where the caller says it did something."""
+        with (self.pace or FULL_SPEED).working(kind) as unit:
+            if counted:
+                unit.did(1)
+            yield unit
+
     def _run(
         self, ex: Executor, conn: psycopg.Connection[Any], target: Target, action: str, *, graph: Density | None = None
     ) -> None:
         if action in ("vacuum", "rebuild"):
             self._wait_for_slo(ex.stop)
         if action == "vacuum":
-            ex.vacuum(conn, target)
+            with self.working("vacuum"):
+                ex.vacuum(conn, target)
         elif action == "rebuild":
             if target.index is None:
                 raise LookupError(f"{target.table} has no valid HNSW index to rebuild")
             if self.pace is not None:  # a build cannot be paused: it starts with what the share allows
                 online_ddl.set_build_workers(conn, online_ddl.paced_build_workers(self.settings, self.pace.share()))
             try:
-                ex.rebuild(conn, target, density=graph)
+                with self.working("rebuild"):
+                    ex.rebuild(conn, target, density=graph)
             finally:
                 if self.pace is not None:
                     online_ddl.set_build_workers(conn, self.settings.max_parallel_maintenance_workers)
             self._wait_for_slo(ex.stop)
-            ex.vacuum(conn, target)
+            with self.working("vacuum"):
+                ex.vacuum(conn, target)
         elif action == "own_index_cleanup":
             ex.own_index_cleanup(conn, target, own=True)
         elif action == "hand_back":
@@ -562,13 +577,15 @@ class MaintenanceWorker:
                 return ladder
 
         try:
-            return measure(where)
+            with self.working("tune"):
+                return measure(where)
         except psycopg.Error as exc:
             if where is conn:
                 raise
             log.warning("%s: tuning ladder failed on the replica (%s); measuring on the primary", target.label, exc)
             where.close()
-            return measure(conn)
+            with self.working("tune"):
+                return measure(conn)
 
     def _finish_bulk_loads(self, conn: psycopg.Connection[Any]) -> None:
         """Build the index of any bulk load whose process died before it could (a running load holds
@@ -592,8 +609,10 @@ class MaintenanceWorker:
                 continue
             t0 = time.monotonic()
             try:
-                done = sealing.seal(db, c, self.settings)
-                done = done or sealing.merge(db, c, self.settings, quiet=True)
+                with self.working("seal", counted=False) as unit:
+                    done = sealing.seal(db, c, self.settings)
+                    done = done or sealing.merge(db, c, self.settings, quiet=True)
+                    unit.did(done is not None)
             except sealing.SealBusyError:
                 continue  # its writer's sealer is at it
             except (psycopg.Error, LookupError) as exc:
@@ -613,9 +632,10 @@ class MaintenanceWorker:
         the projection is refitted when it has drifted, the graph rebuilt when only it is worn."""
         t0 = time.monotonic()
         try:
-            seen = maintain_compact_index(
-                self.db, collection=c.name, min_recall=self.config.recall_floor, settings=self.settings
-            )
+            with self.working("compact_index"):
+                seen = maintain_compact_index(
+                    self.db, collection=c.name, min_recall=self.config.recall_floor, settings=self.settings
+                )
         except (psycopg.Error, LookupError) as exc:
             log.error("%s: compact index maintenance failed: %s", c.name, exc)
             return ActionOutcome(c.name, c.table_name, "compact_index", "", "failed", error=str(exc))
@@ -638,13 +658,15 @@ class MaintenanceWorker:
         p.search_cost = self.search_cost(conn, target)
         d = decide(p, self.config)
         if d.action == "nothing" and p.recall_due:
-            self._attach_recall(conn, target, p)
+            with self.working("probe"):
+                self._attach_recall(conn, target, p)
             d = decide(p, self.config)
             if d.action != "nothing":
                 # Recall alone changed the verdict. A small sample can read low by chance (a few
                 # hard queries), and a rebuild costs about ten probes: confirm on a second sample
                 # and decide on both together.
-                self._attach_recall(conn, target, p, confirm=True)
+                with self.working("probe"):
+                    self._attach_recall(conn, target, p, confirm=True)
                 d = decide(p, self.config)
         record_probe(conn, p, d.label)
         if self.config.own_index_cleanup and not p.owned and target.index is not None:

@@ -154,6 +154,30 @@ def test_windows_with_background_work_do_not_enter_the_baseline() -> None:
     assert fg.state()["baseline_windows"] > 0
 
 
+def test_unpaced_work_is_never_held_back_and_keeps_its_windows_out_of_the_baseline() -> None:
+    """``working``: work that waits its own way (a maintenance statement) runs even at a share of
+    zero, and the windows while it runs, and one after, are not idle."""
+    feed = Feed()
+    fg = controller(feed)
+    fg.force(0.0)
+    with fg.working("vacuum") as u:  # a unit() would wait here for as long as the share is zero
+        u.did(1)
+        assert fg.state()["unpaced_running"] == 1
+        for _ in range(8):  # however long it runs
+            feed.searches(0.25, 0.004)
+            fg.tick()
+        assert fg.state()["baseline_windows"] == 0
+    assert fg.state()["unpaced_running"] == 0 and fg.state()["units_done"] == {"vacuum": 1}
+    for _ in range(3):  # within a window of its end
+        feed.searches(0.25, 0.004)
+        fg.tick()
+    assert fg.state()["baseline_windows"] == 0
+    for _ in range(6):
+        feed.searches(0.25, 0.004)
+        fg.tick()
+    assert fg.state()["baseline_windows"] > 0
+
+
 def test_switched_off_the_share_stays_full() -> None:
     feed = Feed()
     fg = controller(feed, slo_ms=5.0, enabled=False)

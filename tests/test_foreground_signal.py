@@ -182,3 +182,28 @@ def test_windows_in_which_a_follower_worked_do_not_enter_the_search_servers_base
         publisher.close()
     with db.write() as conn:
         assert conn.execute("SELECT count(*) FROM memstore_foreground").fetchone() == (0,)  # both rows gone
+
+
+def test_a_follower_reports_unpaced_work_while_it_runs(db: Database) -> None:
+    """The maintenance daemon's statements run under ``working`` (never held back): the follower
+    tells the search servers while one is under way, so their baseline leaves those windows out."""
+    now = [100.0]
+    fast = [(99.5, 0.002)] * 5
+    server = ForegroundController(lambda since: fast, clock=lambda: now[0])
+    publisher = SharePublisher(db, source="search:1", heartbeat_s=0.0)
+    follower = _follower(db)
+    try:
+        server.force(0.0)  # searches hold background work back entirely: a statement still runs
+        publisher(server)
+        follower.tick()
+        assert follower.share() == 0.0
+        with follower.working("rebuild") as unit:
+            unit.did(1)
+            follower.tick()
+            assert follower.reported == 1  # while it runs, not only after
+            publisher(server)
+            server.tick()
+            assert server.state()["baseline_windows"] == 0
+    finally:
+        follower.close()
+        publisher.close()

@@ -352,6 +352,7 @@ class _ForegroundCollector(_RuntimeCollector):
         waiting = GaugeMetricFamily("memstore_background_units", "Units of background work", labels=["state"])
         waiting.add_metric(["running"], state["units_running"])
         waiting.add_metric(["waiting"], state["units_waiting"])
+        waiting.add_metric(["unpaced"], state["unpaced_running"])  # maintenance statements under way
         yield waiting
 
 

@@ -114,6 +114,7 @@ class ForegroundController(Pace):
     _p99_ms: float | None = None
     _baseline: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=BASELINE_WINDOWS))
     _active: int = 0  # units running
+    _unpaced: int = 0  # work running that is counted but never held back (``working``)
     _waiting: int = 0  # units held back
     _work_ended: float = -math.inf  # when the last unit that did something ended
     _elsewhere_ended: float = -math.inf  # the same in the processes that follow this one's share
@@ -183,7 +184,8 @@ class ForegroundController(Pace):
         judged = [s for t, s in window if t >= self._judged_from]
         self._p99_ms = None if not window else 1000.0 * (p99([s for _, s in window]) or 0.0)
         with self._cond:
-            idle = self._active == 0 and now - max(self._work_ended, self._elsewhere_ended) >= self.window_s
+            running = self._active + self._unpaced
+            idle = running == 0 and now - max(self._work_ended, self._elsewhere_ended) >= self.window_s
         if idle and len(window) >= self.tuning.min_samples and self._p99_ms is not None:
             self._baseline.append(self._p99_ms)  # a window without background work
         target = self.target_ms()
@@ -289,11 +291,26 @@ class ForegroundController(Pace):
                     turn.ended, turn.busy = ended, ended - started
                 self._cond.notify_all()
 
+    @contextmanager
+    def working(self, kind: str = "work") -> Iterator[Unit]:
+        with self._cond:
+            self._unpaced += 1
+        unit = Unit()
+        try:
+            yield unit
+        finally:
+            ended = self.clock()
+            with self._cond:
+                self._unpaced -= 1
+                if unit.work:
+                    self._work_ended = ended
+                    self._units[kind] += 1
+
     # -- what /health and /metrics show --------------------------------------------------------------
     def state(self) -> dict[str, Any]:
         target = self.target_ms()
         with self._cond:
-            active, waiting, units = self._active, self._waiting, dict(self._units)
+            active, waiting, units, unpaced = self._active, self._waiting, dict(self._units), self._unpaced
         return {
             "enabled": self.enabled,
             "background_share": round(self._share, 4),
@@ -306,6 +323,7 @@ class ForegroundController(Pace):
             "background_connections": self._limit(self._share),
             "units_running": active,
             "units_waiting": waiting,
+            "unpaced_running": unpaced,
             "units_done": units,
             "backoffs": self.backoffs,
             "last_backoff": self.last_backoff,

@@ -39,5 +39,14 @@ class Pace:
     def unit(self, stop: threading.Event, kind: str = "work") -> Iterator[Unit]:
         yield Unit()
 
+    @contextmanager
+    def working(self, kind: str = "work") -> Iterator[Unit]:
+        """Background work that is never held back here: it waits its own way before it starts (the
+        maintenance worker's back-off on search latency) and cannot be paused once under way (a
+        VACUUM, an index build). It is still counted as background work, so that search latency read
+        while it runs is not taken for the idle baseline, in this process or (a follower) in the
+        search servers it reports to."""
+        yield Unit()
+
 
 FULL_SPEED = Pace()

@@ -17,6 +17,7 @@ from maintenance.targets import targets_for
 from maintenance.worker import EXIT_OK, MaintenanceWorker
 from memstore.catalog.collections import Collection
 from memstore.models import ItemIn
+from memstore.services.foreground import ForegroundController
 from memstore.store import VectorStore
 from tests.maintenance.maint_helpers import churn, clustered, index_oid, invalid_indexes
 
@@ -385,3 +386,21 @@ def test_a_rebuild_starts_with_the_parallel_workers_the_foreground_share_allows(
     assert seen == ["0"]
     after = worker.session().execute("SHOW max_parallel_maintenance_workers").fetchone()
     assert after is not None and after[0] == str(worker.settings.max_parallel_maintenance_workers)
+
+
+def test_the_worker_s_statements_count_as_background_work_and_are_never_held_back(
+    make_collection, make_worker, conn
+) -> None:
+    """Its rebuild and VACUUM run under the process's pace as unpaced work: at a share of zero they
+    still run (the worker waits on search latency its own way, before it starts), and the pace
+    counts them, so searches timed meanwhile do not enter the idle baseline."""
+    c = make_collection(1500, 16)
+    [target] = targets_for(conn, c)
+    pace = ForegroundController(lambda since: [])
+    pace.force(0.0)
+    worker = make_worker()
+    worker.pace = pace
+    outcome = worker.act(target, "rebuild", reason="test")
+    assert outcome.outcome == "ok", outcome.error
+    assert pace.state()["units_done"] == {"rebuild": 1, "vacuum": 1}
+    assert pace.state()["unpaced_running"] == 0
