@@ -164,14 +164,13 @@ class Sample:
         kept = max(0, min(stop, len(self.sample_ids)) - start)
         stood_in = (stop - start) - kept
         source = self.source if self.source == "given" else _source(kept, stood_in)
-        whole = start == 0 and stop == len(self.vectors)
         return Sample(
             self.vectors[part],
             self.exact[part],
             source,
             self.sample_ids[part],
-            {ef: f[part] for ef, f in self.found.items()} if whole else {},
-            dict(self.ms) if whole else {},
+            {ef: f[part] for ef, f in self.found.items()},
+            dict(self.ms) if start == 0 else {},  # the searches were made once: counted with the first part
         )
 
 
@@ -269,9 +268,11 @@ def measure_ladder(
     them). The queries: ``drawn`` (answered already, in the caller's snapshot), else ``queries``,
     else ``sample`` drawn here other than the kept samples ``exclude``."""
     rungs = sorted(set(rungs))
+    if not rungs:
+        return Ladder([], 0, drawn.source if drawn is not None else "given")
     with snapshot(conn):
         if drawn is None:
-            reference = min(max(rungs, default=REFERENCE_EF), REFERENCE_EF)
+            reference = min(max(rungs), REFERENCE_EF)
             drawn = (
                 answered(conn, target, queries, k=k, max_scan_tuples=max_scan_tuples, reference=reference)
                 if queries is not None
@@ -279,7 +280,7 @@ def measure_ladder(
                     conn, target, sample, k=k, max_scan_tuples=max_scan_tuples, reference=reference, exclude=exclude
                 )
             )
-        if not drawn.vectors or not rungs:
+        if not drawn.vectors:
             return Ladder([], 0, drawn.source)
         return _climb(
             conn,

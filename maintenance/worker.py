@@ -22,7 +22,7 @@ from maintenance import history, search_cost
 from maintenance.actions import Busy, Executor, Interrupted, index_density, wait_for_slo
 from maintenance.compact_index import maintain_compact_index
 from maintenance.config import MaintenanceConfig
-from maintenance.ladder import Ladder, Sample, draw, measure_ladder, snapshot
+from maintenance.ladder import REFERENCE_EF, Ladder, Sample, draw, measure_ladder, snapshot
 from maintenance.policy import Decision, decide
 from maintenance.probes import Probe, attach_recall, probe, record_probe
 from maintenance.progress import ProgressCallback
@@ -546,7 +546,16 @@ class MaintenanceWorker:
             )
 
         def drawing(on: psycopg.Connection[Any], n: int, exclude: Sequence[int] = ()) -> Sample:
-            return draw(on, target, n, k=cfg.recall_k, max_scan_tuples=self.settings.max_scan_tuples, exclude=exclude)
+            # A few queries' exact answers are bounded by a reference rung's: one of the ladder's.
+            return draw(
+                on,
+                target,
+                n,
+                k=cfg.recall_k,
+                max_scan_tuples=self.settings.max_scan_tuples,
+                reference=min(cfg.tune_max_ef, REFERENCE_EF),
+                exclude=exclude,
+            )
 
         def measure(on: psycopg.Connection[Any]) -> Ladder:
             # The ladder on ``tune_sample`` queries; then, where the ef would move, the rungs that

@@ -59,8 +59,9 @@ def test_a_server_killed_mid_seal_loses_nothing(tmp_path: Path) -> None:
         with psycopg.connect(libpq_url(url), autocommit=True) as watch:
             deadline = time.monotonic() + 60
             while t.is_alive() and time.monotonic() < deadline:
-                # In the build itself, not its last phases: a kill there lands before the seal can
-                # record its graph.
+                # In the build itself, not its last phases: the postmaster killed there, its backend
+                # ends at its next wait (the build's later phases wait on other transactions), before
+                # the seal can record its graph.
                 row = watch.execute(
                     "SELECT count(*) FROM pg_stat_progress_create_index WHERE phase LIKE 'building index%'"
                 ).fetchone()
@@ -72,7 +73,6 @@ def test_a_server_killed_mid_seal_loses_nothing(tmp_path: Path) -> None:
                 time.sleep(0.01)
         t.join(120)
         assert killed, "the build ended before the server could be killed"
-        assert failed, "the seal did not notice its server died"
         _wait_gone(old)
         subprocess.run([sys.executable, "-c", JOIN, str(tmp_path)], check=True, timeout=120)
 
@@ -81,11 +81,12 @@ def test_a_server_killed_mid_seal_loses_nothing(tmp_path: Path) -> None:
         assert stats.items == len(x)
         found = stats.extra["segments"]
         if found["graphs"]:
-            # A loaded machine may deliver the kill only after the seal recorded its graph (and before
-            # it let go of its lock, which is what failed): then the graph is whole and valid.
+            # On a loaded machine the kill may be sent only once the seal has recorded its graph (it
+            # then fails letting go of its lock, or not at all): the graph is whole and valid.
             whole = {"index": found["graphs"][0]["index"], "lo": 0, "hi": len(x)}
             assert found == {"graphs": [whole], "tail_rows": 0}
         else:
+            assert failed, "the seal did not notice its server died"
             assert found == {"graphs": [], "tail_rows": len(x)}
         for i in range(0, len(x), 3_999):
             assert store.search(collection="stream", vector=x[i], k=1)[0].external_id == f"r{i}"
