@@ -13,19 +13,23 @@ draws and answers those too, in the same read and the same snapshot.
 
 from __future__ import annotations
 
-import functools
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import psycopg
 from psycopg import sql
-from psycopg.pq import TransactionStatus
 
-from maintenance.recall import _index_answers, exact_answers, exact_settings, index_search, index_settings
+from maintenance.recall import (
+    _index_answers,
+    exact_answers,
+    exact_settings,
+    index_search,
+    index_settings,
+    snapshot,
+)
 from maintenance.targets import Target
 from maintenance.tuning import (
     DEFAULT_DESIGN_EFFECT,
@@ -108,10 +112,7 @@ def stand_ins(
     if not stored:
         return []
     statement = index_search(target)
-    outer = conn.info.transaction_status != TransactionStatus.IDLE
-    with conn.transaction(), conn.cursor() as cur:
-        if not outer:
-            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+    with snapshot(conn), conn.cursor() as cur:
         apply(cur, index_settings(ef_search=40, max_scan_tuples=max_scan_tuples))
         near = _index_answers(conn, statement, list(stored), 4)
     # The nearest rows at a distance (the vector's own row, and duplicates of it, are at about 0).
@@ -178,17 +179,6 @@ def _source(kept: int, stood_in: int) -> str:
     if kept and stood_in:
         return "query_samples+stand_ins"
     return "query_samples" if kept or not stood_in else "stand_ins"
-
-
-@contextmanager
-def snapshot(conn: psycopg.Connection[Any]) -> Iterator[None]:
-    """One transaction and snapshot (REPEATABLE READ when it is the outermost): the exact answers
-    drawn in it and every rung measured in it see the same rows."""
-    outer = conn.info.transaction_status != TransactionStatus.IDLE
-    with conn.transaction():
-        if not outer:
-            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        yield
 
 
 def answered(
@@ -282,70 +272,24 @@ def measure_ladder(
             )
         if not drawn.vectors:
             return Ladder([], 0, drawn.source)
-        return _climb(
-            conn,
-            target,
-            drawn,
-            rungs,
-            k=k,
-            max_scan_tuples=max_scan_tuples,
-            stop_below=stop_below,
-            stop=functools.partial(
-                _stops,
-                recall_target=recall_target,
-                z=z,
-                design_effect=design_effect,
-                tolerance=tolerance,
-                on_pass=stop_on_pass,
-                below=stop_below,
-            ),
-        )
-
-
-def _stops(
-    point: Point,
-    *,
-    recall_target: float,
-    z: float,
-    design_effect: float,
-    tolerance: float,
-    on_pass: bool,
-    below: bool,
-) -> bool:
-    if on_pass and passes(point, recall_target, z=z, design_effect=design_effect, tolerance=tolerance):
-        return True
-    return below and told_below([point], recall_target, point.ef, z=z, design_effect=design_effect)
-
-
-def _climb(
-    conn: psycopg.Connection[Any],
-    target: Target,
-    drawn: Sample,
-    rungs: Sequence[int],
-    *,
-    k: int,
-    max_scan_tuples: int,
-    stop_below: bool,
-    stop: Callable[[Point], bool],
-) -> Ladder:
-    """Each rung's index searches, in the caller's snapshot, scored against ``drawn``'s exact answers."""
-    statement = index_search(target)
-    points: list[Point] = []
-    ms = dict(drawn.ms)
-    exact = drawn.exact
-    expected = sum(len(e) for e in exact)
-    with conn.cursor() as cur:
-        for ef in sorted(rungs, reverse=stop_below):
-            found = drawn.found.get(ef)
-            if found is None:
-                apply(cur, index_settings(ef_search=ef, max_scan_tuples=max_scan_tuples))
-                t0 = time.perf_counter()
-                found = _index_answers(conn, statement, drawn.vectors, k)
-                ms[ef] = (time.perf_counter() - t0) * 1000 / len(drawn.vectors)
-            per_query = [recall_hits(f, e) for f, e in zip(found, exact, strict=True)]
-            spread = design_effect_of(per_query, [len(e) for e in exact])
-            point = Point(ef, sum(per_query) / expected if expected else 1.0, len(drawn.vectors), k, spread)
-            points.append(point)
-            if stop(point):
-                break
+        statement = index_search(target)
+        points: list[Point] = []
+        ms = dict(drawn.ms)
+        expected = sum(len(e) for e in drawn.exact)
+        with conn.cursor() as cur:
+            for ef in sorted(rungs, reverse=stop_below):
+                found = drawn.found.get(ef)
+                if found is None:
+                    apply(cur, index_settings(ef_search=ef, max_scan_tuples=max_scan_tuples))
+                    t0 = time.perf_counter()
+                    found = _index_answers(conn, statement, drawn.vectors, k)
+                    ms[ef] = (time.perf_counter() - t0) * 1000 / len(drawn.vectors)
+                per_query = [recall_hits(f, e) for f, e in zip(found, drawn.exact, strict=True)]
+                spread = design_effect_of(per_query, [len(e) for e in drawn.exact])
+                point = Point(ef, sum(per_query) / expected if expected else 1.0, len(drawn.vectors), k, spread)
+                points.append(point)
+                if stop_on_pass and passes(point, recall_target, z=z, design_effect=design_effect, tolerance=tolerance):
+                    break
+                if stop_below and told_below([point], recall_target, ef, z=z, design_effect=design_effect):
+                    break
     return Ladder(sorted(points, key=lambda p: p.ef), len(drawn.vectors), drawn.source, ms, drawn.sample_ids)

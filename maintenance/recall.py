@@ -10,7 +10,8 @@ one per query is 2 to 4.4 times cheaper (``python -m bench.recall_probe``, figur
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -28,6 +29,18 @@ from memstore.search.exact_answers import recall_hits
 from memstore.search.statements import SearchSettings, Statement, apply, search_statement
 
 MIN_QUERIES = 5
+
+
+@contextmanager
+def snapshot(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """One transaction and one snapshot (REPEATABLE READ where it is the outermost; inside a caller's
+    transaction, a savepoint under the caller's snapshot): the index's answers and the exact ones read
+    in it see the same rows, and the search settings applied in it are local to it."""
+    outer = conn.info.transaction_status != TransactionStatus.IDLE
+    with conn.transaction():
+        if not outer:
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        yield
 
 
 def index_settings(*, ef_search: int, max_scan_tuples: int) -> SearchSettings:
@@ -131,10 +144,7 @@ def measure_recall(
     # by both the index and the exact answers or by neither; the settings are transaction-local.
     # The index's answers are pipelined: the whole probe is a few round trips, however many queries
     # it asks (the exact answers of many stream by COPY, which a pipeline cannot hold).
-    outer = conn.info.transaction_status != TransactionStatus.IDLE  # then its snapshot rules
-    with conn.transaction(), conn.cursor() as cur:
-        if not outer:
-            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+    with snapshot(conn), conn.cursor() as cur:
         apply(cur, approx)
         first = min(len(vectors), MIN_QUERIES)
         found += _index_answers(conn, index_sql, vectors[:first], k)

@@ -22,10 +22,11 @@ from maintenance import history, search_cost
 from maintenance.actions import Busy, Executor, Interrupted, index_density, wait_for_slo
 from maintenance.compact_index import maintain_compact_index
 from maintenance.config import MaintenanceConfig
-from maintenance.ladder import REFERENCE_EF, Ladder, Sample, draw, measure_ladder, snapshot
+from maintenance.ladder import REFERENCE_EF, Ladder, Sample, draw, measure_ladder
 from maintenance.policy import Decision, decide
 from maintenance.probes import Probe, attach_recall, probe, record_probe
 from maintenance.progress import ProgressCallback
+from maintenance.recall import snapshot
 from maintenance.targets import Target, every_target, representation, targets_for
 from maintenance.tuning import Tuning, choose_ef, ladder_for, recheck, told_below, unmeasured_above
 from memstore import action_log as core_history
@@ -564,8 +565,8 @@ class MaintenanceWorker:
             # anyway. Then, where those queries failed every rung measured, the rungs above
             # (``tuning.unmeasured_above``). All in one snapshot; where a re-check is likely (a
             # target no tuning settled, a graph just rebuilt) its queries are drawn and answered with
-            # the first round's, so the tuning reads the table once (100,000 x 128: 0.94 s for 1,000
-            # queries at once against 0.46 s + 0.90 s in two reads, ``bench.recall_probe``).
+            # the first round's, so the tuning reads the table once (100,000 x 128: 1,000 queries at
+            # once in 1.38 s against 0.83 s + 1.50 s in two reads, ``bench.recall_probe``).
             with snapshot(on):
                 likely = not settled or rebuilt
                 first, reserve = drawing(on, cfg.tune_sample_max if likely else cfg.tune_sample).split(cfg.tune_sample)
