@@ -138,20 +138,28 @@ def test_without_an_slo_the_target_is_a_multiple_of_the_idle_baseline() -> None:
     assert fg.tick().backed_off
 
 
+def fast_ticks(feed: Feed, fg: ForegroundController, n: int) -> None:
+    """``n`` ticks of a quarter window, each after a quarter window of 4 ms searches."""
+    for _ in range(n):
+        feed.searches(0.25, 0.004)
+        fg.tick()
+
+
+def assert_idle_again_a_window_after(feed: Feed, fg: ForegroundController) -> None:
+    """Background work just ended: the next window is not idle (no baseline), the ones after are."""
+    fast_ticks(feed, fg, 3)
+    assert fg.state()["baseline_windows"] == 0
+    fast_ticks(feed, fg, 6)
+    assert fg.state()["baseline_windows"] > 0
+
+
 def test_windows_with_background_work_do_not_enter_the_baseline() -> None:
     feed = Feed()
     fg = controller(feed)
     stop = threading.Event()
     with fg.unit(stop) as u:
         u.did(1)
-    for _ in range(3):  # within a window of the unit's end: not idle
-        feed.searches(0.25, 0.004)
-        fg.tick()
-    assert fg.state()["baseline_windows"] == 0
-    for _ in range(6):
-        feed.searches(0.25, 0.004)
-        fg.tick()
-    assert fg.state()["baseline_windows"] > 0
+    assert_idle_again_a_window_after(feed, fg)
 
 
 def test_unpaced_work_is_never_held_back_and_keeps_its_windows_out_of_the_baseline() -> None:
@@ -163,19 +171,10 @@ def test_unpaced_work_is_never_held_back_and_keeps_its_windows_out_of_the_baseli
     with fg.working("vacuum") as u:  # a unit() would wait here for as long as the share is zero
         u.did(1)
         assert fg.state()["unpaced_running"] == 1
-        for _ in range(8):  # however long it runs
-            feed.searches(0.25, 0.004)
-            fg.tick()
+        fast_ticks(feed, fg, 8)  # however long it runs
         assert fg.state()["baseline_windows"] == 0
     assert fg.state()["unpaced_running"] == 0 and fg.state()["units_done"] == {"vacuum": 1}
-    for _ in range(3):  # within a window of its end
-        feed.searches(0.25, 0.004)
-        fg.tick()
-    assert fg.state()["baseline_windows"] == 0
-    for _ in range(6):
-        feed.searches(0.25, 0.004)
-        fg.tick()
-    assert fg.state()["baseline_windows"] > 0
+    assert_idle_again_a_window_after(feed, fg)
 
 
 def test_switched_off_the_share_stays_full() -> None:

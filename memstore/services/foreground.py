@@ -184,8 +184,7 @@ class ForegroundController(Pace):
         judged = [s for t, s in window if t >= self._judged_from]
         self._p99_ms = None if not window else 1000.0 * (p99([s for _, s in window]) or 0.0)
         with self._cond:
-            running = self._active + self._unpaced
-            idle = running == 0 and now - max(self._work_ended, self._elsewhere_ended) >= self.window_s
+            idle = self._running() == 0 and now - max(self._work_ended, self._elsewhere_ended) >= self.window_s
         if idle and len(window) >= self.tuning.min_samples and self._p99_ms is not None:
             self._baseline.append(self._p99_ms)  # a window without background work
         target = self.target_ms()
@@ -285,9 +284,7 @@ class ForegroundController(Pace):
             ended = self.clock()
             with self._cond:
                 self._active -= 1
-                if unit.work:
-                    self._work_ended = ended
-                    self._units[kind] += 1
+                if self._count_done(unit, kind, ended):
                     turn.ended, turn.busy = ended, ended - started
                 self._cond.notify_all()
 
@@ -302,9 +299,19 @@ class ForegroundController(Pace):
             ended = self.clock()
             with self._cond:
                 self._unpaced -= 1
-                if unit.work:
-                    self._work_ended = ended
-                    self._units[kind] += 1
+                self._count_done(unit, kind, ended)
+
+    def _count_done(self, unit: Unit, kind: str, ended: float) -> bool:
+        """A unit (paced or not) that ended at ``ended``: counted, and its end the last work's, when
+        it did something. Under ``_cond``."""
+        if unit.work:
+            self._work_ended = ended
+            self._units[kind] += 1
+        return bool(unit.work)
+
+    def _running(self) -> int:
+        """Background work under way in this process, paced or not. Under ``_cond``."""
+        return self._active + self._unpaced
 
     # -- what /health and /metrics show --------------------------------------------------------------
     def state(self) -> dict[str, Any]:

@@ -210,7 +210,7 @@ class ForegroundFollower(ForegroundController):
         at most once a window, so that their idle baselines leave those windows out."""
         now = self.clock()
         with self._cond:
-            active, ended = self._active + self._unpaced, self._work_ended
+            active, ended = self._running(), self._work_ended
         if self._link is None or now - self._reported_at < self.window_s:
             return
         if active == 0 and ended <= self._reported_work:
