@@ -349,8 +349,10 @@ def test_a_tuning_that_rechecks_reads_the_table_once(
     store, make_collection, make_worker, collection_name, monkeypatch
 ) -> None:
     """A new target's tuning re-checks its choice on fresh queries: those are drawn and answered with
-    the first round's, so the whole tuning reads the table for exact answers once. A settled tuning
-    (nothing moved since) draws only the first round's queries."""
+    the first round's, so the first round and its re-check read the table for exact answers once.
+    Only where the re-check's queries fail every rung measured (drawn at random: it happens) do the
+    rungs above take one more read, of ``tune_sample`` queries. A settled tuning (nothing moved since)
+    draws only the first round's queries."""
     make_collection(3000, 32)
     store.set_recall_target(collection=collection_name, target=0.95)
     reads: list[int] = []
@@ -364,9 +366,10 @@ def test_a_tuning_that_rechecks_reads_the_table_once(
     worker = make_worker(tune_sample=100, tune_sample_max=300)
     assert worker.run_once() == 0
     c = store.get_collection(name=collection_name, fresh=True)
-    assert c.recall_tuning is not None and c.recall_tuning["queries"] == 300, c.recall_tuning
+    assert c.recall_tuning is not None
     tunings = [n for n in reads if n >= 100]  # the probes' samples are smaller
-    assert tunings == [300]
+    assert tunings in ([300], [300, 100]), tunings
+    assert c.recall_tuning["queries"] == sum(tunings), c.recall_tuning
     reads.clear()
     again = worker.tune(c)
     assert again.outcome == "ok", again
