@@ -249,7 +249,7 @@ def run(url: str, settings: Settings, data: dict[str, Any], args: argparse.Names
         options |= copy_then_build(conn, url, settings, data, args.batch, args.builds)
         for batch in args.batches:
             streaming = VectorStore(engine, settings=settings)  # its sealer's record is this stream's alone
-            options[f"segments_python_{batch}"] = stream_memstore.stream(streaming, data, batch=batch)
+            options[f"segments_python_{batch}"] = stream_memstore.stream(streaming, data, url=url, batch=batch)
             streaming.sealer.close()
         if args.rest_batch:
             server = Server(url, workers=0)
@@ -257,7 +257,7 @@ def run(url: str, settings: Settings, data: dict[str, Any], args: argparse.Names
                 _, secret = keys.create_key(store.db, name=f"bench-stream-{time.time_ns()}", scopes=["admin"])
                 rest = (f"http://127.0.0.1:{server.port}", secret)
                 options[f"segments_rest_{args.rest_batch}"] = stream_memstore.stream(
-                    store, data, batch=args.rest_batch, rest=rest
+                    store, data, url=url, batch=args.rest_batch, rest=rest
                 )
             finally:
                 server.stop()

@@ -2,11 +2,12 @@
 
 A client upserts its rows in batches, through the Python API or REST, into a new segmented
 collection, then asks for the tail to be sealed (``VectorStore.seal``, ``POST .../seal``): the time
-until then is the end-to-end time, every row found through a graph. Meanwhile one thread searches the
-collection without pause (``k`` 10, the default ef): its latency during the stream is compared with
-the same searches once the stream is over and the graphs are merged (what the sealer does when writes
-pause). Recall@10 at ef 40 and 80 over the benchmark's queries, with the stream's graphs and after the
-merge, through the store's own search (the union of graphs and tail).
+until then is the end-to-end time, every row found through a graph. Meanwhile another client (a
+process of its own, ``OtherClient``) searches the collection without pause (``k`` 10, the default
+ef): its latency during the stream is compared with the same client's searches once the stream is
+over and the graphs are merged (what the sealer does when writes pause). Recall@10 at ef 40 and 80
+over the benchmark's queries, with the stream's graphs and after the merge, through the store's own
+search (the union of graphs and tail).
 """
 
 from __future__ import annotations
@@ -71,6 +72,69 @@ class Watcher:
         }
 
 
+def _client_searches(
+    url: str, name: str, queries: np.ndarray, searches: int | None, ready: Any, stop: Any, out: Any
+) -> None:
+    """``OtherClient``'s process: its own store on the collection, one search to warm its connection,
+    then ``searches`` searches (None: until ``stop``), their latencies sent back through ``out``."""
+    from memstore.db.core import create_engine
+    from memstore.settings import Settings
+
+    engine = create_engine(url)
+    store = VectorStore(engine, settings=Settings(database_url=url))
+    try:
+        store.search(collection=name, vector=queries[0], k=db.K)
+        ready.set()
+        latencies: list[float] = []
+        i = 0
+        while i == 0 or (not stop.is_set() and (searches is None or i < searches)):  # one at least
+            t0 = time.perf_counter()
+            store.search(collection=name, vector=queries[i % len(queries)], k=db.K)
+            latencies.append(time.perf_counter() - t0)
+            i += 1
+        out.send(latencies)
+    finally:
+        engine.dispose()
+
+
+class OtherClient(Watcher):
+    """A ``Watcher`` whose searches come from another process, as a service's searches come from
+    other clients than its writer's: a thread in the writer's own process waits for the interpreter's
+    lock behind the writer's Python work (up to ``sys.getswitchinterval()``, 5 ms, at each hand-over),
+    which is the benchmark's cost and not the service's. ``searches``: that many, then stop (None:
+    until the ``with`` block ends)."""
+
+    def __init__(self, url: str, name: str, queries: np.ndarray, searches: int | None = None) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")  # no copy of this process's threads and connections
+        self.latencies, self._searches = [], searches
+        self._ready, self._halt = ctx.Event(), ctx.Event()
+        self._theirs, self._mine = ctx.Pipe(duplex=False)
+        self._process = ctx.Process(
+            target=_client_searches,
+            args=(url, name, queries, searches, self._ready, self._halt, self._mine),
+            name="bench-stream-client",
+            daemon=True,
+        )
+
+    def __enter__(self) -> OtherClient:
+        self._process.start()
+        if not self._ready.wait(120):
+            self._process.kill()
+            raise RuntimeError("the searching client did not start within 120 s")
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self._searches is None:
+            self._halt.set()
+        if self._theirs.poll(600):
+            self.latencies = list(self._theirs.recv())
+        self._process.join(60)
+        if not self.latencies:
+            raise RuntimeError(f"the searching client ended without its latencies (exit {self._process.exitcode})")
+
+
 def settled(search: Callable[[np.ndarray], Any], queries: np.ndarray, searches: int) -> Watcher:
     """``searches`` searches of the store once the stream is over, timed as the stream's were."""
     after = Watcher(search, queries)
@@ -108,12 +172,14 @@ def stream(
     store: VectorStore,
     data: dict[str, Any],
     *,
+    url: str,
     batch: int,
     rest: tuple[str, str] | None = None,
     settle_searches: int = 400,
 ) -> dict[str, Any]:
     """One stream of ``batch``-row upserts into a new segmented collection, through the Python API or
-    (``rest``: the server's URL and a key) REST, sealed at the end; its figures."""
+    (``rest``: the server's URL and a key) REST, sealed at the end; its figures. ``url``: the database's,
+    for the client that searches meanwhile (``OtherClient``)."""
     base = data["base"]
     name = f"{PREFIX}seg_{'rest' if rest else 'py'}_{batch}"
     with contextlib.suppress(LookupError):
@@ -142,11 +208,8 @@ def stream(
             for s in starts
         ]
 
-    def search(q: np.ndarray) -> Any:
-        return store.search(collection=name, vector=q, k=db.K)
-
     queries = data["queries"]
-    with Watcher(search, queries) as during:
+    with OtherClient(url, name, queries) as during:
         t0 = time.perf_counter()
         for body in tqdm(bodies, desc=name, file=sys.stderr):
             if client is None:
@@ -170,7 +233,8 @@ def stream(
     t1 = time.perf_counter()
     merged = store.seal(collection=name, merge=True)
     merge_s = time.perf_counter() - t1
-    after = settled(search, queries, settle_searches)
+    with OtherClient(url, name, queries, searches=settle_searches) as after:
+        pass
     idle_cost = merged_overhead(store, name, queries)
     out = {
         "via": "rest" if rest else "python",
