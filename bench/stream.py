@@ -247,9 +247,13 @@ def run(url: str, settings: Settings, data: dict[str, Any], args: argparse.Names
     options: dict[str, Any] = {}
     with db.connect(url, settings) as conn, db.connect(url, settings) as raw:
         options |= copy_then_build(conn, url, settings, data, args.batch, args.builds)
+        # Searched in turns with each stream's collection: what the machine's load alone costs a search.
+        quiet = stream_memstore.quiet_collection(store, data)
         for batch in args.batches:
             streaming = VectorStore(engine, settings=settings)  # its sealer's record is this stream's alone
-            options[f"segments_python_{batch}"] = stream_memstore.stream(streaming, data, url=url, batch=batch)
+            options[f"segments_python_{batch}"] = stream_memstore.stream(
+                streaming, data, url=url, batch=batch, quiet=quiet
+            )
             streaming.sealer.close()
         if args.rest_batch:
             server = Server(url, workers=0)
@@ -257,7 +261,7 @@ def run(url: str, settings: Settings, data: dict[str, Any], args: argparse.Names
                 _, secret = keys.create_key(store.db, name=f"bench-stream-{time.time_ns()}", scopes=["admin"])
                 rest = (f"http://127.0.0.1:{server.port}", secret)
                 options[f"segments_rest_{args.rest_batch}"] = stream_memstore.stream(
-                    store, data, url=url, batch=args.rest_batch, rest=rest
+                    store, data, url=url, batch=args.rest_batch, rest=rest, quiet=quiet
                 )
             finally:
                 server.stop()
@@ -277,6 +281,7 @@ def run(url: str, settings: Settings, data: dict[str, Any], args: argparse.Names
                 for merge in (True, False):
                     options |= tail_option(conn, raw, url, settings, data, fraction=fraction, merge=merge, args=args)
         conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(COPY_TABLE)))
+        store.drop_collection(name=quiet)
     store.sealer.close()
     engine.dispose()
     reference = options["copy_build_parallel"]["rows_per_s"]

@@ -62,58 +62,73 @@ class Watcher:
             i += 1
 
     def summary(self) -> dict[str, Any]:
-        if not self.latencies:
-            return {"searches": 0}
-        ms = np.asarray(self.latencies) * 1000
-        return {
-            "searches": len(ms),
-            "p50_ms": round(float(np.percentile(ms, 50)), 3),
-            "p99_ms": round(float(np.percentile(ms, 99)), 3),
-        }
+        return timing_summary(self.latencies)
+
+
+def timing_summary(latencies: list[float]) -> dict[str, Any]:
+    """How many searches, their p50 and p99 in ms."""
+    if not latencies:
+        return {"searches": 0}
+    ms = np.asarray(latencies) * 1000
+    return {
+        "searches": len(ms),
+        "p50_ms": round(float(np.percentile(ms, 50)), 3),
+        "p99_ms": round(float(np.percentile(ms, 99)), 3),
+    }
 
 
 def _client_searches(
-    url: str, name: str, queries: np.ndarray, searches: int | None, ready: Any, stop: Any, out: Any
+    url: str, names: tuple[str, ...], queries: np.ndarray, searches: int | None, ready: Any, stop: Any, out: Any
 ) -> None:
-    """``OtherClient``'s process: its own store on the collection, one search to warm its connection,
-    then ``searches`` searches (None: until ``stop``), their latencies sent back through ``out``."""
+    """``OtherClient``'s process: its own store, one search of each collection to warm its connection,
+    then ``searches`` rounds (None: until ``stop``) of one search of each collection in turn, their
+    latencies per collection sent back through ``out``."""
     from memstore.db.core import create_engine
     from memstore.settings import Settings
 
     engine = create_engine(url)
     store = VectorStore(engine, settings=Settings(database_url=url))
     try:
-        store.search(collection=name, vector=queries[0], k=db.K)
+        for name in names:
+            store.search(collection=name, vector=queries[0], k=db.K)
         ready.set()
-        latencies: list[float] = []
+        latencies: dict[str, list[float]] = {name: [] for name in names}
         i = 0
         while i == 0 or (not stop.is_set() and (searches is None or i < searches)):  # one at least
-            t0 = time.perf_counter()
-            store.search(collection=name, vector=queries[i % len(queries)], k=db.K)
-            latencies.append(time.perf_counter() - t0)
+            q = queries[i % len(queries)]
+            for name in names:
+                t0 = time.perf_counter()
+                store.search(collection=name, vector=q, k=db.K)
+                latencies[name].append(time.perf_counter() - t0)
             i += 1
         out.send(latencies)
     finally:
         engine.dispose()
 
 
-class OtherClient(Watcher):
-    """A ``Watcher`` whose searches come from another process, as a service's searches come from
+class OtherClient:
+    """``Watcher``'s searches from another process, as a service's searches come from
     other clients than its writer's: a thread in the writer's own process waits for the interpreter's
     lock behind the writer's Python work (up to ``sys.getswitchinterval()``, 5 ms, at each hand-over),
-    which is the benchmark's cost and not the service's. ``searches``: that many, then stop (None:
-    until the ``with`` block ends)."""
+    which is the benchmark's cost and not the service's. It searches ``name`` and, in turns with it,
+    each of ``beside`` (``latencies_of``): a collection nobody writes, searched in the same moments,
+    tells what the machine's load alone costs a search. ``searches``: that many rounds, then stop
+    (None: until the ``with`` block ends)."""
 
-    def __init__(self, url: str, name: str, queries: np.ndarray, searches: int | None = None) -> None:
+    def __init__(
+        self, url: str, name: str, queries: np.ndarray, searches: int | None = None, beside: tuple[str, ...] = ()
+    ) -> None:
         import multiprocessing
 
         ctx = multiprocessing.get_context("spawn")  # no copy of this process's threads and connections
-        self.latencies, self._searches = [], searches
+        self.latencies: list[float] = []
+        self._searches, self._names = searches, (name, *beside)
+        self._by_name: dict[str, list[float]] = {}
         self._ready, self._halt = ctx.Event(), ctx.Event()
         self._theirs, self._mine = ctx.Pipe(duplex=False)
         self._process = ctx.Process(
             target=_client_searches,
-            args=(url, name, queries, searches, self._ready, self._halt, self._mine),
+            args=(url, self._names, queries, searches, self._ready, self._halt, self._mine),
             name="bench-stream-client",
             daemon=True,
         )
@@ -129,10 +144,15 @@ class OtherClient(Watcher):
         if self._searches is None:
             self._halt.set()
         if self._theirs.poll(600):
-            self.latencies = list(self._theirs.recv())
+            self._by_name = dict(self._theirs.recv())
         self._process.join(60)
-        if not self.latencies:
+        if not self._by_name:
             raise RuntimeError(f"the searching client ended without its latencies (exit {self._process.exitcode})")
+        self.latencies = self._by_name[self._names[0]]
+
+    def latencies_of(self, name: str) -> list[float]:
+        """The latencies of ``name``'s searches (one of ``beside``)."""
+        return self._by_name.get(name, [])
 
 
 def settled(search: Callable[[np.ndarray], Any], queries: np.ndarray, searches: int) -> Watcher:
@@ -144,9 +164,9 @@ def settled(search: Callable[[np.ndarray], Any], queries: np.ndarray, searches: 
     return after
 
 
-def latency_figures(during: Watcher, after: Watcher) -> dict[str, Any]:
+def latency_figures(during: list[float], after: list[float]) -> dict[str, Any]:
     """The searches' latency during the stream and after it, and the p99 of one over the other."""
-    out: dict[str, Any] = {"search_during_stream": during.summary(), "search_after": after.summary()}
+    out: dict[str, Any] = {"search_during_stream": timing_summary(during), "search_after": timing_summary(after)}
     during_p99, after_p99 = out["search_during_stream"].get("p99_ms"), out["search_after"].get("p99_ms")
     if during_p99 and after_p99:
         out["p99_ratio_during_vs_after"] = round(during_p99 / after_p99, 3)
@@ -175,11 +195,13 @@ def stream(
     url: str,
     batch: int,
     rest: tuple[str, str] | None = None,
+    quiet: str | None = None,
     settle_searches: int = 400,
 ) -> dict[str, Any]:
     """One stream of ``batch``-row upserts into a new segmented collection, through the Python API or
     (``rest``: the server's URL and a key) REST, sealed at the end; its figures. ``url``: the database's,
-    for the client that searches meanwhile (``OtherClient``)."""
+    for the client that searches meanwhile (``OtherClient``); ``quiet``: a loaded collection nobody
+    writes, which that client searches in turns with the stream's (the machine's load alone)."""
     base = data["base"]
     name = f"{PREFIX}seg_{'rest' if rest else 'py'}_{batch}"
     with contextlib.suppress(LookupError):
@@ -209,7 +231,8 @@ def stream(
         ]
 
     queries = data["queries"]
-    with OtherClient(url, name, queries) as during:
+    beside = (quiet,) if quiet else ()
+    with OtherClient(url, name, queries, beside=beside) as during:
         t0 = time.perf_counter()
         for body in tqdm(bodies, desc=name, file=sys.stderr):
             if client is None:
@@ -233,7 +256,7 @@ def stream(
     t1 = time.perf_counter()
     merged = store.seal(collection=name, merge=True)
     merge_s = time.perf_counter() - t1
-    with OtherClient(url, name, queries, searches=settle_searches) as after:
+    with OtherClient(url, name, queries, searches=settle_searches, beside=beside) as after:
         pass
     idle_cost = merged_overhead(store, name, queries)
     out = {
@@ -250,8 +273,10 @@ def stream(
         "merged": merged,
         "recall_after_merge": _recall(store, name, data),
         "merged_search_vs_one_graph": idle_cost,
-        **latency_figures(during, after),
+        **latency_figures(during.latencies, after.latencies),
     }
+    if quiet:  # the same client's searches of a collection nobody wrote, in turns with these
+        out["quiet_collection"] = latency_figures(during.latencies_of(quiet), after.latencies_of(quiet))
     if client is not None:
         client.close()
     store.drop_collection(name=name)
@@ -274,3 +299,16 @@ def merged_overhead(store: VectorStore, name: str, queries: np.ndarray) -> dict[
         db.set_ef(conn, c.default_ef_search)
         merged = db.Side("merged", db.searcher(conn, sql.SQL(union.as_string(conn))))
         return db.timed_pair(merged, db.Side("one_graph", db.searcher(conn, one)), queries)
+
+
+def quiet_collection(store: VectorStore, data: dict[str, Any]) -> str:
+    """A collection of the benchmark's rows in one graph (``bulk_load``) that no stream writes."""
+    name = f"{PREFIX}quiet"
+    with contextlib.suppress(LookupError):
+        store.drop_collection(name=name)
+    store.create_collection(name=name, dimensions=data["base"].shape[1])
+    base = data["base"]
+    store.bulk_load(
+        collection=name, items=(ItemIn(vector=v, external_id=str(i)) for i, v in enumerate(base)), total=len(base)
+    )
+    return name

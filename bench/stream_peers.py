@@ -234,7 +234,7 @@ def stream(name: str, data: dict[str, Any], *, batch: int, settle_searches: int 
             "seconds": round(indexed_s, 3),
             "rows_per_s": round(len(base) / indexed_s, 1),
             "recall_at_10": _recall(peer, data),
-            **latency_figures(during, after),
+            **latency_figures(during.latencies, after.latencies),
         }
         peer.close()
         return out

@@ -497,6 +497,9 @@ def test_stream_benchmark_measures_every_write_path(database_url: str, tmp_path:
         assert o["graphs_at_end"] >= 1 and o["merged"] is not None, name
         assert o["recall_after_merge"]["80"] >= 0.9 and o["recall_at_10"]["80"] >= 0.9, name
         assert o["search_during_stream"]["searches"] > 0 and o["search_after"]["searches"] >= 400, name
+        quiet = o["quiet_collection"]  # searched in turns with the stream's collection, as many times
+        assert quiet["search_during_stream"]["searches"] == o["search_during_stream"]["searches"], name
+        assert quiet["search_after"]["searches"] == o["search_after"]["searches"], name
     # The peers' streams where they import (the peers extra), else skipped with the reason.
     for peer in ("chroma", "lancedb", "qdrant_local"):
         for batch in (1000, 3000):
