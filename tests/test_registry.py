@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import sqlalchemy as sa
 
@@ -39,3 +41,24 @@ def test_ids_names_drops_and_duplicates(store: VectorStore, engine: sa.Engine, c
     with pytest.raises(CollectionNotFoundError):
         registry.get(collection_name, fresh=True)
     assert registry.cached(collection_name) is None
+
+
+def test_a_segmented_collection_is_read_again_sooner(
+    store: VectorStore, engine: sa.Engine, collection_name: str
+) -> None:
+    """A segmented collection's row changes with every seal, and a process on an older layout reads
+    the rows sealed since exactly: another process trusts its copy for ``layout_ttl``, where any other
+    row is trusted for ``ttl``."""
+    plain_name = f"{collection_name}_plain"
+    store.create_collection(name=collection_name, dimensions=3, write_path="segments")
+    store.create_collection(name=plain_name, dimensions=3)
+    try:
+        other = Registry(Database(engine), ttl=3600, layout_ttl=0.05)
+        segmented, plain = other.get(collection_name), other.get(plain_name)
+        time.sleep(0.1)
+        assert other.cached(plain_name) == plain
+        assert other.cached(collection_name) is None  # the next search reads its layout again
+        assert other.get(collection_name).id == segmented.id
+        assert Registry(Database(engine)).layout_ttl < Registry(Database(engine)).ttl  # the defaults
+    finally:
+        store.drop_collection(name=plain_name)
