@@ -24,8 +24,12 @@ $(STAMP): pyproject.toml client/pyproject.toml
 run: $(STAMP)
 	$(BIN)/memstore serve
 
+# Two pytest processes (pytest-xdist), each with its own embedded server; a test file stays in one
+# process, so a module's fixtures start once. TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -477,6 +477,24 @@ def test_recall_target_benchmark_tunes_to_each_target_on_held_out_queries(databa
     assert timing["tuned"]["p99_ms"] >= timing["tuned"]["p50_ms"] > 0
 
 
+def test_segment_cost_benchmark_times_each_part_of_a_segmented_search(database_url: str) -> None:
+    """Three graphs and a tail: the store's statement, its graphs alone, its tail alone and one graph of
+    the same rows are timed at each ef; on 1,800 rows every answer is nearly exact."""
+    result = _run(
+        "bench.segment_cost",
+        database_url,
+        *("--database-url", database_url, "--rows", "1800", "--graphs", "3", "--tail", "300", "--dim", "16"),
+        *("--queries", "30", "--rounds", "1", "--efs", "10,40"),
+    )
+    assert result["graphs_built"] == 3
+    for ef in ("10", "40"):
+        row = result[ef]
+        assert set(row) == {"segmented", "graphs", "tail", "one_graph"}
+        assert all(part["p99_ms"] >= part["p50_ms"] > 0 for part in row.values()), row
+        assert row["segmented"]["recall_at_10"] >= 0.9 and row["one_graph"]["recall_at_10"] >= 0.9, row
+    assert result["tail_us_per_row_p50"] > 0
+
+
 def test_stream_benchmark_measures_every_write_path(database_url: str, tmp_path: Path) -> None:
     """Every write path runs on the same rows; on 6,000 rows each graph is nearly exact, and the
     watermark's search plans its partial index (a segment of 2,000 rows may be scanned instead: the
