@@ -88,7 +88,7 @@ def measure(
         ways = ("per_query", "in_server", "in_client") if n <= 20 else ("in_server", "in_client")
         rounds = repeats if n <= 20 else max(1, min(repeats, 3))
         with conn.transaction(), conn.cursor() as cur:
-            apply(cur, index_settings(ef_search=ef, max_scan_tuples=20_000))
+            apply(cur, index_settings(target, ef_search=ef, k=K, max_scan_tuples=20_000))
             found = [[(int(i), float(d)) for i, d in cur.execute(index_sql, {"q": q, "k": K}).fetchall()] for q in qs]
             apply(cur, exact_settings(ef_search=ef, max_scan_tuples=20_000))
             times: dict[str, list[float]] = {w: [] for w in ways}

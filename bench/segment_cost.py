@@ -6,7 +6,9 @@ benchmark builds such a collection of ``--rows`` rows in ``--graphs`` graphs of 
 upserts ``--tail`` rows it leaves unsealed, and times on one connection, taking turns of 25 queries
 (prepared, as the store runs them), at each ``--efs``:
 
-- ``segmented``: the store's statement, every graph and the tail;
+- ``segmented``: the store's statement, every graph and the tail, every graph walked at the ef;
+- ``as_searched``: the same at the ef the store walks each graph at for a search at that ef
+  (``segments.walk_ef``: lower while there are many graphs);
 - ``graphs``: the same graphs without the tail (a tail just sealed);
 - ``tail``: the tail's branch alone;
 - ``one_graph``: the same rows bulk-loaded into a collection of one graph (what a merge leaves).
@@ -108,17 +110,25 @@ def measure(store: VectorStore, data: dict[str, Any], args: argparse.Namespace) 
     one = store.get_collection(name=ONE_GRAPH, fresh=True)
     texts = statements(c, one, db.K)
     out: dict[str, Any] = {"graphs_built": len(segments.search_ranges(c) or ())}
-    with store.db.dedicated(application_name="bench-segment-cost") as conn:
+    with (
+        store.db.dedicated(application_name="bench-segment-cost") as conn,
+        store.db.dedicated(application_name="bench-segment-cost-walk-ef") as walked,
+    ):
         sides = {name: db.Side(name, external_ids(conn, *text)) for name, text in texts.items()}
+        # The store's statement at the ef the store walks each graph at (its own connection's setting).
+        sides["as_searched"] = db.Side("as_searched", external_ids(walked, *texts["segmented"]))
         for ef in args.efs:
             db.set_ef(conn, ef)
+            walk = segments.walk_ef(c, ef, db.K)
+            db.set_ef(walked, walk)
             timings = time_searches(list(sides.values()), queries, rounds=args.rounds, warmup=20)
             row: dict[str, Any] = {
                 name: {"p50_ms": round(t.p50_ms, 3), "p99_ms": round(t.p99_ms, 3)}
                 for name, t in zip(sides, timings, strict=True)
             }
-            for name in ("segmented", "one_graph"):
+            for name in ("segmented", "as_searched", "one_graph"):
                 row[name]["recall_at_10"] = db.recall(sides[name].search, queries, truth)
+            row["as_searched"]["walk_ef"] = walk
             out[str(ef)] = row
     if args.tail:
         tail_ms = [out[str(ef)]["tail"]["p50_ms"] for ef in args.efs]

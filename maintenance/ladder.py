@@ -113,7 +113,7 @@ def stand_ins(
         return []
     statement = index_search(target)
     with snapshot(conn), conn.cursor() as cur:
-        apply(cur, index_settings(ef_search=40, max_scan_tuples=max_scan_tuples))
+        apply(cur, index_settings(target, ef_search=40, k=4, max_scan_tuples=max_scan_tuples))
         near = _index_answers(conn, statement, list(stored), 4)
     # The nearest rows at a distance (the vector's own row, and duplicates of it, are at about 0).
     others = [[i for i, d in answer if d > 1e-6] for answer in near]
@@ -199,7 +199,7 @@ def answered(
     ms: dict[int, float] = {}
     with snapshot(conn), conn.cursor() as cur:
         if vectors and uses_found(len(vectors)):
-            apply(cur, index_settings(ef_search=reference, max_scan_tuples=max_scan_tuples))
+            apply(cur, index_settings(target, ef_search=reference, k=k, max_scan_tuples=max_scan_tuples))
             t0 = time.perf_counter()
             found[reference] = _index_answers(conn, index_search(target), vectors, k)
             ms[reference] = (time.perf_counter() - t0) * 1000 / len(vectors)
@@ -280,7 +280,7 @@ def measure_ladder(
             for ef in sorted(rungs, reverse=stop_below):
                 found = drawn.found.get(ef)
                 if found is None:
-                    apply(cur, index_settings(ef_search=ef, max_scan_tuples=max_scan_tuples))
+                    apply(cur, index_settings(target, ef_search=ef, k=k, max_scan_tuples=max_scan_tuples))
                     t0 = time.perf_counter()
                     found = _index_answers(conn, statement, drawn.vectors, k)
                     ms[ef] = (time.perf_counter() - t0) * 1000 / len(drawn.vectors)

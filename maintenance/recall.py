@@ -43,9 +43,13 @@ def snapshot(conn: psycopg.Connection[Any]) -> Iterator[None]:
         yield
 
 
-def index_settings(*, ef_search: int, max_scan_tuples: int) -> SearchSettings:
+def index_settings(target: Target, *, ef_search: int, k: int, max_scan_tuples: int) -> SearchSettings:
     """The index's answers must come from the index: on a small table the planner rightly prefers a
-    sequential scan (exact, so the probe would read recall 1.0 whatever state the graph is in)."""
+    sequential scan (exact, so the probe would read recall 1.0 whatever state the graph is in). A
+    segmented collection's graphs are walked at the ef the store's searches walk them at
+    (``segments.walk_ef``), so that what a probe reads at an ef is what searches at it get."""
+    if target.space is None:
+        ef_search = segments.walk_ef(target.collection, ef_search, k)
     return SearchSettings(ef_search=ef_search, exact=False, max_scan_tuples=max_scan_tuples, index_only=True)
 
 
@@ -137,7 +141,7 @@ def measure_recall(
     else:
         vectors, source, sample_ids = sample_queries(conn, target, sample, exclude=exclude)
     index_sql = index_search(target)
-    approx = index_settings(ef_search=ef_search, max_scan_tuples=max_scan_tuples)
+    approx = index_settings(target, ef_search=ef_search, k=k, max_scan_tuples=max_scan_tuples)
     brute = exact_settings(ef_search=ef_search, max_scan_tuples=max_scan_tuples)
     found: list[list[tuple[int, float]]] = []
     # One transaction and one snapshot for all the searches, so that rows written meanwhile are seen

@@ -4,6 +4,7 @@ tail, the graphs and their merges; updates and deletes show at once; a seal that
 
 from __future__ import annotations
 
+import itertools
 import re
 import threading
 import time
@@ -172,6 +173,25 @@ def test_merges_while_writing_rebuild_each_row_a_few_times() -> None:
     assert rebuilt <= 4 * 200 * 100
 
 
+@pytest.mark.parametrize(
+    ("sizes", "ef", "k", "want"),
+    [
+        ([], 80, 10, 80),  # no graph: the tail alone, exactly
+        ([100_000], 80, 10, 80),  # one graph: the collection's ef
+        ([10_000] * 10, 80, 10, 26),  # ten of a tenth each: ceil(80 * sqrt(0.1))
+        ([10_000] * 10, 40, 10, 13),
+        ([10_000] * 100, 40, 10, 10),  # never under k
+        ([10_000] * 10, 8, 10, 8),  # nor over the ef asked for, under k or not
+        ([80_000, 20_000], 80, 10, 72),  # a quiet collection's two graphs: the larger's share, 0.8
+        ([5_000, 95_000], 1000, 10, 975),
+    ],
+)
+def test_each_graph_is_walked_at_the_ef_of_its_share(sizes: list[int], ef: int, k: int, want: int) -> None:
+    edges = np.cumsum([0, *sizes]).tolist()
+    layout = Layout(tuple(Graph(lo, hi, f"g{i}") for i, (lo, hi) in enumerate(itertools.pairwise(edges))))
+    assert layout.walk_ef(ef, k) == want
+
+
 def test_write_path_is_checked() -> None:
     assert segments.validate_write_path("segments", partitions=1, representation="full") == "segments"
     with pytest.raises(InvalidInputError, match="write_path must be one of"):
@@ -215,6 +235,17 @@ def test_rows_are_found_in_every_state(seg_store: VectorStore, collection_name: 
     store.forget_collection(collection_name)
     assert len(_layout(store, collection_name).graphs) == 3
     _all_found(store, collection_name, x)
+    # Graphs of 250, 150 and 120 rows: a search at the default ef walks each at the largest's share.
+    plan = store.plain_search(
+        c3 := store.get_collection(name=collection_name),
+        vector=x[0],
+        k=10,
+        filter=None,
+        ef_search=None,
+        exact=False,
+        alone=True,
+    )
+    assert plan.settings.ef_search == segments.walk_ef(c3, s.default_ef_search, 10) == 56  # ceil(80 * sqrt(250 / 520))
     # A layout read before the merge still finds every row once its indexes are gone.
     stale = store.get_collection(name=collection_name, fresh=True)
     merged = sealing.merge(store.db, c, s, quiet=True, everything=True)

@@ -24,6 +24,7 @@ An update keeps the row's id, so a row updated in a sealed range is linked again
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +72,22 @@ class Layout:
         """What a search statement needs: each graph's range (the statement text depends on it alone)."""
         return tuple((g.lo, g.hi) for g in self.graphs)
 
+    def walk_ef(self, ef: int, k: int) -> int:
+        """The ``ef_search`` each graph is walked at for a search at ``ef``.
+
+        ``ef`` is the collection's as one graph of all its rows (what a merge leaves, and what a
+        recall target tunes). A graph of a share ``s`` of those rows needs less for the same recall:
+        the ef a recall needs grows with the rows as about their 0.8th to 1.1th power (docs/scale.md:
+        10 at 10,000 rows, 60 at 100,000, 800 at 1,000,000 for 0.95), so ``ef * sqrt(s)`` of the
+        largest graph's share is more than each graph needs, and the union of the graphs' answers
+        reads higher recall than one graph at ``ef`` (bench.segment_cost). Never below ``k`` (one walk
+        must fill the answer), never above ``ef``; one graph or none: ``ef``."""
+        if len(self.graphs) < 2:
+            return ef
+        sizes = [g.rows_bound for g in self.graphs]
+        share = max(sizes) / max(1, sum(sizes))
+        return min(ef, max(k, math.ceil(ef * math.sqrt(share))))
+
     def to_json(self) -> list[list[Any]]:
         return [[g.lo, g.hi, g.index] for g in self.graphs]
 
@@ -98,6 +115,13 @@ def search_ranges(c: Collection) -> tuple[tuple[int, int], ...] | None:
     None: the one graph of the whole table."""
     found = layout(c)
     return None if found is None else found.ranges
+
+
+def walk_ef(c: Collection, ef: int, k: int) -> int:
+    """The ``ef_search`` each graph of ``c`` is walked at for a search at ``ef`` (``Layout.walk_ef``;
+    a collection with one live graph walks it at ``ef``)."""
+    found = layout(c)
+    return ef if found is None else found.walk_ef(ef, k)
 
 
 def parts(graphs: tuple[tuple[int, int], ...]) -> list[tuple[int, int | None]]:

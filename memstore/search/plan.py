@@ -155,7 +155,7 @@ def plain_plan(
     runs it again with the scan then (``SearchPlan.second_walk``). A partitioned collection keeps the
     scan: the merge of its partitions' walks would fill a short walk's place with another
     partition's farther rows, and the answer would come back complete but worse."""
-    efs = ef_search_of(c, ef_search)
+    efs = segments.walk_ef(c, ef_search_of(c, ef_search), k)
     walk_once = alone and filter is None and not exact and k <= efs and c.partitions == 1
     settings = statements.search_settings(
         ef_search=efs, exact=exact, max_scan_tuples=max_scan_tuples, iterative=not walk_once

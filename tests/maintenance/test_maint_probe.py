@@ -253,7 +253,7 @@ def test_recall_probe_measures_the_index_even_where_the_planner_would_scan_the_t
         store_plan = "\n".join(r[0] for r in conn.execute(plan_of, params))
     assert "Seq Scan" in store_plan  # the premise: left alone, the planner scans this table
     with conn.transaction():
-        apply(conn.cursor(), index_settings(ef_search=40, max_scan_tuples=20_000))
+        apply(conn.cursor(), index_settings(target, ef_search=40, k=10, max_scan_tuples=20_000))
         probe_plan = "\n".join(r[0] for r in conn.execute(plan_of, params))
     assert f"Index Scan using {target.index}" in probe_plan
 
