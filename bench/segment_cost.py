@@ -13,11 +13,11 @@ upserts ``--tail`` rows it leaves unsealed, and times on one connection, taking 
 - ``tail``: the tail's branch alone;
 - ``one_graph``: the same rows bulk-loaded into a collection of one graph (what a merge leaves).
 
-With recall@10 of ``segmented`` and ``one_graph`` against exact answers. What it answers: whether a
+With recall@10 of ``segmented``, ``as_searched`` and ``one_graph`` against exact answers. What it answers: whether a
 search during a stream pays for its graphs' walks (which a lower ef per graph would cut) or for a fixed
 cost per graph and the tail's rows (which only fewer graphs and a smaller tail cut).
 
-    python -m bench.segment_cost --json              # 60,000 x 128 in 10 graphs, a 5,000-row tail
+    python -m bench.segment_cost --json              # 65,000 x 128: 10 graphs, a 5,000-row tail
 """
 
 from __future__ import annotations
@@ -67,39 +67,36 @@ def _items(base: np.ndarray, lo: int, hi: int) -> list[ItemIn]:
     return [ItemIn(vector=base[i], external_id=str(i)) for i in range(lo, hi)]
 
 
-def statements(c: Collection, one: Collection, k: int) -> dict[str, tuple[sql.SQL, int]]:
-    """The four statements timed, as text (prepared once each on the benchmark's connection), each
-    with the column of its answer's external ids."""
+def statements(c: Collection, one: Collection, k: int) -> dict[str, sql.SQL]:
+    """The four statements timed, as text (prepared once each on the benchmark's connection). The
+    parts answer the columns the store's statement answers (id, external_id, metadata, distance), so
+    that their times add up to its own but for the union."""
     ranges = segments.search_ranges(c)
     if ranges is None:
         raise ValueError(f"collection {c.name!r} is not written as segments")
-    table = sql.Identifier(c.table_name)
-    graph_branches = [
-        sql.SQL(
-            "(SELECT external_id, embedding <=> %(q)s AS distance FROM {t} WHERE embedding IS NOT NULL AND {r} "
-            "ORDER BY embedding <=> %(q)s LIMIT {k})"
-        ).format(t=table, r=segments.range_predicate(lo, hi), k=sql.Literal(k))
-        for lo, hi in ranges
-    ]
+    part = sql.SQL(
+        "SELECT id, external_id, metadata, embedding <=> %(q)s AS distance FROM {t} WHERE embedding IS NOT NULL "
+        "AND {r} ORDER BY embedding <=> %(q)s LIMIT {k}"
+    )
+
+    def branch(lo: int, hi: int | None) -> sql.Composed:
+        return part.format(t=sql.Identifier(c.table_name), r=segments.range_predicate(lo, hi), k=sql.Literal(k))
+
     graphs_only = sql.SQL(
-        "WITH c AS MATERIALIZED ({}) SELECT external_id, distance FROM c ORDER BY distance + 0 LIMIT {}"
-    ).format(sql.SQL(" UNION ALL ").join(graph_branches), sql.Literal(k))
-    tail = sql.SQL(
-        "SELECT external_id FROM {t} WHERE embedding IS NOT NULL AND {r} ORDER BY embedding <=> %(q)s LIMIT {k}"
-    ).format(t=table, r=segments.range_predicate(ranges[-1][1], None), k=sql.Literal(k))
-    # The store's statements answer id, external_id, metadata, distance; the two parts, external_id first.
+        "WITH c AS MATERIALIZED ({}) SELECT id, external_id, metadata, distance FROM c ORDER BY distance + 0 LIMIT {}"
+    ).format(sql.SQL(" UNION ALL ").join(sql.SQL("({})").format(branch(lo, hi)) for lo, hi in ranges), sql.Literal(k))
     composed = {
-        "segmented": (search_statement(c.table_name, c.spec.operator, exact=False, limit=k, graphs=ranges), 1),
-        "graphs": (graphs_only, 0),
-        "tail": (tail, 0),
-        "one_graph": (search_statement(one.table_name, one.spec.operator, exact=False, limit=k), 1),
+        "segmented": search_statement(c.table_name, c.spec.operator, exact=False, limit=k, graphs=ranges),
+        "graphs": graphs_only,
+        "tail": branch(ranges[-1][1], None),
+        "one_graph": search_statement(one.table_name, one.spec.operator, exact=False, limit=k),
     }
-    return {name: (sql.SQL(s.as_string()), column) for name, (s, column) in composed.items()}
+    return {name: sql.SQL(s.as_string()) for name, s in composed.items()}
 
 
-def external_ids(conn: Any, statement: sql.SQL, column: int) -> db.Search:
+def external_ids(conn: Any, statement: sql.SQL) -> db.Search:
     """Prepared, as the store runs it; the answer's external ids (the rows' places in ``base``)."""
-    return lambda q: [int(r[column]) for r in conn.execute(statement, {"q": q}, prepare=True).fetchall()]
+    return lambda q: [int(r[1]) for r in conn.execute(statement, {"q": q}, prepare=True).fetchall()]
 
 
 def measure(store: VectorStore, data: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
@@ -114,9 +111,9 @@ def measure(store: VectorStore, data: dict[str, Any], args: argparse.Namespace) 
         store.db.dedicated(application_name="bench-segment-cost") as conn,
         store.db.dedicated(application_name="bench-segment-cost-walk-ef") as walked,
     ):
-        sides = {name: db.Side(name, external_ids(conn, *text)) for name, text in texts.items()}
+        sides = {name: db.Side(name, external_ids(conn, text)) for name, text in texts.items()}
         # The store's statement at the ef the store walks each graph at (its own connection's setting).
-        sides["as_searched"] = db.Side("as_searched", external_ids(walked, *texts["segmented"]))
+        sides["as_searched"] = db.Side("as_searched", external_ids(walked, texts["segmented"]))
         for ef in args.efs:
             db.set_ef(conn, ef)
             walk = segments.walk_ef(c, ef, db.K)

@@ -235,17 +235,11 @@ def test_rows_are_found_in_every_state(seg_store: VectorStore, collection_name: 
     store.forget_collection(collection_name)
     assert len(_layout(store, collection_name).graphs) == 3
     _all_found(store, collection_name, x)
-    # Graphs of 250, 150 and 120 rows: a search at the default ef walks each at the largest's share.
-    plan = store.plain_search(
-        c3 := store.get_collection(name=collection_name),
-        vector=x[0],
-        k=10,
-        filter=None,
-        ef_search=None,
-        exact=False,
-        alone=True,
-    )
-    assert plan.settings.ef_search == segments.walk_ef(c3, s.default_ef_search, 10) == 56  # ceil(80 * sqrt(250 / 520))
+    # Graphs of 250, 150 and 120 rows: a search at the default ef walks each at the largest's share,
+    # ceil(80 * sqrt(250 / 520)).
+    three = store.get_collection(name=collection_name)
+    plan = store.plain_search(three, vector=x[0], k=10, filter=None, ef_search=None, exact=False, alone=True)
+    assert plan.settings.ef_search == segments.walk_ef(three, s.default_ef_search, 10) == 56
     # A layout read before the merge still finds every row once its indexes are gone.
     stale = store.get_collection(name=collection_name, fresh=True)
     merged = sealing.merge(store.db, c, s, quiet=True, everything=True)
