@@ -24,12 +24,13 @@ $(STAMP): pyproject.toml client/pyproject.toml
 run: $(STAMP)
 	$(BIN)/memstore serve
 
-# Two pytest processes (pytest-xdist), each with its own embedded server; a test file stays in one
-# process, so a module's fixtures start once. TEST_WORKERS=0 runs everything in one process.
-TEST_WORKERS ?= 2
+# TEST_WORKERS=2: two pytest processes (pytest-xdist), each with its own embedded server, a test file
+# to a process. Not the default: the soak test (tests/reliability/test_soak.py) has been seen to fail
+# under the other process's load (its maintenance worker recorded no probe in the 15 s soak).
+TEST_WORKERS ?= 0
 
 test: $(STAMP)
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
