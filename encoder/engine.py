@@ -32,7 +32,7 @@ from .errors import (
     RequestTooLargeError,
     UnknownModelError,
 )
-from .images import SharedDecode, load_views, plan_for, probe_image
+from .images import SharedDecode, is_light, load_views, plan_for, probe_image
 from .metrics import EngineMetrics
 from .models import combine_views
 from .requests import BatchEncoder, QueuedRequest, TickReport, done_future, fail_future, wait_future
@@ -106,9 +106,10 @@ class EmbeddingEngine:
         self._stop = threading.Event()
         self._closed = False
         self._thread: threading.Thread | None = None
-        workers = self.settings.preprocess_workers
+        workers = self.settings.preprocess_threads(self.encoder.info.device)
         self._pool = PriorityPool(workers) if workers else None
-        self._tenant_images: Counter[str] = Counter()  # images waiting or decoding, per tenant
+        # Images waiting or decoding, per (tenant, heavy): light and heavy images queue apart.
+        self._tenant_images: Counter[tuple[str, bool]] = Counter()
         self.metrics = EngineMetrics(self.stats)
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -291,14 +292,15 @@ class EmbeddingEngine:
         req.plans, req.return_tiles = plans, return_tiles
         tenant = TENANT.get()
         for i, (blob, probe, plan) in enumerate(zip(blobs, probes, plans, strict=True)):
-            job = (req, offsets[i], blob, probe, plan, tenant, shares[i])
+            heavy = not is_light(blob, probe, plan)
+            job = (req, offsets[i], blob, probe, plan, (tenant, heavy), shares[i])
             if self._pool is None:
                 self._prepare(*job)
                 continue
-            with self._lock:  # its place among its tenant's images (encoder.tenancy)
-                share = self._tenant_images[tenant]
-                self._tenant_images[tenant] += 1
-            self._pool.submit((-int(req.priority), share, req.deadline), self._prepare, *job)
+            with self._lock:  # its place among its tenant's images of its weight (encoder.tenancy)
+                share = self._tenant_images[tenant, heavy]
+                self._tenant_images[tenant, heavy] += 1
+            self._pool.submit((-int(req.priority), share, req.deadline), self._prepare, *job, heavy=heavy)
         return req.future
 
     def _prepare(
@@ -308,7 +310,7 @@ class EmbeddingEngine:
         blob: bytes,
         probe: Any,
         plan: TilePlan,
-        tenant: str = "",
+        lane: tuple[str, bool] = ("", False),
         share: SharedDecode | None = None,
     ) -> None:
         try:
@@ -316,9 +318,9 @@ class EmbeddingEngine:
         finally:
             if self._pool is not None:
                 with self._lock:
-                    self._tenant_images[tenant] -= 1
-                    if not self._tenant_images[tenant]:
-                        del self._tenant_images[tenant]
+                    self._tenant_images[lane] -= 1
+                    if not self._tenant_images[lane]:
+                        del self._tenant_images[lane]
 
     def _prepare_views(
         self, req: QueuedRequest, offset: int, blob: bytes, probe: Any, plan: TilePlan, share: SharedDecode | None

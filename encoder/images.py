@@ -67,6 +67,9 @@ _INTERPOLATION = {
 # Formats whose decode is linear in pixels and bytes, decoded in the calling process when small.
 _SIMPLE_FORMATS = frozenset({"PNG", "GIF", "BMP", "WEBP"})
 INLINE_MAX_BYTES = 4 * 1024 * 1024  # ... and at most this many bytes (PNG and GIF walk chunks in Python)
+# A light image (``is_light``) has at most this many pixels: about 1024 x 1024, a few milliseconds to
+# decode and resize; a 4000 x 3000 photo takes about 100.
+LIGHT_MAX_PIXELS = 1_048_576
 
 
 @dataclass(frozen=True)
@@ -209,6 +212,13 @@ def _inline(data: bytes, probe: ImageProbe, options: ImageOptions) -> bool:
         and probe.width * probe.height <= options.inline_max_pixels
         and len(data) <= INLINE_MAX_BYTES
     )
+
+
+def is_light(data: bytes, probe: ImageProbe, plan: TilePlan) -> bool:
+    """Whether preparing this image's views is cheap and short: one view of a small picture decoded
+    in this process. The preprocessing pool takes such images before heavy ones of their class
+    (``encoder.workers``), so a query's picture never waits behind a burst of huge decodes."""
+    return plan.n_units == 1 and probe.width * probe.height <= LIGHT_MAX_PIXELS and _inline(data, probe, probe.options)
 
 
 def decode_image(

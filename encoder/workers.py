@@ -1,48 +1,100 @@
-"""A small thread pool whose queue is ordered by urgency, not arrival.
+"""A small thread pool whose queue is ordered by urgency, not arrival, with a lane for cheap jobs.
 
-Preprocessing a burst of huge images must not delay decoding a query's thumbnail: jobs carry the
-same (class, deadline) key the scheduler uses, so the pool never becomes a FIFO in front of it.
+Preprocessing a burst of huge images must not delay decoding a query's thumbnail: jobs carry a
+(class, tenant's place, deadline) key (``encoder.tenancy``), so the pool never becomes a FIFO in
+front of the scheduler.
+
+Order alone is not enough where decoding, not the model, is the bottleneck (a GPU host: ViT-B-32
+runs 10,000 views a second, two threads prepared 1,000 small pictures): every thread can be inside a
+huge image's decode when a small one arrives, and within one tenant the huge images came first. So
+jobs are light (one view of a small, cheaply decoded picture) or heavy (tiled, large, or decoded in a
+worker process), each kind with its own tenant places. A free thread takes whichever head has the
+lower key, a light one on a tie; but while heavy jobs wait, ``workers // 2`` threads stay with them
+unless a higher class waits among the light. So a small picture never waits behind a queue of huge
+decodes, huge images still progress under a steady stream of small ones (and, with one thread,
+their deadlines age them past the stream), and a tenant flooding small pictures still waits its
+turn behind another tenant's first image.
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import logging
-import queue
 import threading
 from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger(__name__)
-_STOP = (float("-inf"),)  # sorts before every job key, so shutdown is prompt
+
+_Job = tuple[tuple[Any, ...], int, Callable[..., None], tuple[Any, ...]]
 
 
 class PriorityPool:
     def __init__(self, workers: int, name: str = "encoder-prep") -> None:
-        self._queue: queue.PriorityQueue[tuple[Any, int, Callable[..., None] | None, tuple[Any, ...]]] = (
-            queue.PriorityQueue()
-        )
+        if workers < 1:
+            raise ValueError("a pool needs at least one worker")
+        self.workers = workers
+        self.heavy_reserve = workers // 2  # threads heavy jobs keep while light ones wait (0 with one)
+        self._light: list[_Job] = []
+        self._heavy: list[_Job] = []
+        self._heavy_running = 0
+        self._stopping = False
+        self._cond = threading.Condition()
         self._seq = itertools.count()
         self._threads = [threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True) for i in range(workers)]
         for t in self._threads:
             t.start()
 
-    def submit(self, key: tuple[Any, ...], fn: Callable[..., None], *args: Any) -> None:
-        """Run fn(*args) on a worker; lower keys first, ties in submission order."""
-        self._queue.put((key, next(self._seq), fn, args))
+    def submit(self, key: tuple[Any, ...], fn: Callable[..., None], *args: Any, heavy: bool = False) -> None:
+        """Run fn(*args) on a worker; lower keys first (key[0] is the class), ties in submission order."""
+        with self._cond:
+            heapq.heappush(self._heavy if heavy else self._light, (key, next(self._seq), fn, args))
+            self._cond.notify()
+
+    def _pick(self) -> tuple[_Job, bool] | None:
+        """The next job and whether it is heavy (lock held); None when nothing waits."""
+        light, heavy = self._light, self._heavy
+        if not heavy:
+            return (heapq.heappop(light), False) if light else None
+        if not light:
+            return heapq.heappop(heavy), True
+        light_key, heavy_key = light[0][0], heavy[0][0]
+        reserved = self._heavy_running < self.heavy_reserve and heavy_key[0] <= light_key[0]
+        if reserved or heavy_key < light_key:
+            return heapq.heappop(heavy), True
+        return heapq.heappop(light), False
 
     def _run(self) -> None:
         while True:
-            _, _, fn, args = self._queue.get()
-            if fn is None:
-                return
+            with self._cond:
+                picked = self._pick()
+                while picked is None and not self._stopping:
+                    self._cond.wait()
+                    picked = self._pick()
+                if picked is None:
+                    return  # stopping, and nothing left to take
+                (_, _, fn, args), heavy = picked
+                self._heavy_running += heavy
             try:
                 fn(*args)
             except Exception:  # jobs report their own errors; this only keeps the worker alive
                 log.exception("preprocessing job failed")
+            finally:
+                with self._cond:
+                    self._heavy_running -= heavy
+
+    def pending(self) -> tuple[int, int]:
+        """Light and heavy jobs waiting (not yet started)."""
+        with self._cond:
+            return len(self._light), len(self._heavy)
 
     def shutdown(self, timeout: float = 5.0) -> None:
-        for _ in self._threads:
-            self._queue.put((_STOP, next(self._seq), None, ()))
+        """Stop the workers promptly: jobs not yet started are dropped (their owners fail them)."""
+        with self._cond:
+            self._stopping = True
+            self._light.clear()
+            self._heavy.clear()
+            self._cond.notify_all()
         for t in self._threads:
             t.join(timeout)

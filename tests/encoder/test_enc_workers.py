@@ -1,0 +1,199 @@
+"""The preprocessing pool: urgency order, and a lane that keeps small pictures out of huge decodes' way."""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+import time
+
+import pytest
+
+from encoder import engine as engine_module
+from encoder.engine import EmbeddingEngine
+from encoder.images import ImageOptions, is_light, plan_for, probe_image
+from encoder.types import Priority
+from encoder.workers import PriorityPool
+from tests.encoder.enc_helpers import FakeEncoder, make_image, settings_for
+
+
+def key(priority: Priority, share: int = 0, deadline: float = 0.0) -> tuple[int, int, float]:
+    """The engine's job key: class, the tenant's place, deadline."""
+    return (-int(priority), share, deadline)
+
+
+QUERY, BACKGROUND = key(Priority.QUERY), key(Priority.BACKGROUND)
+
+
+class Recorder:
+    """Jobs that record when they start and, when gated, wait for the test to let them finish."""
+
+    def __init__(self) -> None:
+        self.order: list[str] = []
+        self.lock = threading.Lock()
+        self.started = threading.Semaphore(0)
+        self.gates: dict[str, threading.Event] = {}
+
+    def job(self, name: str, gated: bool = False):
+        gate = self.gates.setdefault(name, threading.Event())
+        if not gated:
+            gate.set()
+
+        def run() -> None:
+            with self.lock:
+                self.order.append(name)
+            self.started.release()
+            assert gate.wait(10), f"job {name} was never released"
+
+        return run
+
+    def wait_started(self, n: int) -> None:
+        for _ in range(n):
+            assert self.started.acquire(timeout=10), f"only {len(self.order)} jobs started: {self.order}"
+
+
+def test_with_one_thread_a_light_job_overtakes_every_waiting_heavy_one():
+    pool, rec = PriorityPool(1), Recorder()
+    try:
+        pool.submit(QUERY, rec.job("heavy-0", gated=True), heavy=True)
+        rec.wait_started(1)
+        for i in range(1, 5):
+            pool.submit(QUERY, rec.job(f"heavy-{i}"), heavy=True)
+        pool.submit(QUERY, rec.job("light"))
+        assert pool.pending() == (1, 4)
+        rec.gates["heavy-0"].set()
+        rec.wait_started(5)
+    finally:
+        pool.shutdown()
+    assert rec.order == ["heavy-0", "light", "heavy-1", "heavy-2", "heavy-3", "heavy-4"]
+
+
+def test_heavy_jobs_keep_half_the_threads_while_light_ones_stream_in():
+    """Two threads: while light jobs wait, one thread stays with the heavy ones (they progress), and
+    a light job waits for no heavy decode once a thread is free."""
+    pool, rec = PriorityPool(2), Recorder()
+    assert pool.heavy_reserve == 1
+    try:
+        pool.submit(QUERY, rec.job("heavy-0", gated=True), heavy=True)
+        pool.submit(QUERY, rec.job("heavy-1", gated=True), heavy=True)
+        rec.wait_started(2)  # both threads inside a heavy decode
+        pool.submit(QUERY, rec.job("heavy-2", gated=True), heavy=True)
+        for i in range(3):
+            pool.submit(QUERY, rec.job(f"light-{i}", gated=True))
+        rec.gates["heavy-0"].set()  # a thread frees: one heavy still runs, so it takes a light job
+        rec.wait_started(1)
+        assert rec.order[-1] == "light-0"
+        rec.gates["heavy-1"].set()  # no heavy runs now: the reserve takes the next heavy job
+        rec.wait_started(1)
+        assert rec.order[-1] == "heavy-2"
+        for name in ("light-0", "heavy-2", "light-1", "light-2"):
+            rec.gates[name].set()
+        rec.wait_started(2)
+    finally:
+        pool.shutdown()
+    assert rec.order == ["heavy-0", "heavy-1", "light-0", "heavy-2", "light-1", "light-2"]
+
+
+def test_a_higher_class_goes_first_light_or_heavy():
+    pool, rec = PriorityPool(1), Recorder()
+    try:
+        pool.submit(QUERY, rec.job("busy", gated=True))
+        rec.wait_started(1)
+        pool.submit(BACKGROUND, rec.job("background-light"))
+        pool.submit(QUERY, rec.job("query-heavy"), heavy=True)
+        pool.submit(QUERY, rec.job("query-light"))
+        rec.gates["busy"].set()
+        rec.wait_started(3)
+    finally:
+        pool.shutdown()
+    assert rec.order == ["busy", "query-light", "query-heavy", "background-light"]
+
+
+def test_with_one_thread_a_waiting_heavy_job_goes_first_once_its_key_is_lower():
+    """Another tenant's first huge image before this tenant's fifth small one; a huge image whose
+    deadline is earlier than a small one that came later goes before it (no starvation)."""
+    pool, rec = PriorityPool(1), Recorder()
+    try:
+        pool.submit(QUERY, rec.job("busy", gated=True))
+        rec.wait_started(1)
+        pool.submit(key(Priority.QUERY, share=4, deadline=1.0), rec.job("light-fifth"))
+        pool.submit(key(Priority.QUERY, share=0, deadline=2.0), rec.job("heavy-first"), heavy=True)
+        pool.submit(key(Priority.QUERY, share=1, deadline=3.0), rec.job("heavy-old"), heavy=True)
+        pool.submit(key(Priority.QUERY, share=1, deadline=3.5), rec.job("light-new"))
+        rec.gates["busy"].set()
+        rec.wait_started(4)
+    finally:
+        pool.shutdown()
+    assert rec.order == ["busy", "heavy-first", "heavy-old", "light-new", "light-fifth"]
+
+
+def test_shutdown_drops_jobs_not_started_and_returns_promptly():
+    pool, rec = PriorityPool(1), Recorder()
+    pool.submit(QUERY, rec.job("running", gated=True))
+    rec.wait_started(1)
+    pool.submit(QUERY, rec.job("never"))
+    threading.Timer(0.05, rec.gates["running"].set).start()
+    started = time.monotonic()
+    pool.shutdown()
+    assert time.monotonic() - started < 5
+    assert rec.order == ["running"]
+    with pytest.raises(ValueError):
+        PriorityPool(0)
+
+
+@pytest.mark.parametrize(
+    ("image", "max_tiles", "light"),
+    [
+        (make_image(200, 150, "JPEG", quality=90), 0, True),
+        (make_image(64, 64), 0, True),
+        (make_image(200, 150, "JPEG", quality=90, progressive=True), 0, False),  # decoded in a worker process
+        (make_image(1200, 1000, "JPEG", quality=90), 0, False),  # over a megapixel
+        (make_image(200, 150, "JPEG", quality=90), 16, False),  # tiled: many views
+    ],
+)
+def test_light_images_are_one_view_of_a_small_cheaply_decoded_picture(image, max_tiles, light):
+    fake = FakeEncoder(image_size=16)
+    options = ImageOptions(max_tiles=max_tiles)
+    probe = probe_image(image, options)
+    assert is_light(image, probe, plan_for(probe, fake.spec, options)) is light
+
+
+def test_a_small_picture_is_not_decoded_behind_a_burst_of_huge_ones(monkeypatch):
+    """Two decoding threads, one tenant, one class: six tiled images arrive, then a small one. It
+    is decoded as soon as a thread frees, not seventh (the pool's order alone put it seventh)."""
+    fake = FakeEncoder(batch_size=8, image_size=16)
+    order: list[str] = []
+    lock = threading.Lock()
+    real = engine_module.load_views
+    small = make_image(12, 10, seed=5)
+    submitted = threading.Event()
+
+    def slow(blob, probe, plan, spec, **kwargs):
+        with lock:
+            order.append("small" if blob == small else "big")
+        if blob != small:
+            assert submitted.wait(10)  # a slow decode: the queue fills behind it
+        return real(blob, probe, plan, spec, **kwargs)
+
+    monkeypatch.setattr(engine_module, "load_views", slow)
+    engine = EmbeddingEngine(fake, settings_for(batch_size=8, preprocess_workers=2, max_tiles=64))
+    with engine:
+        context = contextvars.copy_context()
+        bigs = [context.run(engine.submit_images, [make_image(128, 128, seed=i)]) for i in range(6)]
+        late = context.run(engine.submit_images, [small])
+        submitted.set()
+        assert late.result(timeout=30).shape == (1, 8)
+        for fut in bigs:
+            assert fut.result(timeout=30).shape == (1, 8)
+    assert order.index("small") <= 2, order
+    assert len(order) == 7
+
+
+def test_decoding_threads_default_to_the_device():
+    import os
+
+    cores = os.cpu_count() or 2
+    assert settings_for(preprocess_workers=None).preprocess_threads("cpu") == 2
+    assert settings_for(preprocess_workers=None).preprocess_threads("cuda:0") == max(2, min(8, cores // 2))
+    assert settings_for(preprocess_workers=5).preprocess_threads("cuda") == 5
+    assert settings_for(preprocess_workers="none").preprocess_workers is None
+    assert settings_for(preprocess_workers=0).preprocess_threads("cuda") == 0
