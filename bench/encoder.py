@@ -36,6 +36,7 @@ import numpy as np
 from PIL import Image
 
 from encoder.engine import EmbeddingEngine
+from encoder.gc_freeze import freeze_startup
 from encoder.models import Encoder, create_encoder
 from encoder.scheduling import Planner, plan_batch, plan_fifo
 from encoder.settings import EncoderSettings
@@ -218,8 +219,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--preprocess-workers",
         type=int,
-        default=None,
-        help="decoding threads (default: the engine's, 2 on CPU, half the cores on CUDA)",
+        default=2,
+        help="decoding threads (MEMSTORE_ENCODER_PREPROCESS_WORKERS)",
     )
     return p.parse_args(argv)
 
@@ -270,8 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     enc = create_encoder(
         model, pretrained=None, device=args.device, batch_size=args.batch_size, image_options=settings.image_options()
     )
+    freeze_startup("the benchmark's model loaded")  # as `memstore serve` and `python -m encoder serve` do
     s = enc.info.image_size
-    decoders = settings.preprocess_threads(enc.info.device)
+    decoders = settings.preprocess_workers
     log(
         f"{model} on {enc.info.device} ({enc.info.precision}), B={enc.batch_size}, input {s}px, "
         f"torch threads {torch.get_num_threads()}, decoding threads {decoders}"

@@ -13,7 +13,7 @@ On a database of its own (the embedded server unless ``--database-url``), with t
    holds the engine's ``background_share``: photo-like JPEGs, or for ``ocr`` screenshots with text
    (``bench.ocr``'s set) into a collection that reads text in its images (read before step 2).
    Then, as ``memstore serve`` does, the objects made so far are kept out of the garbage collector's
-   passes (``memstore.services.gc_freeze``; ``MEMSTORE_GC_FREEZE=false``: not).
+   passes (``encoder.gc_freeze``; ``MEMSTORE_GC_FREEZE=false``: not).
 2. A stream of vector searches (``bench.search_stream``, open loop, ``--search-rate`` a second)
    starts; its latencies feed the controller, as the search route's do in the server. ``--idle-s``
    with no background work: the idle p99 (and the controller's baseline).
@@ -61,13 +61,13 @@ from bench.ocr import image_set as ocr_image_set
 from bench.reembed import COLLECTION, TINY, WIDE, log, open_engine, store_images, stored_queries, watch
 from bench.search_stream import SearchStream
 from encoder.engine import EmbeddingEngine
+from encoder.gc_freeze import freeze_startup
 from encoder.settings import EncoderSettings
 from memstore.catalog.collections import Collection
 from memstore.db.core import Database, create_engine, libpq_url, normalise_url
 from memstore.db.embedded import start_embedded_server
 from memstore.services.foreground import ForegroundController
 from memstore.services.foreground_signal import SharePublisher
-from memstore.services.gc_freeze import freeze_startup
 from memstore.settings import IngestSettings, Settings
 from memstore.store import VectorStore
 from memstore.workers.ingest import IngestWorker

@@ -1,5 +1,5 @@
 """``python -m bench.gc_pause --json``: how long a full garbage collection holds the interpreter lock in a
-process that has loaded its model, before and after ``memstore.services.gc_freeze.freeze_startup``.
+process that has loaded its model, before and after ``encoder.gc_freeze.freeze_startup``.
 
     python -m bench.gc_pause --json [--rounds N]
 
@@ -23,8 +23,8 @@ from typing import Any
 
 from bench.image_set import image_set
 from bench.reembed import log, open_engine
+from encoder.gc_freeze import freeze_startup
 from encoder.types import Priority
-from memstore.services.gc_freeze import freeze_startup
 
 
 def full_collections(rounds: int) -> list[float]:

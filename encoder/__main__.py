@@ -65,6 +65,7 @@ def cli(
     import uvicorn  # imported late so --help stays fast
 
     from .engine import EmbeddingEngine
+    from .gc_freeze import freeze_startup
     from .models import create_encoders_from_settings, resolve_device
     from .service import create_app
 
@@ -76,6 +77,7 @@ def cli(
         click.echo(f"encoder: {exc}", err=True)
         return EXIT_USAGE
     engine = EmbeddingEngine(encoders, settings)
+    freeze_startup("the encoder loaded", enabled=settings.gc_freeze)
     exit_cleanly_on_sigterm()
     for enc in encoders:
         click.echo(

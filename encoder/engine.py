@@ -106,7 +106,7 @@ class EmbeddingEngine:
         self._stop = threading.Event()
         self._closed = False
         self._thread: threading.Thread | None = None
-        workers = self.settings.preprocess_threads(self.encoder.info.device)
+        workers = self.settings.preprocess_workers
         self._pool = PriorityPool(workers) if workers else None
         # Images waiting or decoding, per (tenant, heavy): light and heavy images queue apart.
         self._tenant_images: Counter[tuple[str, bool]] = Counter()

@@ -337,9 +337,13 @@ def load_views(
         fill = tuple(round(m * 255) for m in spec.mean)  # normalises to ~0: padding reads as "nothing"
         canvas = Image.new("RGB", plan.canvas, fill)
         canvas.paste(rgb.resize((fw, fh), _INTERPOLATION.get(spec.interpolation, Image.Resampling.BICUBIC)), (ox, oy))
+        # One conversion of the canvas and numpy slices of it: a Pillow crop and conversion per tile
+        # held the interpreter lock for most of a huge image's preparation, which every other thread
+        # (the scheduler's, a query's decode) then waited for. The pixels are the same.
+        pixels = np.asarray(canvas)
         for tile in plan.tiles:
             x, y = tile.col * s, tile.row * s
-            views.append(np.asarray(canvas.crop((x, y, x + s, y + s))))
+            views.append(pixels[y : y + s, x : x + s])
     stacked = np.stack(views)
     del views, rgb
     if share is not None and _covers(decoded, share.min_size(probe.width, probe.height), probe):

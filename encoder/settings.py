@@ -51,6 +51,9 @@ class EncoderSettings(BaseSettings):
     # torch intra-op threads for the encoder service; None: cores - 1 on CPU (a core stays free for
     # decoding and scheduling instead of fighting over it), torch's default on CUDA.
     torch_threads: int | None = Field(default=None, ge=1)
+    # Keep the start-up's objects (torch, the model) out of the collector's passes (encoder.gc_freeze);
+    # the same variable as the core's.
+    gc_freeze: bool = Field(default=True, validation_alias=AliasChoices("MEMSTORE_GC_FREEZE", "gc_freeze"))
     # "trace": run micro-batches through a graph traced at their fixed shape (the whole forward pass
     # without the interpreter lock); "eager": the plain module, for models the tracer cannot follow.
     graph: Literal["trace", "eager"] = "trace"
@@ -65,8 +68,9 @@ class EncoderSettings(BaseSettings):
     sync_ingest_share: float = Field(default=0.75, ge=0.0, le=1.0)  # of what queries leave over
     deadline_sync_ingest_s: float = Field(default=2.0, gt=0)
     deadline_background_s: float = Field(default=30.0, gt=0)
-    # Decoding threads; 0: preprocess inline in the submitting thread; None: ``preprocess_threads``.
-    preprocess_workers: int | None = Field(default=None, ge=0)
+    # Decoding threads; 0: preprocess inline in the submitting thread. More do not help on a GPU host:
+    # eight prepared no more images a second than two beside an H200 (docs/encoder.md, "On a GPU").
+    preprocess_workers: int = Field(default=2, ge=0)
 
     # Images.
     max_tiles: int = Field(default=36, ge=0, le=256)
@@ -99,7 +103,6 @@ class EncoderSettings(BaseSettings):
         "url",
         "torch_threads",
         "api_key",
-        "preprocess_workers",
         mode="before",
     )
     @classmethod
@@ -140,17 +143,6 @@ class EncoderSettings(BaseSettings):
         if self.torch_threads is not None or device.startswith("cuda"):
             return self.torch_threads
         return max(1, (os.cpu_count() or 2) - 1)
-
-    def preprocess_threads(self, device: str) -> int:
-        """Decoding threads for a model on ``device``: the setting, else 2 on CPU (the model needs the
-        other cores) and half the cores, 2 to 8, on CUDA, where decoding is what bounds the engine (an
-        H200 runs ViT-B-32 at about 10,000 views a second; two threads prepared about 1,000 small
-        pictures a second in ``bench.encoder``)."""
-        if self.preprocess_workers is not None:
-            return self.preprocess_workers
-        if device.startswith("cuda"):
-            return max(2, min(8, (os.cpu_count() or 2) // 2))
-        return 2
 
     def image_options(self) -> ImageOptions:
         return ImageOptions(

@@ -29,7 +29,7 @@ from memstore.store import VectorStore
 from tests.databases import scratch_database
 
 # The test process starts many in-process servers: none of them keeps the objects of the tests before
-# it out of the collector (memstore.services.gc_freeze), so what a test leaves is collected as usual.
+# it out of the collector (encoder.gc_freeze), so what a test leaves is collected as usual.
 # The default (on) is checked on a real `memstore serve` (tests/test_cli.py).
 os.environ.setdefault("MEMSTORE_GC_FREEZE", "false")
 

@@ -105,7 +105,7 @@ def test_serve_on_the_embedded_database_answers_health(tmp_path: Path, access_lo
         assert detail["database"]["server_version"].startswith("18")
         assert detail["database"]["revision"]
         # Start-up objects (torch, the model, the app) are kept out of the collector's passes by default:
-        # a full collection over them held every search for about 0.2 s (memstore.services.gc_freeze).
+        # a full collection over them held every search for about 0.2 s (encoder.gc_freeze).
         assert detail["gc"]["frozen_objects"] > 100_000, detail["gc"]
         assert httpx.get(f"http://127.0.0.1:{port}/v1/collections").status_code == 401
     finally:

@@ -1,4 +1,4 @@
-"""The start-up freeze (memstore.services.gc_freeze): garbage collected first, the rest kept out of the
+"""The start-up freeze (encoder.gc_freeze): garbage collected first, the rest kept out of the
 collector's passes; off when told. `memstore serve` freezes by default (tests/test_cli.py checks it on
 a real server); the test process does not (tests/conftest.py), so each test restores the collector."""
 
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from memstore.services.gc_freeze import freeze_startup
+from encoder.gc_freeze import freeze_startup
 
 
 @pytest.fixture

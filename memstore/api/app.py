@@ -25,6 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from encoder.gc_freeze import freeze_startup
 from memstore.access.keys import ApiKey, KeyVerifier
 from memstore.api import problems
 from memstore.api.auth import authenticate_runtime, key_from_header
@@ -47,7 +48,6 @@ from memstore.db import migrate
 from memstore.db.core import get_database
 from memstore.queue import jobs
 from memstore.search.runner import AsyncSearcher
-from memstore.services.gc_freeze import freeze_startup
 from memstore.services.query_sampler import QuerySampler
 from memstore.settings import ApiSettings, IngestSettings, Settings, get_api_settings, get_ingest_settings, get_settings
 from memstore.spaces.model_choice import models_of
@@ -444,5 +444,5 @@ def _health(rt: Runtime, detailed: bool) -> dict[str, Any]:
         "maintenance": rt.notes.get("maintenance", "off"),
     }
     body["foreground"] = rt.foreground.state()
-    body["gc"] = {"frozen_objects": gc.get_freeze_count()}  # start-up objects kept out (services.gc_freeze)
+    body["gc"] = {"frozen_objects": gc.get_freeze_count()}  # start-up objects kept out (encoder.gc_freeze)
     return body

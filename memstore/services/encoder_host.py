@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from encoder.errors import WeightsNotFoundError
+from encoder.gc_freeze import freeze_startup
 from encoder.images import ImageOptions
 from encoder.settings import OFFLINE_HINT, encoder_settings
 from encoder.types import EmbeddingBackend
 from memstore.errors import EncoderUnavailableError
-from memstore.services.gc_freeze import freeze_startup
 from memstore.settings import get_settings
 from memstore.spaces.model_choice import models_of
 
@@ -138,7 +138,7 @@ class EncoderHost:
             close()
             return
         # While /health still says starting: the one full collection the freeze needs goes before
-        # searches that need the model arrive (memstore.services.gc_freeze).
+        # searches that need the model arrive (encoder.gc_freeze).
         freeze_startup("the encoder loaded", enabled=get_settings().gc_freeze)
         self._ready(backend, close, on_ready)
         log.info("encoder ready: %s", backend.info)

@@ -186,14 +186,3 @@ def test_a_small_picture_is_not_decoded_behind_a_burst_of_huge_ones(monkeypatch)
             assert fut.result(timeout=30).shape == (1, 8)
     assert order.index("small") <= 2, order
     assert len(order) == 7
-
-
-def test_decoding_threads_default_to_the_device():
-    import os
-
-    cores = os.cpu_count() or 2
-    assert settings_for(preprocess_workers=None).preprocess_threads("cpu") == 2
-    assert settings_for(preprocess_workers=None).preprocess_threads("cuda:0") == max(2, min(8, cores // 2))
-    assert settings_for(preprocess_workers=5).preprocess_threads("cuda") == 5
-    assert settings_for(preprocess_workers="none").preprocess_workers is None
-    assert settings_for(preprocess_workers=0).preprocess_threads("cuda") == 0
