@@ -24,10 +24,9 @@ $(STAMP): pyproject.toml client/pyproject.toml
 run: $(STAMP)
 	$(BIN)/memstore serve
 
-# TEST_WORKERS=2: two pytest processes (pytest-xdist), each with its own embedded server, a test file
-# to a process. Not the default: the soak test (tests/reliability/test_soak.py) has been seen to fail
-# under the other process's load (its maintenance worker recorded no probe in the 15 s soak).
-TEST_WORKERS ?= 0
+# Two pytest processes (pytest-xdist), each with its own embedded server, a test file to a process:
+# about half the time of one. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 
 test: $(STAMP)
 	$(BIN)/pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
