@@ -289,9 +289,15 @@ def test_the_sealer_seals_full_tails_and_merges_when_writes_pause(
                 time.sleep(0.1)
             # A new table's ids start at 1 and no upsert here updated: the highest id is the rows written.
             assert _layout(store, collection_name).watermark == start + 150
+
         # Then a pause: the two later graphs are a quarter of the first or more, so all merge into one.
+        # The sealer notes a merge just after it records the layout: both are awaited.
+        def merged() -> bool:
+            done = store.sealer.done
+            return len(_layout(store, collection_name).graphs) == 1 and bool(done) and done[-1].action == "merge"
+
         deadline = time.monotonic() + 60
-        while len(_layout(store, collection_name).graphs) > 1 and time.monotonic() < deadline:
+        while not merged() and time.monotonic() < deadline:
             time.sleep(0.2)
         assert len(_layout(store, collection_name).graphs) == 1
         assert [d.action for d in store.sealer.done][-1] == "merge"
