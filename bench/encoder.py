@@ -57,18 +57,18 @@ def picture(width: int, height: int, seed: int, fmt: str = "JPEG") -> bytes:
     return buf.getvalue()
 
 
-def watch_gc() -> list[float]:
-    """Seconds of each garbage collection from now on (a pause of the whole interpreter)."""
+def watch_gc() -> list[tuple[int, float]]:
+    """(generation, seconds) of each garbage collection from now on (a pause of the whole interpreter)."""
     import gc
 
-    pauses: list[float] = []
+    pauses: list[tuple[int, float]] = []
     started = [0.0]
 
     def callback(phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
             started[0] = time.perf_counter()
         else:
-            pauses.append(time.perf_counter() - started[0])
+            pauses.append((int(info.get("generation", 0)), time.perf_counter() - started[0]))
 
     gc.callbacks.append(callback)
     return pauses
@@ -377,7 +377,8 @@ def main(argv: list[str] | None = None) -> int:
         # NaN above: no full batch was ever waiting during the burst, the model never saturated
         # (decoding bounds the engine, as on a GPU); the burst's own rate says what it reached.
         "burst_units_per_s_sched": round(median("burst_rate"), 1),
-        "gc_pause_ms_max": round(max(gc_pauses, default=0.0) * 1000.0, 1),
+        "gc_pause_ms_max": round(max((t for _, t in gc_pauses), default=0.0) * 1000.0, 1),
+        "gc_full_collections": sum(1 for generation, _ in gc_pauses if generation == 2),
         "batch_invariant": invariant,
         "repeats": args.repeat,
         "per_repeat": [{k: round(r[k], 3) for k in ("hol_fifo", "hol_sched", "ratio")} for r in reps],
