@@ -505,6 +505,7 @@ class EmbeddingEngine:
 
     # -- health -------------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
+        pool = self._pool.state() if self._pool is not None else None  # its own lock, never under ours
         with self._lock:
             queues = {
                 p.label: {"requests": 0, "units": 0, "ready": 0, "preprocessing": 0, "limit": self.limits[p]}
@@ -528,4 +529,5 @@ class EmbeddingEngine:
                 "background_share": round(self.background_share, 4),
                 "query_p99_ms": None if p99 is None else p99 * 1000.0,
                 "slo_query_p99_ms": self.settings.slo_query_p99_ms,
+                "preprocessing_pool": pool,  # None: images are prepared in the submitting thread
             }

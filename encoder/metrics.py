@@ -36,6 +36,17 @@ class _QueueCollector(Collector):
         yield GaugeMetricFamily(
             "encoder_query_share", "Share of each micro-batch reserved for queries", value=s["shares"]["query"]
         )
+        pool = s.get("preprocessing_pool")
+        if pool is not None:
+            jobs = GaugeMetricFamily(
+                "encoder_preprocess_jobs",
+                "Images being prepared (decoded and cut into views) or waiting for a thread, per lane",
+                labels=["lane", "state"],
+            )
+            for lane in ("light", "heavy"):
+                for state in ("waiting", "running"):
+                    jobs.add_metric([lane, state], pool[f"{lane}_{state}"])
+            yield jobs
 
 
 class EngineMetrics:

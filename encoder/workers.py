@@ -39,6 +39,7 @@ class PriorityPool:
         self._light: list[_Job] = []
         self._heavy: list[_Job] = []
         self._heavy_running = 0
+        self._running = 0
         self._stopping = False
         self._cond = threading.Condition()
         self._seq = itertools.count()
@@ -76,6 +77,7 @@ class PriorityPool:
                     return  # stopping, and nothing left to take
                 (_, _, fn, args), heavy = picked
                 self._heavy_running += heavy
+                self._running += 1
             try:
                 fn(*args)
             except Exception:  # jobs report their own errors; this only keeps the worker alive
@@ -83,11 +85,24 @@ class PriorityPool:
             finally:
                 with self._cond:
                     self._heavy_running -= heavy
+                    self._running -= 1
 
     def pending(self) -> tuple[int, int]:
         """Light and heavy jobs waiting (not yet started)."""
         with self._cond:
             return len(self._light), len(self._heavy)
+
+    def state(self) -> dict[str, int]:
+        """Threads, and jobs waiting and running per lane (``/health`` detail and ``/metrics``)."""
+        with self._cond:
+            return {
+                "threads": self.workers,
+                "heavy_reserve": self.heavy_reserve,
+                "light_waiting": len(self._light),
+                "heavy_waiting": len(self._heavy),
+                "light_running": self._running - self._heavy_running,
+                "heavy_running": self._heavy_running,
+            }
 
     def shutdown(self, timeout: float = 5.0) -> None:
         """Stop the workers promptly: jobs not yet started are dropped (their owners fail them)."""

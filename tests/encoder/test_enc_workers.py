@@ -186,3 +186,37 @@ def test_a_small_picture_is_not_decoded_behind_a_burst_of_huge_ones(monkeypatch)
             assert fut.result(timeout=30).shape == (1, 8)
     assert order.index("small") <= 2, order
     assert len(order) == 7
+    pool = engine.stats()["preprocessing_pool"]
+    assert pool is not None and pool["threads"] == 2 and pool["heavy_reserve"] == 1
+
+
+def test_the_pool_reports_its_lanes():
+    """stats() and /metrics show what waits and runs in each lane."""
+    from prometheus_client import generate_latest
+
+    fake = FakeEncoder(batch_size=8, image_size=16)
+    engine = EmbeddingEngine(fake, settings_for(batch_size=8, preprocess_workers=1, max_tiles=64))
+    pool, rec = engine._pool, Recorder()
+    assert pool is not None
+    try:
+        pool.submit(QUERY, rec.job("heavy", gated=True), heavy=True)
+        rec.wait_started(1)
+        pool.submit(QUERY, rec.job("light-0"))
+        pool.submit(QUERY, rec.job("light-1"))
+        state = engine.stats()["preprocessing_pool"]
+        assert state == {
+            "threads": 1,
+            "heavy_reserve": 0,
+            "light_waiting": 2,
+            "heavy_waiting": 0,
+            "light_running": 0,
+            "heavy_running": 1,
+        }
+        text = generate_latest(engine.metrics.registry).decode()
+        assert 'encoder_preprocess_jobs{lane="light",state="waiting"} 2.0' in text
+        assert 'encoder_preprocess_jobs{lane="heavy",state="running"} 1.0' in text
+        rec.gates["heavy"].set()
+        rec.wait_started(2)
+    finally:
+        engine.stop()
+    assert EmbeddingEngine(fake, settings_for(batch_size=8, preprocess_workers=0)).stats()["preprocessing_pool"] is None
