@@ -271,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     enc = create_encoder(
         model, pretrained=None, device=args.device, batch_size=args.batch_size, image_options=settings.image_options()
     )
-    freeze_startup("the benchmark's model loaded")  # as `memstore serve` and `python -m encoder serve` do
+    # As `memstore serve` and `python -m encoder serve` do (MEMSTORE_GC_FREEZE=false: not).
+    freeze_startup("the benchmark's model loaded", enabled=settings.gc_freeze)
     s = enc.info.image_size
     decoders = settings.preprocess_workers
     log(

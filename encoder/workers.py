@@ -9,11 +9,12 @@ runs 10,000 views a second, two threads prepared 1,000 small pictures): every th
 huge image's decode when a small one arrives, and within one tenant the huge images came first. So
 jobs are light (one view of a small, cheaply decoded picture) or heavy (tiled, large, or decoded in a
 worker process), each kind with its own tenant places. A free thread takes whichever head has the
-lower key, a light one on a tie; but while heavy jobs wait, ``workers // 2`` threads stay with them
-unless a higher class waits among the light. So a small picture never waits behind a queue of huge
-decodes, huge images still progress under a steady stream of small ones (and, with one thread,
-their deadlines age them past the stream), and a tenant flooding small pictures still waits its
-turn behind another tenant's first image.
+lower key, a light one on a tie; but while heavy jobs wait, ``workers // 2`` threads (rounded down)
+stay with them unless a higher class waits among the light. So a small picture does not wait behind
+its own tenant's queue of huge decodes, only for a thread to free (no thread is kept idle for light
+jobs: a burst that finds the pool idle fills it); huge images still progress under a steady stream
+of small ones (with one thread, a tenant's first huge image ages past the stream by its deadline);
+and a tenant flooding small pictures still waits its turn behind another tenant's first image.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ class PriorityPool:
     def submit(self, key: tuple[Any, ...], fn: Callable[..., None], *args: Any, heavy: bool = False) -> None:
         """Run fn(*args) on a worker; lower keys first (key[0] is the class), ties in submission order."""
         with self._cond:
+            if self._stopping:
+                return  # dropped, as at shutdown: the engine fails the request itself
             heapq.heappush(self._heavy if heavy else self._light, (key, next(self._seq), fn, args))
             self._cond.notify()
 

@@ -90,7 +90,8 @@ def test_heavy_jobs_keep_half_the_threads_while_light_ones_stream_in():
         rec.wait_started(2)
     finally:
         pool.shutdown()
-    assert rec.order == ["heavy-0", "heavy-1", "light-0", "heavy-2", "light-1", "light-2"]
+    assert rec.order[:4] == ["heavy-0", "heavy-1", "light-0", "heavy-2"]
+    assert set(rec.order[4:]) == {"light-1", "light-2"}  # two threads freed together: either first
 
 
 def test_a_higher_class_goes_first_light_or_heavy():
@@ -126,6 +127,13 @@ def test_with_one_thread_a_waiting_heavy_job_goes_first_once_its_key_is_lower():
     assert rec.order == ["busy", "heavy-first", "heavy-old", "light-new", "light-fifth"]
 
 
+def test_gc_freeze_reads_the_cores_variable(monkeypatch):
+    monkeypatch.setenv("MEMSTORE_GC_FREEZE", "false")
+    assert settings_for().gc_freeze is False
+    monkeypatch.delenv("MEMSTORE_GC_FREEZE")
+    assert settings_for().gc_freeze is True
+
+
 def test_shutdown_drops_jobs_not_started_and_returns_promptly():
     pool, rec = PriorityPool(1), Recorder()
     pool.submit(QUERY, rec.job("running", gated=True))
@@ -135,6 +143,8 @@ def test_shutdown_drops_jobs_not_started_and_returns_promptly():
     started = time.monotonic()
     pool.shutdown()
     assert time.monotonic() - started < 5
+    pool.submit(QUERY, rec.job("after"))  # dropped: nothing would ever run it
+    assert pool.pending() == (0, 0)
     assert rec.order == ["running"]
     with pytest.raises(ValueError):
         PriorityPool(0)
@@ -184,7 +194,7 @@ def test_a_small_picture_is_not_decoded_behind_a_burst_of_huge_ones(monkeypatch)
         assert late.result(timeout=30).shape == (1, 8)
         for fut in bigs:
             assert fut.result(timeout=30).shape == (1, 8)
-    assert order.index("small") <= 2, order
+    assert order.index("small") <= 3, order  # the pool's order alone: 6
     assert len(order) == 7
     pool = engine.stats()["preprocessing_pool"]
     assert pool is not None and pool["threads"] == 2 and pool["heavy_reserve"] == 1

@@ -94,22 +94,24 @@ class Writer(threading.Thread):
                         del self.ids[eid]
 
 
-def maintenance_probes(database_url: str, proc: subprocess.Popen[bytes], log: Path, wait_s: float = 120.0) -> int:
+def maintenance_probes(
+    database_url: str, proc: subprocess.Popen[bytes], log: Path, wait_s: float = 120.0
+) -> tuple[int, bool]:
     """The maintenance worker's probes of the soak's collection. Its passes run every 2 s, but how many
     fall within the soak depends on the machine's load (a pass waits for nothing, yet a loaded machine
     can take the whole soak for one): when none was recorded, a pass is asked for, as the web pages'
-    "probe now" does, and awaited."""
+    "probe now" does, and awaited. Returns the probes and whether one had to be asked for."""
     query = "SELECT count(*) FROM memstore_maintenance_probes WHERE collection = 'soak'"
     with psycopg.connect(libpq_url(database_url), autocommit=True) as conn:
         row = conn.execute(query).fetchone()
         if row and row[0]:
-            return int(row[0])
+            return int(row[0]), False
         conn.execute("INSERT INTO memstore_maintenance_requests (collection, requested_by) VALUES ('soak', 'test')")
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline and proc.poll() is None:
             row = conn.execute(query).fetchone()
             if row and row[0]:
-                return int(row[0])
+                return int(row[0]), True
             time.sleep(0.5)
     raise AssertionError(
         f"the maintenance worker never probed the collection, not even {wait_s:.0f} s after a pass was asked for: "
@@ -194,9 +196,10 @@ def test_soak(database_url: str, tmp_path: Path) -> None:
                 hits += len({r["id"] for r in exact} & {r["id"] for r in found})
                 total += len(exact)
             recall = hits / total
-            probes = maintenance_probes(database_url, proc, tmp_path / "serve.log")
+            probes, asked = maintenance_probes(database_url, proc, tmp_path / "serve.log")
             FIGURES.update(
                 maintenance_probes=probes,
+                maintenance_pass_asked_for=asked,
                 operations=sum(w.ops for w in writers),
                 searches=searches,
                 items=len(model),
