@@ -27,7 +27,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -37,10 +37,35 @@ from PIL import Image
 
 from encoder.engine import EmbeddingEngine
 from encoder.gc_freeze import freeze_startup
-from encoder.models import Encoder, create_encoder
+from encoder.images import ImageSpec, plan_for, probe_image
+from encoder.models import create_encoder
+from encoder.requests import BatchEncoder
 from encoder.scheduling import Planner, plan_batch, plan_fifo
 from encoder.settings import EncoderSettings
-from encoder.types import Priority
+from encoder.types import EncoderInfo, Priority
+
+INSTANT = "instant"
+
+
+class InstantEncoder:
+    """A model that costs nothing (`--model instant`): ViT-B-32's input contract, constant unit vectors.
+    What the engine then sustains is its own ceiling (decoding, cutting views, scheduling), as on a GPU
+    host, where the model runs ten thousand views a second; any CPU machine can measure it."""
+
+    def __init__(self, batch_size: int) -> None:
+        self.batch_size = batch_size
+        self.info = EncoderInfo(INSTANT, None, False, 8, "cpu", "none", 224, 77, batch_size)
+        self.spec = ImageSpec(224, (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711))
+        self._vector = np.full(8, 8**-0.5, dtype=np.float32)
+
+    def tokenize(self, texts: Sequence[str]) -> np.ndarray:
+        return np.zeros((len(texts), 77), dtype=np.int64)
+
+    def encode_text_batch(self, tokens: Any, *, urgent: bool = True) -> np.ndarray:
+        return np.tile(self._vector, (len(tokens), 1))
+
+    def encode_image_batch(self, views: Any, *, urgent: bool = True) -> np.ndarray:
+        return np.tile(self._vector, (len(views), 1))
 
 
 def log(msg: str) -> None:
@@ -78,7 +103,7 @@ def p99(values: list[float]) -> float:
     return float(np.percentile(values, 99)) if values else float("nan")
 
 
-def measure_limit(enc: Encoder, seconds: float, windows: int = 6) -> list[float]:
+def measure_limit(enc: BatchEncoder, seconds: float, windows: int = 6) -> list[float]:
     """Units per second of back-to-back full fixed-shape batches (the ceiling, no scheduling), per window.
 
     Each repetition compares its scheduled burst with the mean of the windows measured right before
@@ -98,7 +123,7 @@ def measure_limit(enc: Encoder, seconds: float, windows: int = 6) -> list[float]
     return rates
 
 
-def measure_capacity(enc: Encoder, settings: EncoderSettings, smalls: list[bytes], n: int) -> float:
+def measure_capacity(enc: BatchEncoder, settings: EncoderSettings, smalls: list[bytes], n: int) -> float:
     """Small requests per second the whole engine sustains (decode, schedule, model), closed loop."""
     with EmbeddingEngine(enc, settings) as engine:
         engine.embed_images(smalls[:2])
@@ -114,7 +139,7 @@ class Phase:
 
     def __init__(
         self,
-        enc: Encoder,
+        enc: BatchEncoder,
         settings: EncoderSettings,
         planner: Planner,
         args: argparse.Namespace,
@@ -200,7 +225,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.encoder", description=__doc__.splitlines()[0])
     p.add_argument("--json", action="store_true", help="print only the JSON result on stdout")
     p.add_argument("--plot", default="bench/out/encoder_latency.png", help="PNG of latency distributions")
-    p.add_argument("--model", default=None, help="default: ViT-B-32 on CUDA, memstore-tiny otherwise")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="default: ViT-B-32 on CUDA, memstore-tiny otherwise; 'instant': a model that costs nothing (the "
+        "engine's own ceiling, as on a GPU host)",
+    )
     p.add_argument("--device", default=None)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--duration", type=float, default=5.0, help="seconds of small-request stream per phase")
@@ -268,8 +298,16 @@ def main(argv: list[str] | None = None) -> int:
         queue_units_background=100_000,
         device=args.device,
     )
-    enc = create_encoder(
-        model, pretrained=None, device=args.device, batch_size=args.batch_size, image_options=settings.image_options()
+    enc: BatchEncoder = (
+        InstantEncoder(args.batch_size)
+        if model == INSTANT
+        else create_encoder(
+            model,
+            pretrained=None,
+            device=args.device,
+            batch_size=args.batch_size,
+            image_options=settings.image_options(),
+        )
     )
     # As `memstore serve` and `python -m encoder serve` do (MEMSTORE_GC_FREEZE=false: not).
     freeze_startup("the benchmark's model loaded", enabled=settings.gc_freeze)
@@ -284,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     log(f"limit {max(windows):.0f} units/s (median {np.median(windows):.0f}); load average {os.getloadavg()[0]:.1f}")
     smalls = [picture(int(s * 0.75), int(s * 0.6), seed) for seed in range(64)]  # one unit each
     larges = [picture(side * s, side * s, 1000 + k) for k in range(args.large)]
-    tiles = enc.encode_images([larges[0]], return_tiles=True)[0].tiles.shape[0]
+    options = settings.image_options()
+    tiles = plan_for(probe_image(larges[0], options), enc.spec, options).n_units - 1
     log(f"burst: {args.large} images of {tiles} tiles + global view ({args.large * (tiles + 1)} units)")
 
     def phase(name: str, planner: Planner, burst: bool, rate: float) -> Phase:

@@ -300,7 +300,8 @@ class EmbeddingEngine:
             with self._lock:  # its place among its tenant's images of its weight (encoder.tenancy)
                 share = self._tenant_images[tenant, heavy]
                 self._tenant_images[tenant, heavy] += 1
-            self._pool.submit((-int(req.priority), share, req.deadline), self._prepare, *job, heavy=heavy)
+            key = (-int(req.priority), share, req.deadline)
+            self._pool.submit(key, self._prepare, *job, heavy=heavy, tenant=tenant)
         return req.future
 
     def _prepare(

@@ -8,13 +8,15 @@ Order alone is not enough where decoding, not the model, is the bottleneck (a GP
 runs 10,000 views a second, two threads prepared 1,000 small pictures): every thread can be inside a
 huge image's decode when a small one arrives, and within one tenant the huge images came first. So
 jobs are light (one view of a small, cheaply decoded picture) or heavy (tiled, large, or decoded in a
-worker process), each kind with its own tenant places. A free thread takes whichever head has the
-lower key, a light one on a tie; but while heavy jobs wait, ``workers // 2`` threads (rounded down)
-stay with them unless a higher class waits among the light. So a small picture does not wait behind
-its own tenant's queue of huge decodes, only for a thread to free (no thread is kept idle for light
-jobs: a burst that finds the pool idle fills it); huge images still progress under a steady stream
-of small ones (with one thread, a tenant's first huge image ages past the stream by its deadline);
-and a tenant flooding small pictures still waits its turn behind another tenant's first image.
+worker process). Within a class a free thread takes a light job first, with two exceptions: while
+heavy jobs wait, ``workers // 2`` threads (rounded down) stay with them, and a heavy job of another
+tenant goes first when its tenant's place is lower (tenants stay fair across the lanes: a tenant
+flooding small pictures still waits its turn behind another tenant's first huge one). So a small
+picture does not wait behind its own tenant's queue of huge decodes, only for a thread to free (no
+thread is kept idle for light jobs: a burst that finds the pool idle fills it), and huge images
+still progress under a steady stream of small ones where there are two threads or more. (With one
+thread, a tenant's huge image waits for its own small ones to drain.) A higher class always goes
+first, light or heavy.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-_Job = tuple[tuple[Any, ...], int, Callable[..., None], tuple[Any, ...]]
+_Job = tuple[tuple[Any, ...], int, Callable[..., None], tuple[Any, ...], str]
 
 
 class PriorityPool:
@@ -48,12 +50,15 @@ class PriorityPool:
         for t in self._threads:
             t.start()
 
-    def submit(self, key: tuple[Any, ...], fn: Callable[..., None], *args: Any, heavy: bool = False) -> None:
-        """Run fn(*args) on a worker; lower keys first (key[0] is the class), ties in submission order."""
+    def submit(
+        self, key: tuple[Any, ...], fn: Callable[..., None], *args: Any, heavy: bool = False, tenant: str = ""
+    ) -> None:
+        """Run fn(*args) on a worker; lower keys first (key[0] is the class, key[1] the tenant's
+        place), ties in submission order."""
         with self._cond:
             if self._stopping:
                 return  # dropped, as at shutdown: the engine fails the request itself
-            heapq.heappush(self._heavy if heavy else self._light, (key, next(self._seq), fn, args))
+            heapq.heappush(self._heavy if heavy else self._light, (key, next(self._seq), fn, args, tenant))
             self._cond.notify()
 
     def _pick(self) -> tuple[_Job, bool] | None:
@@ -63,11 +68,14 @@ class PriorityPool:
             return (heapq.heappop(light), False) if light else None
         if not light:
             return heapq.heappop(heavy), True
-        light_key, heavy_key = light[0][0], heavy[0][0]
-        reserved = self._heavy_running < self.heavy_reserve and heavy_key[0] <= light_key[0]
-        if reserved or heavy_key < light_key:
-            return heapq.heappop(heavy), True
-        return heapq.heappop(light), False
+        (light_key, *_, light_tenant), (heavy_key, *_, heavy_tenant) = light[0], heavy[0]
+        if heavy_key[0] != light_key[0]:  # a higher class first
+            take_heavy = heavy_key[0] < light_key[0]
+        else:
+            take_heavy = self._heavy_running < self.heavy_reserve or (
+                heavy_tenant != light_tenant and heavy_key < light_key
+            )
+        return (heapq.heappop(heavy), True) if take_heavy else (heapq.heappop(light), False)
 
     def _run(self) -> None:
         while True:
@@ -78,7 +86,7 @@ class PriorityPool:
                     picked = self._pick()
                 if picked is None:
                     return  # stopping, and nothing left to take
-                (_, _, fn, args), heavy = picked
+                (_, _, fn, args, _), heavy = picked
                 self._heavy_running += heavy
                 self._running += 1
             try:
