@@ -629,3 +629,19 @@ def test_gc_pause_benchmark_times_full_collections_before_and_after_the_freeze()
     assert result["tracked_objects"] > 100_000  # torch and the model
     assert result["frozen_objects"] >= 0.9 * result["tracked_objects"]
     assert len(result["full_collection_ms_before"]) == len(result["full_collection_ms_after"]) == 2
+
+
+def test_encoder_benchmark_with_a_model_that_costs_nothing(database_url: str, tmp_path: Path) -> None:
+    """`--model instant`: the engine's own ceiling (preparing images bounds it, as on a GPU host)."""
+    plot = tmp_path / "encoder.png"
+    r = _run(
+        "bench.encoder",
+        database_url,
+        *("--model", "instant", "--duration", "1", "--repeat", "1", "--large", "4", "--plot", str(plot)),
+    )
+    assert r["model"] == "instant" and r["batch_invariant"] is True and r["repeats"] == 1
+    assert r["burst_tiles_per_image"] == 64 and r["preprocess_workers"] == 2
+    assert r["small_p99_unloaded_ms"] > 0 and r["small_p99_burst_sched_ms"] > 0
+    assert r["burst_units_per_s_sched"] > 0 and r["small_capacity_per_s"] > 0
+    assert isinstance(r["gc_full_collections"], int) and r["gc_pause_ms_max"] >= 0
+    assert plot.stat().st_size > 0
