@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import psycopg
 import pytest
 import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
@@ -122,6 +123,26 @@ def test_a_table_the_standby_has_not_replayed_is_read_on_the_primary(
     finally:
         _replay(db.replicas[0].engine, "resume")
         db.close()
+
+
+def test_a_read_that_meets_an_index_swaps_replay_is_read_on_the_primary(replicated: Database) -> None:
+    """On a standby, "could not open relation with OID" when the replay of REINDEX CONCURRENTLY's drop
+    lands under the planner: the read runs again on the primary. Other internal errors are raised."""
+
+    def read(conn):  # type: ignore[no-untyped-def]
+        standby = conn.execute("SELECT pg_is_in_recovery()").fetchone()[0]
+        if standby:
+            raise psycopg.errors.InternalError_("could not open relation with OID 33806")
+        return "primary"
+
+    assert replicated.run_read(read) == "primary"
+    assert replicated.replicas[0].conflicts == 0  # no recovery conflict: the standby stays as it was
+
+    def broken(conn):  # type: ignore[no-untyped-def]
+        raise psycopg.errors.InternalError_("something else went wrong")
+
+    with pytest.raises(psycopg.errors.InternalError_, match="something else"):
+        replicated.run_read(broken)
 
 
 def _replay(replica: sa.Engine, action: str) -> None:

@@ -476,8 +476,8 @@ class Database:
     def run_read(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
         """``fn`` on a read connection; when a replica's connection fails under it, that replica is
         taken out and ``fn`` runs once more on another target (a read is safe to repeat). A table the
-        replica does not have yet (a collection made a moment ago), and a read the replica cancelled
-        for a recovery conflict, are read on the primary."""
+        replica does not have yet (a collection made a moment ago), a read the replica cancelled
+        for a recovery conflict, and one that met an index swap's replay, are read on the primary."""
         if not self.replicas:  # the primary alone: nothing to choose or to run again elsewhere
             with raw_connection(self.engine) as conn:
                 return fn(conn)
@@ -499,6 +499,18 @@ class Database:
                 raise
             replica.conflicts += 1
             log.warning("read cancelled on replica %s (%s); running it on the primary", replica.url, exc)
+            with raw_connection(self.engine) as conn:
+                return fn(conn)
+        except psycopg.errors.InternalError_ as exc:
+            # On a standby: "could not open relation with OID ..." when the replay of an index swap
+            # (REINDEX CONCURRENTLY's drop of the old index) lands between the planner's look at the
+            # table's indexes and its opening of one. The standby is well; the primary is never in
+            # that state for a committed swap. Any other internal error is raised as it is.
+            if replica is None or "could not open relation" not in str(exc):
+                raise
+            log.warning(
+                "read failed on replica %s during an index swap (%s); running it on the primary", replica.url, exc
+            )
             with raw_connection(self.engine) as conn:
                 return fn(conn)
         except psycopg.OperationalError as exc:
