@@ -61,7 +61,15 @@ def test_what_is_not_a_decodable_image_has_no_thumbnail() -> None:
 def test_a_ready_image_without_one_gets_it_on_first_view(store: VectorStore, engine, collection_name) -> None:
     """A vector written by hand over a queued image: ready, yet no worker made its thumbnail."""
     c = store.create_collection(name=collection_name, dimensions=4)
-    [pending] = jobs.enqueue(Database(engine), c, [PendingItem(content=make_image(4), content_type="image/jpeg")])
+    item = PendingItem(content=make_image(4), content_type="image/jpeg")
+    with Database(engine).write() as conn:
+        pending = jobs._enqueue(conn, c, {item.key(): item}, jobs.PRIORITY_DEFAULT)[item.key()]
+        # Queued, but due in an hour: the session's test server runs an ingest worker on this database,
+        # which would otherwise claim the job and rewrite the row while the test reads it.
+        conn.execute(
+            "UPDATE memstore_ingest_queue SET not_before = now() + interval '1 hour' WHERE collection_id = %s",
+            (c.id,),
+        )
     assert thumbnails.read(Database(engine), c, pending.id) is None  # pending: nothing to show yet
     store.update_item(collection=c.name, id=pending.id, vector=np.ones(4))
     assert thumbnails.previews(Database(engine), c, [pending.id])[pending.id].has_thumbnail is False
