@@ -149,7 +149,6 @@ class Phase:
     ) -> None:
         self.engine = EmbeddingEngine(enc, settings, planner=planner)
         self.args, self.rate, self.smalls, self.larges = args, rate, smalls, larges
-        self.latencies: list[float] = []
         self.timeline: list[tuple[float, float]] = []  # (arrival s into the phase, latency ms)
         self.rejected = 0
         self.t0 = 0.0
@@ -159,12 +158,16 @@ class Phase:
         self.burst_seconds = float("nan")
         self.saturated_rate = float("nan")
 
+    @property
+    def latencies(self) -> list[float]:
+        """Each small request's latency (ms), in completion order."""
+        return [latency for _, latency in self.timeline]
+
     def _on_small(self, scheduled: float) -> Callable[[Future[Any]], None]:
         def done(fut: Future[Any]) -> None:
             if fut.exception() is None:
                 latency = (time.perf_counter() - scheduled) * 1000.0
                 with self.lock:
-                    self.latencies.append(latency)
                     self.timeline.append((scheduled - self.t0, latency))
 
         return done

@@ -216,8 +216,9 @@ def _inline(data: bytes, probe: ImageProbe, options: ImageOptions) -> bool:
 
 def is_light(data: bytes, probe: ImageProbe, plan: TilePlan) -> bool:
     """Whether preparing this image's views is cheap and short: one view of a small picture decoded
-    in this process. The preprocessing pool takes such images before heavy ones of their class
-    (``encoder.workers``), so a query's picture never waits behind a burst of huge decodes."""
+    in this process. The preprocessing pool takes such images before their tenant's heavy ones of the
+    same class (``encoder.workers``), so a query's picture does not queue behind its tenant's burst
+    of huge decodes."""
     return plan.n_units == 1 and probe.width * probe.height <= LIGHT_MAX_PIXELS and _inline(data, probe, probe.options)
 
 

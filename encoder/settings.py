@@ -95,16 +95,7 @@ class EncoderSettings(BaseSettings):
     max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)  # largest /v1/embeddings request
     max_text_chars: int = Field(default=8192, ge=1)  # longest text (the tokenizer keeps 77 tokens anyway)
 
-    @field_validator(
-        "pretrained",
-        "device",
-        "precision",
-        "cache_dir",
-        "url",
-        "torch_threads",
-        "api_key",
-        mode="before",
-    )
+    @field_validator("pretrained", "device", "precision", "cache_dir", "url", "torch_threads", "api_key", mode="before")
     @classmethod
     def _none_words(cls, value: object) -> object:
         if isinstance(value, str) and value.strip().lower() in ("", "none", "null"):

@@ -98,11 +98,6 @@ class PriorityPool:
                     self._heavy_running -= heavy
                     self._running -= 1
 
-    def pending(self) -> tuple[int, int]:
-        """Light and heavy jobs waiting (not yet started)."""
-        with self._cond:
-            return len(self._light), len(self._heavy)
-
     def state(self) -> dict[str, int]:
         """Threads, and jobs waiting and running per lane (``/health`` detail and ``/metrics``)."""
         with self._cond:

@@ -479,8 +479,7 @@ class Database:
         replica does not have yet (a collection made a moment ago), a read the replica cancelled
         for a recovery conflict, and one that met an index swap's replay, are read on the primary."""
         if not self.replicas:  # the primary alone: nothing to choose or to run again elsewhere
-            with raw_connection(self.engine) as conn:
-                return fn(conn)
+            return self._on_primary(fn)
         replica: Replica | None = None  # stays None when no connection was had (the primary's error)
         try:
             with self._reading() as (replica, conn):
@@ -489,8 +488,7 @@ class Database:
             if replica is None:
                 raise
             # A table created a moment ago that the replica has not replayed yet: the primary has it.
-            with raw_connection(self.engine) as conn:
-                return fn(conn)
+            return self._on_primary(fn)
         except psycopg.errors.SerializationFailure as exc:
             # On a standby: "canceling statement due to conflict with recovery" (the replay of a
             # VACUUM or an index swap could not wait longer; see docs/operations.md). The standby is
@@ -499,8 +497,7 @@ class Database:
                 raise
             replica.conflicts += 1
             log.warning("read cancelled on replica %s (%s); running it on the primary", replica.url, exc)
-            with raw_connection(self.engine) as conn:
-                return fn(conn)
+            return self._on_primary(fn)
         except psycopg.errors.InternalError_ as exc:
             # On a standby: "could not open relation with OID ..." when the replay of an index swap
             # (REINDEX CONCURRENTLY's drop of the old index) lands between the planner's look at the
@@ -511,14 +508,18 @@ class Database:
             log.warning(
                 "read failed on replica %s during an index swap (%s); running it on the primary", replica.url, exc
             )
-            with raw_connection(self.engine) as conn:
-                return fn(conn)
+            return self._on_primary(fn)
         except psycopg.OperationalError as exc:
             if replica is None:
                 raise
             self._take_out(replica, exc)
             with self._reading() as (_replica, conn):
                 return fn(conn)
+
+    def _on_primary(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """``fn`` read on the primary (``read_primary``): where ``run_read`` sends what a replica cannot serve."""
+        with self.read_primary() as conn:
+            return fn(conn)
 
     # -- read-your-writes --------------------------------------------------------------------------
 

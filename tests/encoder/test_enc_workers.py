@@ -59,7 +59,7 @@ def test_with_one_thread_a_light_job_overtakes_every_waiting_heavy_one():
         for i in range(1, 5):
             pool.submit(QUERY, rec.job(f"heavy-{i}"), heavy=True)
         pool.submit(QUERY, rec.job("light"))
-        assert pool.pending() == (1, 4)
+        assert (pool.state()["light_waiting"], pool.state()["heavy_waiting"]) == (1, 4)
         rec.gates["heavy-0"].set()
         rec.wait_started(5)
     finally:
@@ -143,7 +143,7 @@ def test_shutdown_drops_jobs_not_started_and_returns_promptly():
     pool.shutdown()
     assert time.monotonic() - started < 5
     pool.submit(QUERY, rec.job("after"))  # dropped: nothing would ever run it
-    assert pool.pending() == (0, 0)
+    assert (pool.state()["light_waiting"], pool.state()["heavy_waiting"]) == (0, 0)
     assert rec.order == ["running"]
     with pytest.raises(ValueError):
         PriorityPool(0)
