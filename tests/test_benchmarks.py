@@ -644,4 +644,7 @@ def test_encoder_benchmark_with_a_model_that_costs_nothing(database_url: str, tm
     assert r["small_p99_unloaded_ms"] > 0 and r["small_p99_burst_sched_ms"] > 0
     assert r["burst_units_per_s_sched"] > 0 and r["small_capacity_per_s"] > 0
     assert isinstance(r["gc_full_collections"], int) and r["gc_pause_ms_max"] >= 0
+    # Strict JSON: a figure no repetition measured (the model never saturated) is null, never NaN.
+    assert r["throughput_ratio"] is None or r["throughput_ratio"] >= 0
+    assert all(rep["ratio"] is None or rep["ratio"] >= 0 for rep in r["per_repeat"])
     assert plot.stat().st_size > 0
