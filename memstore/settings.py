@@ -292,6 +292,11 @@ class IngestSettings(BaseSettings):
     backoff_max_s: float = Field(default=300.0, ge=0.0)
     poll_interval_s: float = Field(default=5.0, gt=0.0, description="Queue poll when no NOTIFY arrives.")
     wait_timeout_s: float = Field(default=30.0, gt=0.0, description="How long ?wait=true waits for vectors.")
+    cpu_priority: Literal["normal", "low", "idle"] = Field(
+        default="idle",
+        description="CPU priority of a `memstore worker` process (it answers no search): idle runs it on cores "
+        "nothing else wants (Linux SCHED_IDLE), low at nice 10, normal as started.",
+    )
 
 
 class UiSettings(BaseSettings):

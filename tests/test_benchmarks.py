@@ -17,8 +17,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _run(module: str, database_url: str, *args: str) -> dict[str, Any]:
-    env = os.environ | {"MEMSTORE_DATABASE_URL": database_url}
+def _run(module: str, database_url: str, *args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    env = os.environ | {"MEMSTORE_DATABASE_URL": database_url} | (env or {})
     done = subprocess.run(
         [sys.executable, "-m", module, "--json", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
     )
@@ -607,6 +607,8 @@ def test_foreground_benchmark_with_the_workers_in_a_process_of_their_own(databas
         database_url,
         *("--database-url", database_url, "--background", "reembed", "--images", "8", "--split"),
         *("--largest", "400", "--phases", "2", "--phase-s", "3", "--idle-s", "1.5"),
+        # nice 10, not the worker's default idle priority: another test process may keep every core busy
+        env={"MEMSTORE_INGEST_CPU_PRIORITY": "low"},
     )
     assert result["layout"] == "split"
     # Stopped while the searching process still published a share of zero: it exits cleanly at once.

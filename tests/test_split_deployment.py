@@ -150,7 +150,8 @@ def test_split_deployment(split_env: dict[str, str], tmp_path: Path) -> None:
             roles.append(
                 Role(
                     f"worker{i}",
-                    ["memstore.cli", "worker", "--encoder-url", encoder_url, "--no-migrate"],
+                    # nice 10, not the default idle priority: another test process may keep every core busy
+                    ["memstore.cli", "worker", "--encoder-url", encoder_url, "--no-migrate", "--cpu-priority", "low"],
                     env,
                     tmp_path,
                 )

@@ -24,16 +24,28 @@ log = logging.getLogger(__name__)
 @click.option(
     "--batch-size", type=int, metavar="N", help="items claimed at a time (default MEMSTORE_INGEST_BATCH_SIZE)"
 )
+@click.option(
+    "--cpu-priority",
+    type=click.Choice(["normal", "low", "idle"]),
+    help="this process's CPU priority (default MEMSTORE_INGEST_CPU_PRIORITY: idle, cores searches do not want)",
+)
 @click.option("--no-migrate", is_flag=True, help="do not apply migrations at start")
 @json_option("print a JSON summary at exit")
 def command(
-    once: bool, threads: int, encoder_url: str | None, batch_size: int | None, no_migrate: bool, as_json: bool
+    once: bool,
+    threads: int,
+    encoder_url: str | None,
+    batch_size: int | None,
+    cpu_priority: str | None,
+    no_migrate: bool,
+    as_json: bool,
 ) -> int:
     """Claim pending items from the durable queue, embed them and write the vectors. Any number of
     these may run against one database. SIGTERM finishes the batch in hand, then exits."""
     from memstore.db import migrate
     from memstore.db.core import get_database, resolve_database_url
     from memstore.queue import claims
+    from memstore.services import cpu_priority as priority
     from memstore.services.encoder_host import EncoderChoice, open_backend
     from memstore.services.foreground_signal import ForegroundFollower
     from memstore.settings import get_ingest_settings, get_settings
@@ -43,6 +55,8 @@ def command(
     if not no_migrate:
         migrate.upgrade(resolve_database_url())
     settings = get_ingest_settings()
+    # Before the model and the workers start their threads: they inherit it.
+    applied = priority.apply(cpu_priority or settings.cpu_priority)
     if batch_size:
         settings = settings.model_copy(update={"batch_size": batch_size})
     db = get_database(replicas=False)  # workers write: the primary alone, no replica pools or probes
@@ -51,7 +65,7 @@ def command(
         # Nothing is due: no model to load (seconds to minutes) for a run that would claim nothing.
         if not as_json:
             click.echo("memstore worker: nothing is due in the queue; the model was not loaded", err=True)
-        return _report(as_json, Report(), started, 0)
+        return _report(as_json, Report(), started, 0, applied)
     try:
         backend, close = open_backend(EncoderChoice(mode="remote" if encoder_url else None, url=encoder_url))
         assert backend is not None
@@ -74,7 +88,9 @@ def command(
 
     running = [threading.Thread(target=run, args=(i,), name=w.name) for i, w in enumerate(workers)]
     if not as_json:
-        click.echo(f"memstore worker: {len(running)} thread(s), model {backend.info.model}", err=True)
+        click.echo(
+            f"memstore worker: {len(running)} thread(s), model {backend.info.model}, CPU priority {applied}", err=True
+        )
     try:
         # Stopping: the batch in hand finishes at full speed (a published share of zero would hold it).
         with stop_on_signals(stop, on_signal=lambda _signum: follower.force(1.0)):
@@ -90,11 +106,11 @@ def command(
     total = Report()
     for w in workers:
         total.add(w.totals)
-    return _report(as_json, total, started, max(codes))
+    return _report(as_json, total, started, max(codes), applied)
 
 
-def _report(as_json: bool, total: Report, started: float, exit_code: int) -> int:
-    summary = {
+def _report(as_json: bool, total: Report, started: float, exit_code: int, cpu_priority: str) -> int:
+    summary: dict[str, object] = {
         "claimed": total.claimed,
         "written": total.written,
         "retried": total.retried,
@@ -103,6 +119,7 @@ def _report(as_json: bool, total: Report, started: float, exit_code: int) -> int
         "dropped": total.dropped,
         "seconds": round(time.monotonic() - started, 3),
         "exit_code": exit_code,
+        "cpu_priority": cpu_priority,  # what the process ran at (cpu_priority.apply)
     }
     if as_json:
         print_json(summary)

@@ -182,14 +182,18 @@ def test_worker_once_with_the_tiny_model(worker_url, settings, collection_name) 
         assert done.returncode == 0, done.stderr
         summary = json.loads(done.stdout.strip().splitlines()[-1])
         assert summary["written"] >= 7 and summary["exit_code"] == 0  # >=: earlier tests' leftovers count too
+        assert summary["cpu_priority"] == "SCHED_IDLE"  # the default: cores no search wants
         with engine.connect() as conn:
             states = conn.exec_driver_sql(f'SELECT status, count(*) FROM "{c.table_name}" GROUP BY 1').fetchall()
         assert dict(states) == {"ready": 7}
         # The queue is now empty: --once answers at once without loading a model. An unknown model
         # proves it: loading it would fail with exit code 2.
-        idle = memstore("worker", "--once", "--json", env={**env, "MEMSTORE_MODEL": "no-such-model"})
+        idle = memstore(
+            "worker", "--once", "--json", "--cpu-priority", "low", env={**env, "MEMSTORE_MODEL": "no-such-model"}
+        )
         assert idle.returncode == 0, idle.stderr
-        assert json.loads(idle.stdout.strip().splitlines()[-1])["claimed"] == 0
+        summary = json.loads(idle.stdout.strip().splitlines()[-1])
+        assert summary["claimed"] == 0 and summary["cpu_priority"] == "nice 10"
     finally:
         engine.dispose()
 

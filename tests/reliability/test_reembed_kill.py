@@ -127,7 +127,9 @@ def _spawn(started: list[Child], name: str, args: list[str], env: dict[str, str]
 
 def start_worker(started: list[Child], env: dict[str, str], tmp_path: Path, *extra: str) -> Child:
     """``memstore worker`` in a process of its own (the database is migrated already)."""
-    args = ["-m", "memstore.cli", "worker", "--no-migrate", "--batch-size", str(BATCH), *extra]
+    # nice 10, not the default idle priority: with another test process busy on every core, an idle
+    # worker could wait for it; what this test checks is what survives a kill, not the priority.
+    args = ["-m", "memstore.cli", "worker", "--no-migrate", "--batch-size", str(BATCH), "--cpu-priority", "low", *extra]
     return _spawn(started, "worker", args, env, tmp_path)
 
 
