@@ -650,3 +650,13 @@ def test_encoder_benchmark_with_a_model_that_costs_nothing(database_url: str, tm
     assert r["throughput_ratio"] is None or r["throughput_ratio"] >= 0
     assert all(rep["ratio"] is None or rep["ratio"] >= 0 for rep in r["per_repeat"])
     assert plot.stat().st_size > 0
+
+
+def test_rest_cost_benchmark_measures_every_layer(database_url: str) -> None:
+    """Shape only (the figures are the benchmark's): every layer measured, and what each adds."""
+    r = _run("bench.rest_cost", database_url, *("--database-url", database_url, "--rows", "500", "--calls", "100"))
+    layers = r["layers"]
+    assert set(layers) == {"statement", "execute", "fast_path", "front", "server", "http_floor"}
+    assert all(figures["cpu_ms"] > 0 and figures["wall_ms"] > 0 for figures in layers.values())
+    assert len(r["added_ms"]) == 4 and r["server_cpu_ms_per_search"] == layers["server"]["cpu_ms"]
+    assert 0 < r["statement_share_of_server_cpu"]
