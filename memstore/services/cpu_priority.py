@@ -11,8 +11,8 @@ a core that a search also wants, so it never stalls outright under a steady sear
 
 Linux keeps the policy and the nice value per thread, and a thread inherits both from the thread that
 starts it, so ``apply`` sets them on every thread the process has when called (before the model's
-threads exist, ideally) and every thread started afterwards follows. Nothing here ever raises: a
-platform or container that refuses the change leaves the process as it was, and says so.
+threads exist, ideally) and every thread started afterwards follows. A platform or container that
+refuses the change leaves the process as it was, and says so; nothing is raised for it.
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ def apply(priority: str) -> str:
     idle = priority == "idle" and hasattr(os, "SCHED_IDLE")
     applied = "SCHED_IDLE" if idle else f"nice {LOW_NICE}"
     main = os.getpid()  # on Linux the main thread's id is the process's
-    for tid in _thread_ids():
+    # The main thread first: if it is refused, no other thread has been changed either.
+    for tid in sorted(_thread_ids(), key=lambda t: t not in (0, main)):
         try:
             if idle:
                 _set_idle(tid)
@@ -68,7 +69,7 @@ def apply(priority: str) -> str:
 
 
 def current() -> str:
-    """The calling thread's priority as ``apply`` names it (``/health`` detail, tests)."""
+    """The calling thread's priority as ``apply`` names it."""
     if hasattr(os, "sched_getscheduler") and os.sched_getscheduler(0) == getattr(os, "SCHED_IDLE", -1):
         return "SCHED_IDLE"
     nice = os.getpriority(os.PRIO_PROCESS, 0)
