@@ -281,6 +281,10 @@ class ApiSettings(BaseSettings):
         return value
 
 
+# A background process's CPU priority (memstore.services.cpu_priority applies it).
+CpuPriority = Literal["normal", "low", "idle"]
+
+
 class IngestSettings(BaseSettings):
     """``MEMSTORE_INGEST_*``: how workers claim, retry and give up."""
 
@@ -292,7 +296,7 @@ class IngestSettings(BaseSettings):
     backoff_max_s: float = Field(default=300.0, ge=0.0)
     poll_interval_s: float = Field(default=5.0, gt=0.0, description="Queue poll when no NOTIFY arrives.")
     wait_timeout_s: float = Field(default=30.0, gt=0.0, description="How long ?wait=true waits for vectors.")
-    cpu_priority: Literal["normal", "low", "idle"] = Field(
+    cpu_priority: CpuPriority = Field(
         default="idle",
         description="CPU priority of a `memstore worker` process (it answers no search): idle runs it on cores "
         "nothing else wants (Linux SCHED_IDLE), low at nice 10, normal as started.",

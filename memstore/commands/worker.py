@@ -5,11 +5,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, get_args
 
 import click
 
 from encoder.cli_support import EXIT_USAGE, exit_cleanly_on_sigterm, json_option, print_json, stop_on_signals
+from memstore.settings import CpuPriority  # the CLI has it loaded already (memstore.commands.serve)
 
 if TYPE_CHECKING:
     from memstore.workers.ingest import Report
@@ -26,7 +27,7 @@ log = logging.getLogger(__name__)
 )
 @click.option(
     "--cpu-priority",
-    type=click.Choice(["normal", "low", "idle"]),
+    type=click.Choice(get_args(CpuPriority)),
     help="this process's CPU priority (default MEMSTORE_INGEST_CPU_PRIORITY: idle, cores searches do not want)",
 )
 @click.option("--no-migrate", is_flag=True, help="do not apply migrations at start")

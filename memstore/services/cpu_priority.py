@@ -20,10 +20,14 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import get_args
+
+from memstore.settings import CpuPriority
 
 log = logging.getLogger(__name__)
 
 LOW_NICE = 10
+PRIORITIES: tuple[str, ...] = get_args(CpuPriority)
 
 
 def _thread_ids() -> list[int]:
@@ -45,8 +49,8 @@ def _set_nice(tid: int, nice: int) -> None:
 def apply(priority: str) -> str:
     """Put this process's threads (and those it starts later) at ``priority`` (normal, low or idle);
     what was applied: ``SCHED_IDLE``, ``nice 10``, or ``normal`` (asked for, or the only thing allowed)."""
-    if priority not in ("normal", "low", "idle"):
-        raise ValueError(f"unknown CPU priority {priority!r}: normal, low or idle")
+    if priority not in PRIORITIES:
+        raise ValueError(f"unknown CPU priority {priority!r}: {', '.join(PRIORITIES[:-1])} or {PRIORITIES[-1]}")
     if priority == "normal":
         return "normal"
     idle = priority == "idle" and hasattr(os, "SCHED_IDLE")
