@@ -261,19 +261,20 @@ def load_search(args: argparse.Namespace, url: str) -> VectorStore:
     return store
 
 
+def raw_search(key: str, body: bytes, collection: str = "bench_search") -> bytes:
+    """A whole HTTP/1.1 search request (head and JSON body) for ``RawClient.request``."""
+    head = (
+        f"POST /v1/collections/{collection}/search HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
 def bench_search(args: argparse.Namespace, store: VectorStore, servers: dict[str, Server], key: str) -> dict[str, Any]:
     """Direct searches and each server's REST searches, taking turns; the first server's ratio is
     ``search_qps_ratio``, every server's is under ``servers``."""
     queries = clustered(200, args.dims, seed=2)
-    requests = []
-    for q in queries:
-        body = json.dumps({"vector": q.tolist(), "k": args.k}).encode()
-        requests.append(
-            b"POST /v1/collections/bench_search/search HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            + f"Authorization: Bearer {key}\r\nContent-Type: application/json\r\n".encode()
-            + f"Content-Length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
+    requests = [raw_search(key, json.dumps({"vector": q.tolist(), "k": args.k}).encode()) for q in queries]
     bad: list[int] = []
 
     def direct(t: int, i: int) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -28,18 +27,13 @@ from tqdm import tqdm
 
 from bench.peers_measure import K
 from bench.peers_pg import maintenance_pass
+from bench.startup import free_port
 from memstore.access import keys
 from memstore.db.core import Database, create_engine
 from memstore.store import VectorStore
 
 REQUEST_BYTES = 48 << 20
 BYTES_PER_NUMBER = 24
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Serve:
@@ -52,7 +46,7 @@ class Serve:
         db = Database(create_engine(url))
         _, self.key = keys.create_key(db, name=f"bench-peers-{uuid.uuid4().hex[:6]}", scopes=["admin"])
         db.engine.dispose()
-        self.port = _free_port()
+        self.port = free_port()
         env = os.environ | {
             "MEMSTORE_DATABASE_URL": url,
             "MEMSTORE_DATA_DIR": str(data_dir),

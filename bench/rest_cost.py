@@ -44,13 +44,14 @@ import psutil
 import psycopg
 import uvloop
 
-from bench.api import TINY_ENV, RawClient, load_search
+from bench.api import TINY_ENV, RawClient, load_search, raw_search
 from bench.data import clustered
-from bench.databases import drop_database, new_database, scratch_dir
+from bench.databases import drop_database, new_database, scratch_dir, server_url
 from bench.peers_rest import Serve
+from bench.startup import free_port
 from memstore.access import keys
 from memstore.db.core import Database, create_engine, libpq_url
-from memstore.db.embedded import start_embedded_server
+from memstore.settings import Settings
 
 NAME = "bench_search"  # bench.api's collection
 CANNED = json.dumps(
@@ -138,7 +139,7 @@ async def in_process(
     from memstore.search.plan import plan
     from memstore.search.request import check_query
     from memstore.search.statements import SESSION_SETTINGS_SQL
-    from memstore.settings import ApiSettings, Settings
+    from memstore.settings import ApiSettings
     from memstore.web import create_app
 
     app: Any = create_app(
@@ -203,20 +204,9 @@ async def in_process(
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def over_http(port: int, cpu: Callable[[], float], key: str, bodies: list[bytes], calls: int) -> dict[str, float]:
     """Server CPU per request (``cpu``: the server process's CPU seconds so far) over one connection."""
-    requests = [
-        f"POST /v1/collections/{NAME}/search HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {key}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(b)}\r\n\r\n".encode()
-        + b
-        for b in bodies
-    ]
+    requests = [raw_search(key, body, NAME) for body in bodies]
     client = RawClient(port)
     for i in range(min(500, calls)):
         client.request(requests[i % len(requests)])
@@ -230,8 +220,14 @@ def over_http(port: int, cpu: Callable[[], float], key: str, bodies: list[bytes]
     }
 
 
+def cpu_seconds(pid: int) -> Callable[[], float]:
+    """The process ``pid``'s CPU seconds so far (user and system), read when called."""
+    process = psutil.Process(pid)
+    return lambda: sum(process.cpu_times()[:2])
+
+
 def floor(key: str, bodies: list[bytes], calls: int) -> dict[str, float]:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "bench.rest_cost", "--serve-floor", str(port)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -246,8 +242,7 @@ def floor(key: str, bodies: list[bytes], calls: int) -> dict[str, float]:
                 if time.monotonic() > deadline or proc.poll() is not None:
                     raise RuntimeError("the floor server did not start") from None
                 time.sleep(0.2)
-        server = psutil.Process(proc.pid)
-        return over_http(port, lambda: sum(server.cpu_times()[:2]), key, bodies, calls)
+        return over_http(port, cpu_seconds(proc.pid), key, bodies, calls)
     finally:
         proc.terminate()
         proc.wait(30)
@@ -270,10 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     queries = clustered(200, args.dims, seed=2)
     bodies = [json.dumps({"vector": q.tolist(), "k": 10}).encode() for q in queries]
     with scratch_dir("memstore-rest-cost-") as tmp:
-        server_url = args.database_url or start_embedded_server(
-            Path(tmp), maintenance_work_mem="512MB", max_parallel_maintenance_workers=1
-        )
-        url = new_database(server_url, "bench_rest_cost")
+        url = new_database(server_url(args.database_url, Path(tmp), Settings()), "bench_rest_cost")
         try:
             ns = argparse.Namespace(n=args.rows, dims=args.dims, concurrency=1)
             load_search(ns, url).db.engine.dispose()
@@ -285,8 +277,7 @@ def main(argv: list[str] | None = None) -> int:
             layers = uvloop.run(in_process(url, key, bodies, queries, args.calls, args.rounds))
             server = Serve(url, Path(tmp), 1000)  # memstore serve --no-encoder, as bench.peers runs it
             try:
-                proc = psutil.Process(server.proc.pid)
-                layers["server"] = over_http(server.port, lambda: sum(proc.cpu_times()[:2]), key, bodies, args.calls)
+                layers["server"] = over_http(server.port, cpu_seconds(server.proc.pid), key, bodies, args.calls)
             finally:
                 server.stop()
             log(f"server: {layers['server']}")
