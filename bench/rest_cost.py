@@ -6,8 +6,11 @@ connection, one request at a time, ``--calls`` calls per layer, CPU seconds of t
 work over the calls; the in-process layers on uvloop, as the server runs, taking turns over
 ``--rounds`` rounds, medians):
 
-- ``statement``: memstore's own search statement (the plan's SQL, settings and parameters) on a raw
-  psycopg ``AsyncConnection``: the driver's and the event loop's cost of one round trip;
+- ``cursor``: memstore's own search statement (the plan's SQL, settings and parameters) on a raw
+  psycopg ``AsyncConnection`` through its cursor (``execute``, ``fetchall``): what the driver's usual
+  path costs, for comparison (not part of the sums);
+- ``statement``: the same statement as the route sends it, straight through libpq
+  (``memstore.db.direct_fetch``): the driver's and the event loop's cost of one round trip;
 - ``execute``: ``memstore.api.routes.search.execute``, what the route runs: the collection looked up,
   the query checked and planned, the statement on the search connections, the answer's dicts;
 - ``fast_path``: the JSON fast path (``memstore.api.fastpath``): the body parsed, ``execute``, the
@@ -136,6 +139,7 @@ async def in_process(
     from memstore.api.routes.search import execute
     from memstore.api.runtime import RuntimeOptions
     from memstore.api.schemas import SearchRequest
+    from memstore.db.direct_fetch import fetch_rows
     from memstore.search.plan import plan
     from memstore.search.request import check_query
     from memstore.search.statements import SESSION_SETTINGS_SQL
@@ -158,9 +162,13 @@ async def in_process(
         await register_vector_async(conn)
         await conn.execute(SESSION_SETTINGS_SQL, plans[0].settings.values())
 
-        async def statement(i: int) -> None:
+        async def cursor(i: int) -> None:
             p = plans[i % len(plans)]
             await (await conn.execute(p.statement, p.params, prepare=p.prepare)).fetchall()
+
+        async def statement(i: int) -> None:
+            p = plans[i % len(plans)]
+            await fetch_rows(conn, p.statement, p.params, prepare=p.prepare)
 
         async def route(i: int) -> None:
             await execute(rt, NAME, parsed[i % len(parsed)], None)
@@ -192,6 +200,7 @@ async def in_process(
             return call
 
         layers = {
+            "cursor": cursor,
             "statement": statement,
             "execute": route,
             "fast_path": caller(fast, {"api_key": verified}),
@@ -299,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         "layers": layers,
         "added_ms": {k: round(v, 4) for k, v in added.items()},
         "server_cpu_ms_per_search": cpu["server"],
+        # What the route's direct statement saves over psycopg's cursor path (memstore.db.direct_fetch).
+        "direct_fetch_saves_ms": round(cpu["cursor"] - cpu["statement"], 4),
         "http_floor_cpu_ms": layers["http_floor"]["cpu_ms"],
         "statement_share_of_server_cpu": round(cpu["statement"] / cpu["server"], 3),
     }

@@ -656,7 +656,8 @@ def test_rest_cost_benchmark_measures_every_layer(database_url: str) -> None:
     """Shape only (the figures are the benchmark's): every layer measured, and what each adds."""
     r = _run("bench.rest_cost", database_url, *("--database-url", database_url, "--rows", "500", "--calls", "100"))
     layers = r["layers"]
-    assert set(layers) == {"statement", "execute", "fast_path", "front", "server", "http_floor"}
+    assert set(layers) == {"cursor", "statement", "execute", "fast_path", "front", "server", "http_floor"}
     assert all(figures["cpu_ms"] > 0 and figures["wall_ms"] > 0 for figures in layers.values())
     assert len(r["added_ms"]) == 4 and r["server_cpu_ms_per_search"] == layers["server"]["cpu_ms"]
     assert r["statement_share_of_server_cpu"] > 0
+    assert r["direct_fetch_saves_ms"] == round(layers["cursor"]["cpu_ms"] - layers["statement"]["cpu_ms"], 4)

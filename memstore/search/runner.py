@@ -32,6 +32,7 @@ import psycopg
 from memstore.catalog import index_spec as compact_spec
 from memstore.catalog.collections import Collection
 from memstore.db.core import Database, run_async_search
+from memstore.db.direct_fetch import fetch_rows
 from memstore.errors import CollectionNotFoundError, SpaceNotFoundError
 from memstore.models import SearchResult
 from memstore.search import request, statements
@@ -183,18 +184,18 @@ async def _async_walks(
 
 
 async def _run_under(conn: psycopg.AsyncConnection[Any], plan: SearchPlan, settings: SearchSettings) -> list[Any]:
-    """One round trip: the search alone when the connection already holds ``settings``, else the
-    settings and the search pipelined (autocommit: no transaction to commit afterwards)."""
+    """One round trip: the search alone when the connection already holds ``settings`` (straight
+    through libpq, ``memstore.db.direct_fetch``: most searches), else the settings and the search
+    pipelined (autocommit: no transaction to commit afterwards)."""
     session = search_session(conn)
     try:
         if session.held == settings:
-            cur = await session.cursor.execute(plan.statement, plan.params, prepare=plan.prepare)
-        else:
-            session.held = None
-            async with conn.pipeline():
-                await conn.execute(SESSION_SETTINGS_SQL, settings.values())
-                cur = await conn.execute(plan.statement, plan.params, prepare=plan.prepare)
-            session.held = settings
+            return await fetch_rows(conn, plan.statement, plan.params, prepare=plan.prepare)
+        session.held = None
+        async with conn.pipeline():
+            await conn.execute(SESSION_SETTINGS_SQL, settings.values())
+            cur = await conn.execute(plan.statement, plan.params, prepare=plan.prepare)
+        session.held = settings
         return await cur.fetchall()
     except BaseException:
         session.held = None  # whatever failed, the next search on it sets everything again
