@@ -119,3 +119,34 @@ def test_async_search_matches_the_store_whatever_the_previous_search_set(
             await searcher.close()
 
     asyncio.run(scenario())
+
+
+def test_a_search_after_its_connection_was_reset_runs_under_its_settings_again(
+    store: VectorStore, collection_name: str
+) -> None:
+    """DISCARD ALL on a search connection drops its prepared statements and its settings: the next
+    search says neither is there and sends both again (memstore.db.direct_fetch, the runner)."""
+    rng = np.random.default_rng(8)
+    base = rng.normal(size=(1000, 8)).astype(np.float32)
+    store.create_collection(name=collection_name, dimensions=8, hnsw_m=4, hnsw_ef_construction=8)
+    store.upsert_items(
+        collection=collection_name, items=[ItemIn(vector=v, external_id=str(i)) for i, v in enumerate(base)]
+    )
+    _settle_statistics(store, collection_name)
+
+    async def scenario() -> None:
+        searcher = AsyncSearcher(store, max_connections=1)
+        try:
+            first = [await searcher.search(collection=collection_name, query=_query(base[3], 5), ef_search=7)]
+            first.append(await searcher.search(collection=collection_name, query=_query(base[3], 5), ef_search=7))
+            async with searcher.connections.connection() as conn:
+                await conn.execute("DISCARD ALL")
+            assert await _settings_of(searcher) != ("7", "on")  # the reset took the settings too
+            again = await searcher.search(collection=collection_name, query=_query(base[3], 5), ef_search=7)
+            assert again is not None and first[0] is not None
+            assert [r.id for r in again] == [r.id for r in first[0]] == [r.id for r in first[1] or []]
+            assert await _settings_of(searcher) == ("7", "on")
+        finally:
+            await searcher.close()
+
+    asyncio.run(scenario())

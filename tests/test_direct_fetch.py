@@ -19,7 +19,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
 from memstore.db import direct_fetch
-from memstore.db.core import async_search_connections, create_engine, libpq_url
+from memstore.db.core import async_search_connections, connection_lost, create_engine, libpq_url
 from memstore.db.direct_fetch import fetch_rows, to_postgres
 from memstore.db.search_pool import _reusable
 
@@ -95,9 +95,10 @@ def test_prepared_as_psycopg_would_and_at_most_max_prepared(database_url: str, m
         q = np.array([1, 1, 0], dtype=np.float32)
         await fetch_rows(conn, NEAREST, {"q": q}, prepare=False)
         assert await _prepared_names(conn) == []  # False: never
-        for run in range(1, direct_fetch.PREPARE_THRESHOLD + 1):  # None: at the threshold's run
-            assert await _prepared_names(conn) == [], run
+        for run in range(direct_fetch.PREPARE_THRESHOLD):  # None: once it ran that many times
             await fetch_rows(conn, NEAREST, {"q": q}, prepare=None)
+            assert await _prepared_names(conn) == [], run
+        await fetch_rows(conn, NEAREST, {"q": q}, prepare=None)
         assert len(await _prepared_names(conn)) == 1
         monkeypatch.setattr(direct_fetch, "MAX_PREPARED", 2)
         for limit in (1, 2, 3, 4):
@@ -142,12 +143,14 @@ def test_a_prepared_statement_whose_table_changed_is_prepared_afresh(database_ur
     run(database_url, scenario)
 
 
-def test_statements_deallocated_behind_its_back_are_prepared_again(database_url: str) -> None:
+def test_statements_deallocated_behind_its_back_are_said_so_then_prepared_again(database_url: str) -> None:
     async def scenario(conn: psycopg.AsyncConnection[Any]) -> None:
         q = np.array([1, 1, 0], dtype=np.float32)
         first = await fetch_rows(conn, NEAREST, {"q": q}, prepare=True)
         await conn.execute("DEALLOCATE ALL")  # as psycopg sends after a DROP, an ALTER or a ROLLBACK
         assert await _prepared_names(conn) == []
+        with pytest.raises(psycopg.errors.InvalidSqlStatementName):  # the caller's cue: set its settings again
+            await fetch_rows(conn, NEAREST, {"q": q}, prepare=True)
         assert await fetch_rows(conn, NEAREST, {"q": q}, prepare=True) == first
         assert len(await _prepared_names(conn)) == 1
 
@@ -174,5 +177,22 @@ def test_a_cancelled_fetch_leaves_nothing_running(database_url: str) -> None:
                     break
                 await asyncio.sleep(0.1)
             assert state is None or state[0] != "active", f"the cancelled statement still runs: {state}"
+
+    run(database_url, scenario)
+
+
+def test_a_backend_terminated_mid_statement_answers_the_servers_error(database_url: str) -> None:
+    async def scenario(conn: psycopg.AsyncConnection[Any]) -> None:
+        pid = conn.info.backend_pid
+        task = asyncio.create_task(fetch_rows(conn, "SELECT pg_sleep(%(s)s)", {"s": 30}, prepare=False))
+        await asyncio.sleep(0.3)
+        async with await psycopg.AsyncConnection.connect(libpq_url(database_url), autocommit=True) as other:
+            await other.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        with pytest.raises(psycopg.OperationalError) as raised:
+            await asyncio.wait_for(task, 20)
+        # The server's own error (admin shutdown), not libpq's "connection closed": what the search
+        # path's retry rule reads (memstore.db.core.connection_lost).
+        assert raised.value.sqlstate == "57P01" and connection_lost(raised.value)
+        assert not _reusable(conn)
 
     run(database_url, scenario)

@@ -14,7 +14,7 @@ changes:
   so the callers' rules (a lost connection, a cancelled or timed-out statement, a stale table) hold;
 - a prepared statement per (text, parameter types), as psycopg keys them, named apart from
   psycopg's own, at most ``MAX_PREPARED`` per connection (the least recently used one deallocated);
-  ``prepare``: True at once, False never, None at its ``PREPARE_THRESHOLD``-th run (psycopg's rule);
+  ``prepare``: True at once, False never, None once it ran ``PREPARE_THRESHOLD`` times (psycopg's rule);
 - interrupted (a task cancelled, its client gone) while the statement runs: the server is asked to
   cancel it, as psycopg does; the connection is left busy, so the search pool closes it rather than
   hand it out again (``memstore.db.search_pool``).
@@ -42,6 +42,8 @@ from psycopg.pq.abc import PGresult
 MAX_PREPARED = 64
 PREPARE_THRESHOLD = 5  # psycopg's default prepare_threshold
 _ACTIVE = pq.TransactionStatus.ACTIVE
+# cached plan must not change result type, undefined table, undefined column, datatype mismatch
+_STALE_PLAN = frozenset({"0A000", "42P01", "42703", "42804"})
 _PLACEHOLDER = re.compile(rb"%\(([^)]+)\)([sbt])|%%|%.?")
 _FORMATS = {b"s": PyFormat.AUTO, b"b": PyFormat.BINARY, b"t": PyFormat.TEXT}
 _Key = tuple[bytes, tuple[int, ...]]  # a statement's text and its parameters' types, psycopg's key
@@ -87,10 +89,10 @@ class _Session:
         """Whether ``key``'s statement is to be prepared now (it is not yet)."""
         if prepare is not None:
             return prepare
-        runs = self.runs.pop(key, 0) + 1
+        runs = self.runs.pop(key, 0)  # the runs before this one
         if runs >= PREPARE_THRESHOLD:
             return True
-        self.runs[key] = runs
+        self.runs[key] = runs + 1
         while len(self.runs) > 4 * MAX_PREPARED:
             self.runs.popitem(last=False)
         return False
@@ -132,17 +134,18 @@ async def fetch_rows(
         try:
             result = await _run_prepared(conn, name, values, tx.formats)
         except errors.InvalidSqlStatementName:
-            # Deallocated behind this module's back (a DISCARD ALL or DEALLOCATE ALL on the
-            # connection: psycopg sends one itself after a DROP, ALTER or ROLLBACK when it has
-            # prepared statements of its own): none of the names is known to exist. Once more.
+            # Deallocated behind this module's back: a DEALLOCATE ALL (psycopg sends one after a
+            # DROP, ALTER or ROLLBACK when it has prepared statements of its own) or a DISCARD ALL,
+            # which resets the session's settings too. None of the names is known to exist; the
+            # caller sets its settings and runs the statement again.
             session.prepared.clear()
-            name = await _prepare(conn, session, key)
-            result = await _run_prepared(conn, name, values, tx.formats)
-        except psycopg.Error:
-            # A statement that failed may fail as prepared again where a new one would not (a
-            # table's columns changed under it): the next run prepares it afresh.
-            with suppress(psycopg.Error):
-                await _deallocate(conn, session.prepared.pop(key, None))
+            raise
+        except psycopg.Error as exc:
+            if exc.sqlstate in _STALE_PLAN:
+                # Failed as prepared where a new statement may not (a table's columns changed
+                # under it): the next run prepares it afresh. A timeout or a cancel keeps it.
+                with suppress(psycopg.Error):
+                    await _deallocate(conn, session.prepared.pop(key, None))
             raise
     else:
         pgconn.send_query_params(query, values, param_formats=tx.formats, param_types=tx.types)
@@ -188,48 +191,68 @@ async def _result(conn: psycopg.AsyncConnection[Any], *, expect: pq.ExecStatus =
     results: list[PGresult] = []
     try:
         while pgconn.flush():
-            await _ready(loop, fd, write=True)
+            # A command that did not fit in the socket: libpq's rule is to wait until it can be
+            # written or read, and to read what came (the server may be sending meanwhile).
+            if await _ready(loop, fd, write=True):
+                pgconn.consume_input()
         while True:
-            pgconn.consume_input()
             if pgconn.is_busy():
-                await _ready(loop, fd, write=False)
+                await _ready(loop, fd)
+                pgconn.consume_input()
                 continue
             result = pgconn.get_result()
             if result is None:
                 break
             results.append(result)
-    except BaseException:
+    except BaseException as exc:
         if not conn.closed and pgconn.transaction_status == _ACTIVE:
             # Leave no statement running for nobody (psycopg's own rule on an interrupted wait).
             with suppress(Exception):
                 await conn.cancel_safe(timeout=5.0)
+        fatal = _fatal(results)
+        if fatal is not None and isinstance(exc, psycopg.OperationalError):
+            # The server said why before it closed the connection (a shutdown, a terminated
+            # backend): its error, with its SQLSTATE, rather than libpq's "connection closed".
+            raise errors.error_from_result(fatal, encoding=_encoding(conn)) from exc
         raise
-    encoding = conn.info.encoding
-    for result in results:
-        if result.status == pq.ExecStatus.FATAL_ERROR:
-            raise errors.error_from_result(result, encoding=encoding)
+    fatal = _fatal(results)
+    if fatal is not None:
+        raise errors.error_from_result(fatal, encoding=_encoding(conn))
     if len(results) != 1 or results[0].status != expect:
         statuses = [pq.ExecStatus(r.status).name for r in results]
         raise errors.InternalError(f"expected one {expect.name} result, the server answered {statuses}")
     return results[0]
 
 
-def _wake(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
+def _fatal(results: list[PGresult]) -> PGresult | None:
+    return next((r for r in results if r.status == pq.ExecStatus.FATAL_ERROR), None)
 
 
-async def _ready(loop: asyncio.AbstractEventLoop, fd: int, *, write: bool) -> None:
-    """Until ``fd`` can be read (or written)."""
-    future: asyncio.Future[None] = loop.create_future()
-    if write:
-        loop.add_writer(fd, _wake, future)
-    else:
-        loop.add_reader(fd, _wake, future)
+def _encoding(conn: psycopg.AsyncConnection[Any]) -> str:
     try:
-        await future
+        return conn.info.encoding
+    except Exception:  # a connection already gone: the server's messages are UTF-8 by default
+        return "utf-8"
+
+
+def _wake(future: asyncio.Future[bool], readable: bool) -> None:
+    if not future.done():
+        future.set_result(readable)
+
+
+async def _ready(loop: asyncio.AbstractEventLoop, fd: int, *, write: bool = False) -> bool:
+    """Until ``fd`` can be read (``write``: or written); True when it can be read."""
+    future: asyncio.Future[bool] = loop.create_future()
+    try:
+        try:
+            loop.add_reader(fd, _wake, future, True)
+            if write:
+                loop.add_writer(fd, _wake, future, False)
+        except OSError as exc:  # the socket is gone (psycopg's own wait says the same)
+            raise errors.OperationalError(f"connection socket closed: {exc}") from exc
+        return await future
     finally:
-        if write:
-            loop.remove_writer(fd)
-        else:
+        with suppress(OSError, ValueError):  # nothing to remove when registering failed
             loop.remove_reader(fd)
+            if write:
+                loop.remove_writer(fd)

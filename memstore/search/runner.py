@@ -190,7 +190,10 @@ async def _run_under(conn: psycopg.AsyncConnection[Any], plan: SearchPlan, setti
     session = search_session(conn)
     try:
         if session.held == settings:
-            return await fetch_rows(conn, plan.statement, plan.params, prepare=plan.prepare)
+            try:
+                return await fetch_rows(conn, plan.statement, plan.params, prepare=plan.prepare)
+            except psycopg.errors.InvalidSqlStatementName:
+                pass  # the session was reset (a DISCARD ALL): its settings are gone too; both again
         session.held = None
         async with conn.pipeline():
             await conn.execute(SESSION_SETTINGS_SQL, settings.values())
