@@ -90,14 +90,15 @@ def test_the_api_documents_carry_security_headers(server: LiveServer) -> None:
 
 def test_metrics_read_the_queue_once_per_interval_off_the_event_loop(settings: Settings, monkeypatch: Any) -> None:
     """32 clients scraping /metrics at once cause one reading of the queue, in the executor: a slow
-    reading (1 s here) holds neither the event loop (/health answers meanwhile) nor the scrapes that
-    came while it ran beyond it."""
+    reading (held here until the test lets it go) holds neither the event loop (/health answers
+    meanwhile) nor the scrapes that came while it ran beyond it."""
     readings: list[str] = []
+    release = threading.Event()
     original = jobs.queue_depth
 
     def slow_depth(db: Any) -> dict[str, int]:
         readings.append(threading.current_thread().name)
-        time.sleep(1.0)
+        release.wait(60)
         return original(db)
 
     monkeypatch.setattr(jobs, "queue_depth", slow_depth)
@@ -105,13 +106,19 @@ def test_metrics_read_the_queue_once_per_interval_off_the_event_loop(settings: S
         with httpx.Client(base_url=live.url, timeout=30) as c:
             c.get("/health")
         with ThreadPoolExecutor(32) as pool:
-            scrapes = [pool.submit(httpx.get, f"{live.url}/metrics", timeout=30) for _ in range(32)]
-            time.sleep(0.3)
-            started = time.monotonic()
-            health = httpx.get(f"{live.url}/health", timeout=30)
-            health_took = time.monotonic() - started
+            scrapes = [pool.submit(httpx.get, f"{live.url}/metrics", timeout=90) for _ in range(32)]
+            deadline = time.monotonic() + 30
+            while not readings and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert readings, "no scrape started a reading of the queue"
+            try:
+                # Answered while the reading is held: an event loop that waited for it would not.
+                health = httpx.get(f"{live.url}/health", timeout=20)
+                held_meanwhile = not release.is_set()
+            finally:
+                release.set()
             texts = [f.result().text for f in scrapes]
-        assert health.status_code == 200 and health_took < 0.5, health_took
+        assert health.status_code == 200 and held_meanwhile
         assert len(readings) == 1 and not readings[0].startswith("MainThread"), readings
         assert all('memstore_ingest_queue_items{status="pending"}' in t for t in texts)
         httpx.get(f"{live.url}/metrics", timeout=30)
