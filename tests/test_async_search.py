@@ -38,6 +38,13 @@ def _settle_statistics(store: VectorStore, name: str) -> None:
         conn.execute(sql.SQL("ANALYZE {}").format(table))
 
 
+def _filled(store: VectorStore, name: str, base: np.ndarray) -> None:
+    """A collection of ``base``'s rows (a sparse graph, quick to build), its statistics settled."""
+    store.create_collection(name=name, dimensions=base.shape[1], hnsw_m=4, hnsw_ef_construction=8)
+    store.upsert_items(collection=name, items=[ItemIn(vector=v, external_id=str(i)) for i, v in enumerate(base)])
+    _settle_statistics(store, name)
+
+
 def _query(vector: Any, k: int, **more: Any) -> SearchQuery:
     return check_query(mode=more.pop("mode", None), vector=vector, text=more.pop("text", None), k=k, **more)
 
@@ -87,12 +94,7 @@ def test_async_search_matches_the_store_whatever_the_previous_search_set(
     store: VectorStore, collection_name: str
 ) -> None:
     rng = np.random.default_rng(5)
-    base = rng.normal(size=(1000, 24)).astype(np.float32)
-    store.create_collection(name=collection_name, dimensions=24, hnsw_m=4, hnsw_ef_construction=8)
-    store.upsert_items(
-        collection=collection_name, items=[ItemIn(vector=v, external_id=str(i)) for i, v in enumerate(base)]
-    )
-    _settle_statistics(store, collection_name)
+    _filled(store, collection_name, rng.normal(size=(1000, 24)).astype(np.float32))
     queries = rng.normal(size=(4, 24)).astype(np.float32)
     default_ef = store.get_collection(name=collection_name).default_ef_search
     # Default settings, then others, then the defaults again: each must run under its own.
@@ -126,13 +128,8 @@ def test_a_search_after_its_connection_was_reset_runs_under_its_settings_again(
 ) -> None:
     """DISCARD ALL on a search connection drops its prepared statements and its settings: the next
     search says neither is there and sends both again (memstore.db.direct_fetch, the runner)."""
-    rng = np.random.default_rng(8)
-    base = rng.normal(size=(1000, 8)).astype(np.float32)
-    store.create_collection(name=collection_name, dimensions=8, hnsw_m=4, hnsw_ef_construction=8)
-    store.upsert_items(
-        collection=collection_name, items=[ItemIn(vector=v, external_id=str(i)) for i, v in enumerate(base)]
-    )
-    _settle_statistics(store, collection_name)
+    base = np.random.default_rng(8).normal(size=(1000, 8)).astype(np.float32)
+    _filled(store, collection_name, base)
 
     async def scenario() -> None:
         searcher = AsyncSearcher(store, max_connections=1)

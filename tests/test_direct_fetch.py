@@ -157,11 +157,16 @@ def test_statements_deallocated_behind_its_back_are_said_so_then_prepared_again(
     run(database_url, scenario)
 
 
+async def _sleeping(conn: psycopg.AsyncConnection[Any]) -> tuple[int, asyncio.Task[list[tuple[Any, ...]]]]:
+    """A statement of 30 s under way on ``conn``: its backend's pid and the task awaiting it."""
+    task = asyncio.create_task(fetch_rows(conn, "SELECT pg_sleep(%(s)s)", {"s": 30}, prepare=False))
+    await asyncio.sleep(0.4)
+    return conn.info.backend_pid, task
+
+
 def test_a_cancelled_fetch_leaves_nothing_running(database_url: str) -> None:
     async def scenario(conn: psycopg.AsyncConnection[Any]) -> None:
-        pid = conn.info.backend_pid
-        task = asyncio.create_task(fetch_rows(conn, "SELECT pg_sleep(%(s)s)", {"s": 30}, prepare=False))
-        await asyncio.sleep(0.5)
+        pid, task = await _sleeping(conn)
         started = time.monotonic()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -183,9 +188,7 @@ def test_a_cancelled_fetch_leaves_nothing_running(database_url: str) -> None:
 
 def test_a_backend_terminated_mid_statement_answers_the_servers_error(database_url: str) -> None:
     async def scenario(conn: psycopg.AsyncConnection[Any]) -> None:
-        pid = conn.info.backend_pid
-        task = asyncio.create_task(fetch_rows(conn, "SELECT pg_sleep(%(s)s)", {"s": 30}, prepare=False))
-        await asyncio.sleep(0.3)
+        pid, task = await _sleeping(conn)
         async with await psycopg.AsyncConnection.connect(libpq_url(database_url), autocommit=True) as other:
             await other.execute("SELECT pg_terminate_backend(%s)", (pid,))
         with pytest.raises(psycopg.OperationalError) as raised:
