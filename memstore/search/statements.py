@@ -60,18 +60,19 @@ _INDEX_KNOBS = ("hnsw.ef_search", "hnsw.iterative_scan", "hnsw.max_scan_tuples",
 INDEX_SESSION_SQL = "SELECT " + ", ".join(f"set_config('{knob}', %s, false)" for knob in _INDEX_KNOBS)
 
 
-_CursorT = TypeVar("_CursorT", psycopg.Cursor[Any], psycopg.AsyncCursor[Any])
+_CursorT = TypeVar("_CursorT", psycopg.Cursor[Any], None)
 
 
 class SearchSession(Generic[_CursorT]):
     """What a connection keeps for its searches, on the connection itself (it goes with it): the
     settings its session holds (``held``: the values of INDEX_SESSION_SQL on the blocking path, the
     ``SearchSettings`` of SESSION_SETTINGS_SQL on the async one; None: not known, send them again;
-    forgotten on any error, as a failed implicit transaction takes its settings with it), and one
-    cursor for the searches that send their statement alone. psycopg keeps what it looked up to send
-    a statement's parameters and read its rows across runs of the same statement on one cursor; a new
-    cursor per search looked everything up again, which cost more client time than anything else in
-    a search."""
+    forgotten on any error, as a failed implicit transaction takes its settings with it), and on the
+    blocking path one cursor for the searches that send their statement alone. psycopg keeps what it
+    looked up to send a statement's parameters and read its rows across runs of the same statement on
+    one cursor; a new cursor per search looked everything up again, which cost more client time than
+    anything else in a search. The async path sends such a statement straight through libpq
+    (``memstore.db.direct_fetch``, which keeps its own state on the connection): no cursor."""
 
     __slots__ = ("cursor", "held")
 
@@ -86,12 +87,12 @@ _SESSION = "_memstore_search_session"
 @overload
 def search_session(conn: psycopg.Connection[Any]) -> SearchSession[psycopg.Cursor[Any]]: ...
 @overload
-def search_session(conn: psycopg.AsyncConnection[Any]) -> SearchSession[psycopg.AsyncCursor[Any]]: ...
+def search_session(conn: psycopg.AsyncConnection[Any]) -> SearchSession[None]: ...
 def search_session(conn: Any) -> Any:
     """``conn``'s search session, made on first use (and again if its cursor was closed)."""
     found = getattr(conn, _SESSION, None)
-    if found is None or found.cursor.closed:
-        found = SearchSession(conn.cursor())
+    if found is None or (found.cursor is not None and found.cursor.closed):
+        found = SearchSession(conn.cursor() if isinstance(conn, psycopg.Connection) else None)
         setattr(conn, _SESSION, found)
     return found
 
