@@ -1,8 +1,10 @@
-"""``memstore-maint report --plot FILE.png``: recall, dead fraction and index size over time, actions marked."""
+"""``memstore-maint report --plot FILE.png``: recall (with each collection's ef_search beside it), dead fraction and
+index size over time, actions marked."""
 
 from __future__ import annotations
 
 from collections import defaultdict
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,23 @@ ACTION_COLOURS = {
     "vacuum": "tab:blue",
     "cleanup": "tab:orange",
     "own_index_cleanup": "tab:gray",
+    "tune": "tab:green",
 }
+
+
+def ef_history(actions: list[dict[str, Any]]) -> dict[str, list[tuple[datetime, int]]]:
+    """Each collection's default ef_search over time, from its recall target's tunings: the ef before a
+    tuning at its start, the ef it set at its end (an unchanged ef is a point on the same level)."""
+    steps: dict[str, list[tuple[datetime, int]]] = defaultdict(list)
+    for a in sorted(actions, key=lambda r: r["started_at"]):
+        if a["action"] != "tune" or a["outcome"] != "ok" or a["finished_at"] is None:
+            continue
+        before, after = a.get("before") or {}, a.get("after") or {}
+        if isinstance(before.get("ef_search"), int):
+            steps[a["collection"]].append((a["started_at"], before["ef_search"]))
+        if isinstance(after.get("ef_search"), int):
+            steps[a["collection"]].append((a["finished_at"], after["ef_search"]))
+    return dict(steps)
 
 
 def plot_history(probes: list[dict[str, Any]], actions: list[dict[str, Any]], path: Path, *, title: str = "") -> Path:
@@ -54,6 +72,16 @@ def plot_history(probes: list[dict[str, Any]], actions: list[dict[str, Any]], pa
                 ls="-" if a["outcome"] == "ok" else "--",
                 label=label if ax is axes[1] else None,
             )
+    efs = ef_history(actions)
+    if efs:  # a recall target's tunings: the ef searches get, beside the recall it buys
+        ef_axis = axes[0].twinx()
+        end = max([r["taken_at"] for rows in series.values() for r in rows] + [t for s in efs.values() for t, _ in s])
+        for collection, steps in sorted(efs.items()):
+            at, ef = zip(*[*steps, (end, steps[-1][1])], strict=True)
+            ef_axis.step(at, ef, where="post", ls="--", lw=1.2, label=f"{collection} ef_search")
+        ef_axis.set_ylabel("default ef_search (tuned)")
+        ef_axis.set_ylim(bottom=0)
+        ef_axis.legend(fontsize=7, loc="lower right")
     axes[0].set_ylabel("sampled recall@k")
     top = max([1.0] + [r["recall"] for rows in series.values() for r in rows if r["recall"] is not None])
     low = min([0.9] + [r["recall"] for rows in series.values() for r in rows if r["recall"] is not None])

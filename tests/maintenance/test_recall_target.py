@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import functools
 import json
+from datetime import UTC, datetime
 
 import numpy as np
 import pytest
 
-from maintenance import history, recall
+from maintenance import history, recall, report
 from maintenance.cli import main
 from maintenance.ladder import measure_ladder
 from maintenance.targets import targets_for
@@ -35,6 +36,29 @@ from tests.maintenance.conftest import settle_live_count
 from tests.maintenance.maint_helpers import clustered
 
 # ------------------------------------------------------------------ the decision (no database)
+
+
+def test_the_report_s_ef_history_follows_the_tunings_that_succeeded() -> None:
+    t = [datetime(2026, 12, 4, 12, m, tzinfo=UTC) for m in range(6)]
+
+    def tune(start: int, old: int, new: int, outcome: str = "ok", collection: str = "a") -> dict[str, object]:
+        before, after = {"ef_search": old, "recall_target": 0.95}, {"ef": new, "ef_search": new}
+        return {"action": "tune", "outcome": outcome, "collection": collection, "started_at": t[start],
+                "finished_at": t[start + 1], "before": before, "after": after}  # fmt: skip
+
+    vacuum = {"action": "vacuum", "outcome": "ok", "collection": "a", "started_at": t[2], "finished_at": t[3]}
+    actions = [
+        tune(2, 60, 40),
+        vacuum,
+        tune(0, 80, 60),
+        tune(3, 40, 20, outcome="failed"),
+        tune(1, 80, 120, collection="b"),
+    ]
+    assert report.ef_history(actions) == {
+        "a": [(t[0], 80), (t[1], 60), (t[2], 60), (t[3], 40)],  # in time order; the failed tuning set nothing
+        "b": [(t[1], 80), (t[2], 120)],
+    }
+    assert report.ef_history([vacuum]) == {}
 
 
 def test_wilson_stays_inside_zero_one_and_narrows_with_trials() -> None:
@@ -267,7 +291,7 @@ def held_out_recall(
 
 
 def test_worker_tunes_ef_search_to_the_target_and_again_after_a_load(
-    store, make_collection, make_worker, collection_name, conn, dsn
+    store, make_collection, make_worker, collection_name, conn, dsn, tmp_path
 ) -> None:
     n, dims = 3000, 32
     make_collection(n, dims)
@@ -297,6 +321,13 @@ def test_worker_tunes_ef_search_to_the_target_and_again_after_a_load(
     tune_rows = [r for r in rows if r["action"] == "tune"]
     assert tune_rows and tune_rows[0]["before"]["ef_search"] == 80
     assert tune_rows[0]["after"]["ef_search"] == c.default_ef_search
+    # memstore-maint report's plot draws that ef beside the recall: 80 until the tuning, its ef after.
+    assert report.ef_history(rows)[collection_name] == [
+        (tune_rows[0]["started_at"], 80),
+        (tune_rows[0]["finished_at"], c.default_ef_search),
+    ]
+    plot = report.plot_history(history.list_probes(conn, collection=collection_name), rows, tmp_path / "h.png")
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # A pass with nothing new measured leaves the tuning alone.
     assert worker.run_once() == 0
     assert not [o for o in worker.last_outcomes if o.decision == "tune"]
