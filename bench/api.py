@@ -59,13 +59,13 @@ def _database(args: argparse.Namespace, tmp: Path) -> str:
 # one thing each. The uvicorn ones keep every limit of http_limits except h11's (uvicorn's own h11
 # protocol: its head size limit, no head deadline); granian's limits are its own (see docs/api.md).
 # granian is not a dependency (rejected, docs/api.md): install it beside memstore to measure it.
-SETUPS = ("serve", "log-on", "log-off", "asyncio-h11", "asyncio-httptools", "unguarded", "granian")
+SETUPS = ("serve", "log-on", "log-off", "uncoalesced", "asyncio-h11", "asyncio-httptools", "unguarded", "granian")
 
 
 def serve(url: str, port: int, workers: int, setup: str = "serve") -> None:
     """The server side (``--serve``): what ``memstore serve`` runs, on the benchmark's database, or
     one of ``SETUPS``."""
-    from memstore.api.http_limits import run_server
+    from memstore.api.http_limits import HttpLimits, protocol_class, run_server
     from memstore.api.runtime import RuntimeOptions
     from memstore.settings import ApiSettings
     from memstore.web import create_app
@@ -76,6 +76,7 @@ def serve(url: str, port: int, workers: int, setup: str = "serve") -> None:
         "serve": {},
         "log-on": {"access_log": "all"},
         "log-off": {"access_log": "off"},
+        "uncoalesced": {"http": protocol_class(HttpLimits.of(api), coalesce_writes=False)},
         "asyncio-h11": {"loop": "asyncio", "http": "h11"},
         "asyncio-httptools": {"loop": "asyncio"},
         "unguarded": {"http": "httptools"},

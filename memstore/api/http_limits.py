@@ -13,6 +13,9 @@ as bytes arrive, before any ASGI code runs:
   opening, for a new connection): otherwise a ``408`` and the connection is closed;
 - an idle keep-alive connection is closed after ``keep_alive_s`` (uvicorn's ``timeout_keep_alive``).
 
+It also sends what a response writes in one turn of the event loop as one segment
+(``memstore.api.coalesced_writes``): uvicorn writes the head and the body of a response separately.
+
 ``memstore serve`` runs uvicorn with it (``server_config``); behind a proxy, set the proxy's own
 limits too (docs/operations.md).
 """
@@ -29,6 +32,7 @@ import uvicorn
 import uvicorn.config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from memstore.api.coalesced_writes import CoalescedWrites
 from memstore.settings import ApiSettings
 
 
@@ -65,6 +69,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a bounded request head and a deadline for it (see the module)."""
 
     limits: ClassVar[HttpLimits] = HttpLimits()
+    coalesce_writes: ClassVar[bool] = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -78,6 +83,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     # The connection
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        if self.coalesce_writes:
+            transport = CoalescedWrites(transport, self.loop)  # type: ignore[assignment]
         super().connection_made(transport)
         self._arm_head_timer()  # a new connection must send a whole head in time, starting now
 
@@ -192,10 +199,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
-def protocol_class(limits: HttpLimits) -> type[GuardedHttpToolsProtocol]:
+def protocol_class(limits: HttpLimits, *, coalesce_writes: bool = True) -> type[GuardedHttpToolsProtocol]:
     """``GuardedHttpToolsProtocol`` with ``limits`` (uvicorn builds one protocol per connection from a
-    class, so the limits travel as a class attribute)."""
-    return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), {"limits": limits})
+    class, so the limits travel as a class attribute); ``coalesce_writes=False`` for comparisons only."""
+    attributes = {"limits": limits, "coalesce_writes": coalesce_writes}
+    return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), attributes)
 
 
 def logging_config() -> dict[str, Any]:
@@ -212,7 +220,7 @@ def server_config(
     *,
     host: str,
     port: int,
-    http: str | None = None,
+    http: str | type[asyncio.Protocol] | None = None,
     **options: Any,
 ) -> uvicorn.Config:
     """uvicorn's configuration as ``memstore serve`` runs it: the guarded protocol, the keep-alive

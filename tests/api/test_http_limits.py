@@ -247,3 +247,22 @@ def test_the_sampled_access_log_writes_every_error_and_one_in_n_of_the_rest(
     assert [r.getMessage() for r in caplog.records if r.name == "memstore.access"] == [
         '10.0.0.1:5000 - "GET /403 HTTP/1.1" 403'
     ]
+
+
+def test_a_response_s_head_and_body_arrive_in_one_segment(port: int) -> None:
+    """uvicorn writes them separately; the guarded protocol sends the turn's writes as one
+    (memstore.api.coalesced_writes), so the client reads the whole answer in one receive."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for _ in range(20):
+            s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = s.recv(65536)
+            time.sleep(0.01)  # had the body come as a segment of its own, it would be here by now
+            s.setblocking(False)
+            try:
+                late = s.recv(65536)
+            except BlockingIOError:
+                late = b""
+            s.setblocking(True)
+            assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"hello"), answer
+            assert late == b""
