@@ -9,7 +9,7 @@ import numpy as np
 
 from memstore.catalog.collections import Collection
 
-UpsertStatus = Literal["created", "updated", "unchanged"]
+UpsertStatus = Literal["created", "updated", "metadata", "unchanged"]  # metadata: nothing else changed
 
 
 @dataclass(frozen=True)

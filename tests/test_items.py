@@ -60,6 +60,28 @@ def test_changed_items_are_updated_in_place(store: VectorStore, coll: str) -> No
     assert got.vector is not None and np.allclose(got.vector, 1.0)
 
 
+@pytest.mark.parametrize("n", [4, COPY_THRESHOLD + 10], ids=["direct", "copy"])
+def test_a_change_of_metadata_alone_is_reported_as_metadata(store: VectorStore, coll: str, n: int) -> None:
+    """As for queued texts: "metadata" when the vector, the text and the original stayed as they were;
+    "updated" when any of them changed; "unchanged" when nothing did."""
+    items = _items(n)
+    store.upsert_items(collection=coll, items=items)
+    edits = [
+        ItemIn(vector=items[0].vector, external_id="e0", metadata={"i": 0, "new": True}),  # metadata alone
+        ItemIn(vector=items[1].vector, external_id="e1", metadata=items[1].metadata, text="now with a text"),
+        ItemIn(vector=np.ones(8), external_id="e2", metadata={"i": 2, "new": True}),  # vector and metadata
+        items[3],
+    ]
+    result = store.upsert_items(collection=coll, items=edits + items[4:])
+    assert [r.status for r in result[:4]] == ["metadata", "updated", "updated", "unchanged"]
+    assert all(r.status == "unchanged" for r in result[4:])
+    assert store.get_item(collection=coll, external_id="e0").metadata == {"i": 0, "new": True}
+    loaded = store.bulk_load(
+        collection=coll, items=[ItemIn(vector=items[0].vector, external_id="e0", metadata={"i": 0, "again": 1})]
+    )
+    assert (loaded.created, loaded.updated, loaded.unchanged) == (0, 1, 0)  # a load counts it as a change
+
+
 def test_duplicate_external_ids_in_one_batch_last_wins(store: VectorStore, coll: str) -> None:
     items = [
         ItemIn(vector=np.zeros(8) + 1, external_id="dup", metadata={"v": 1}),

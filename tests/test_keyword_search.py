@@ -209,6 +209,12 @@ def test_search_arguments_are_checked_before_any_work() -> None:
             check_query(k=10, **args)
     assert check_query(mode=None, vector=v, text="x", k=10).mode == "hybrid"
     assert check_query(mode=None, vector=v, text=None, k=10).mode == "vector"
+    # A keyword or hybrid search's text is one full-text query, held shorter than an embedded text;
+    # the refusal names the mode the search took and the limit that applies.
+    long_text = "bicycle " * 600
+    with pytest.raises(InvalidInputError, match=r"4800 characters; the limit for the text of a hybrid search is 4096"):
+        check_query(mode=None, vector=v, text=long_text, k=10)
+    assert check_query(mode="keyword", vector=None, text="x" * 4096, k=10).text == "x" * 4096
     # The default depth of a hybrid search's lists does not move with the page (pages stay consistent).
     assert check_query(mode=None, vector=v, text="x", k=10, offset=20).candidates == 50
     assert check_query(mode=None, vector=v, text="x", k=10, offset=0).candidates == 50

@@ -355,12 +355,22 @@ class MemstoreVectorStore(VectorStore):
         return [doc for doc, _ in found]
 
     def _select_relevance_score_fn(self) -> Callable[[float], float]:
-        """From memstore's distance (pgvector's) to a relevance in 0..1, by the collection's metric."""
+        """From memstore's distance (pgvector's) to a relevance in 0..1, by the collection's metric:
+        LangChain's own mapping for the metric (``1 - distance`` for cosine, as its other stores),
+        held to 0..1. A cosine distance runs from 0 to 2, so the mapping alone gives an opposite
+        vector -1; held, anything at or past orthogonal reads 0 (not relevant), and thresholds keep
+        the meaning they have with LangChain's other stores."""
         if self.metric == "l2":
-            return self._euclidean_relevance_score_fn
-        if self.metric == "inner_product":
-            return self._max_inner_product_relevance_score_fn
-        return self._cosine_relevance_score_fn
+            mapping = self._euclidean_relevance_score_fn
+        elif self.metric == "inner_product":
+            mapping = self._max_inner_product_relevance_score_fn
+        else:
+            mapping = self._cosine_relevance_score_fn
+
+        def relevance(distance: float) -> float:
+            return min(1.0, max(0.0, mapping(distance)))
+
+        return relevance
 
     def _similarity_search_with_relevance_scores(
         self, query: str, k: int = 4, **kwargs: Any

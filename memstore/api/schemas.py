@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 from datetime import datetime
 from typing import Any, Literal
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from memstore.catalog.collections import HNSW_MAX_DIMENSIONS, MAX_PARTITIONS
 from memstore.catalog.keywords import DEFAULT_LANGUAGE, MAX_TEXT_FIELDS
 from memstore.inputs import MAX_EXTERNAL_ID_LENGTH, MAX_K
-from memstore.items.vectors import FloatMatrix
+from memstore.items.vectors import FloatMatrix, decode_vector_b64
 from memstore.search.request import MAX_EXAMPLES, MAX_GROUP_SIZE, MAX_WEIGHT, MAX_WINDOW
 
 Metric = Literal["cosine", "l2", "inner_product"]
@@ -29,21 +26,6 @@ _VECTOR_B64 = Field(
     max_length=MAX_VECTOR_B64,
     description="The vector as base64 of its float32 values, little-endian (instead of `vector`).",
 )
-
-
-def decode_vector_b64(text: str) -> FloatMatrix:
-    """``vector_b64``'s values as a float32 array (no Python float is made); ValueError (a 422) for
-    text that is not base64 of whole float32s. Its length and values are checked where every vector
-    is (``memstore.items.vectors.as_vector``)."""
-    try:
-        raw = base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
-        raise ValueError("vector_b64 is not valid base64") from None
-    if not raw or len(raw) % 4:
-        raise ValueError(
-            f"vector_b64 holds {len(raw)} bytes: a whole number of float32 values (4 bytes each) is needed"
-        )
-    return np.frombuffer(raw, dtype="<f4").astype(np.float32)  # a copy in the machine's byte order
 
 
 def _one_vector(model: Any) -> Any:

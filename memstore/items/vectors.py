@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,6 +13,21 @@ import numpy.typing as npt
 from memstore.errors import DimensionMismatchError, InvalidInputError
 
 FloatMatrix = npt.NDArray[np.float32]
+
+
+def decode_vector_b64(text: str) -> FloatMatrix:
+    """``vector_b64``'s values (base64 of float32s, little-endian, as OpenAI's ``encoding_format:
+    "base64"``) as a float32 array, no Python float made; ValueError for text that is not base64 of
+    whole float32s. Its length and values are checked where every vector is (``as_vector``)."""
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("vector_b64 is not valid base64") from None
+    if not raw or len(raw) % 4:
+        raise ValueError(
+            f"vector_b64 holds {len(raw)} bytes: a whole number of float32 values (4 bytes each) is needed"
+        )
+    return np.frombuffer(raw, dtype="<f4").astype(np.float32)  # a copy in the machine's byte order
 
 
 def as_vector(values: Any, *, dimensions: int, where: str = "vector", metric: str | None = None) -> FloatMatrix:

@@ -25,13 +25,17 @@ SIZES_SQL = (
 # xmax cannot be read through a partitioned table, so a row made by this statement is told apart by
 # its creation time: now() is the transaction's start, and the store runs one upsert per transaction.
 # An upsert that would store exactly what is there already is skipped: no dead tuple, no index work.
+# An update that left the vector, the text and the original as they were changed the metadata alone
+# (PostgreSQL 18's RETURNING old.*, the row before the update; null for an insert).
 _UPSERT_TAIL = """
     ON CONFLICT (external_id) DO UPDATE SET
         embedding = EXCLUDED.embedding, metadata = EXCLUDED.metadata, status = 'ready', error = NULL,
         text = EXCLUDED.text, content = NULL, content_type = NULL, thumbnail = NULL, updated_at = now()
     WHERE (t.embedding, t.metadata, t.status, t.text, t.content IS NULL)
           IS DISTINCT FROM (EXCLUDED.embedding, EXCLUDED.metadata, 'ready', EXCLUDED.text, true)
-    RETURNING id, external_id, (t.created_at = now()) AS inserted
+    RETURNING id, external_id, (t.created_at = now()) AS inserted,
+        coalesce(old.embedding = new.embedding AND old.text IS NOT DISTINCT FROM new.text
+                 AND old.content IS NULL AND old.status = 'ready', false) AS metadata_only
 """
 _UPSERT_ONE = "INSERT INTO {} AS t (external_id, embedding, metadata, text, status) VALUES (%s, %s, %s, %s, 'ready')"
 # memstore_stage2: the staging table's second shape (with the text); a session that made the first
@@ -55,7 +59,10 @@ def item_from_row(row: dict[str, Any]) -> Item:
 
 
 def _collect(rows: Sequence[tuple[Any, ...]]) -> Returned:
-    return {eid: (int(rid), "created" if inserted else "updated") for rid, eid, inserted in rows}
+    return {
+        eid: (int(rid), "created" if inserted else "metadata" if metadata_only else "updated")
+        for rid, eid, inserted, metadata_only in rows
+    }
 
 
 def _forget_queued(conn: psycopg.Connection[Any], c: Collection, returned: Returned) -> None:

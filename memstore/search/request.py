@@ -32,7 +32,7 @@ MODES: tuple[str, ...] = ("vector", "keyword", "hybrid")
 
 # offset + k: deeper pages are a sign of a scan, not a search (export with the listing instead).
 MAX_WINDOW = 1000
-MAX_QUERY_TEXT = 4096
+MAX_QUERY_TEXT = 4096  # a keyword or hybrid search's text: its words become one tsquery
 MAX_WEIGHT = 100.0
 
 
@@ -91,7 +91,9 @@ def check_query(
             raise InvalidInputError("text must be a non-blank string without NUL characters")
         if len(text) > MAX_QUERY_TEXT:
             raise InvalidInputError(
-                f"text has {len(text)} characters; the limit for a keyword search is {MAX_QUERY_TEXT}"
+                f"text has {len(text)} characters; the limit for the text of a {chosen} search is "
+                f"{MAX_QUERY_TEXT} (its words become one full-text query; mode vector embeds up to "
+                "MEMSTORE_API_MAX_TEXT_CHARS)"
             )
     if candidates is None:
         # Not a function of offset while the page fits: the pages of one query then fuse the same two

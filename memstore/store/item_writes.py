@@ -222,7 +222,7 @@ class ItemWritesPart(ItemReadsPart):
         built = build_s[0] if build_s else 0.0
         return bulk_load.LoadResult(
             created=counts["created"],
-            updated=counts["updated"],
+            updated=counts["updated"] + counts["metadata"],  # a load's answer counts every changed row
             unchanged=counts["unchanged"],
             deferred_index=bool(build_s),
             load_s=total_s - built,

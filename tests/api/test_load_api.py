@@ -3,6 +3,7 @@ bad input refused whole with its line number; keys and limits checked before the
 
 from __future__ import annotations
 
+import base64
 import json
 import uuid
 from collections.abc import Iterator
@@ -68,6 +69,10 @@ def test_a_bad_line_refuses_the_whole_load_with_its_number(client: httpx.Client,
         b"not json\n": "line 4",
         b"[1, 2]\n": "line 4",
         b'{"external_id": "", "vector": [1, 2, 3, 4]}\n': "line 4",
+        b'{"external_id": "x", "vector_b64": "AACAPw=="}\n': "line 4",  # one float32 of four
+        b'{"external_id": "x", "vector_b64": "not base64!"}\n': "line 4: vector_b64 is not valid base64",
+        b'{"external_id": "x", "vector_b64": [1, 2, 3, 4]}\n': "line 4: vector_b64 must be a string",
+        b'{"external_id": "x", "vector": [1, 2, 3, 4], "vector_b64": "AACAPw=="}\n': "not both",
     }
     for bad, expected in cases.items():
         r = client.post(f"/v1/collections/{collection_name}/load", content=good + bad + good, headers=NDJSON)
@@ -76,6 +81,33 @@ def test_a_bad_line_refuses_the_whole_load_with_its_number(client: httpx.Client,
     assert _count(client, collection_name) == 0  # nothing half loaded
     empty = client.post(f"/v1/collections/{collection_name}/load", content=b"\n\n", headers=NDJSON)
     assert empty.status_code == 400, empty.text
+
+
+def test_a_line_may_give_its_vector_as_base64_float32s(client: httpx.Client, collection_name: str) -> None:
+    """As the API's bodies take it (``vector_b64``, little-endian): the same rows as the numbers give."""
+    client.post("/v1/collections", json={"name": collection_name, "dimensions": 4})
+    vectors = np.random.default_rng(21).normal(size=(3, 4)).astype(np.float32)
+    lines = b"".join(
+        json.dumps(
+            {"external_id": f"b{i}", "vector_b64": base64.b64encode(v.astype("<f4").tobytes()).decode()}
+        ).encode()
+        + b"\n"
+        for i, v in enumerate(vectors)
+    )
+    r = client.post(f"/v1/collections/{collection_name}/load", content=lines, headers=NDJSON)
+    assert r.status_code == 200 and r.json()["created"] == 3, r.text
+    hits = client.post(f"/v1/collections/{collection_name}/search", json={"vector": vectors[1].tolist(), "k": 1})
+    assert hits.json()["results"][0]["external_id"] == "b1"
+    # The same rows as numbers change nothing: the values are exactly the float32s sent.
+    again = client.post(f"/v1/collections/{collection_name}/load", content=_lines_named(vectors, "b"), headers=NDJSON)
+    assert again.status_code == 200 and again.json()["unchanged"] == 3, again.text
+
+
+def _lines_named(vectors: np.ndarray, prefix: str) -> bytes:
+    return b"".join(
+        json.dumps({"external_id": f"{prefix}{i}", "vector": v.tolist()}).encode() + b"\n"
+        for i, v in enumerate(vectors)
+    )
 
 
 def test_keys_media_types_and_missing_collections(

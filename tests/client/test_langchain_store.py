@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from langchain_core.documents import Document
-from langchain_core.embeddings import DeterministicFakeEmbedding
+from langchain_core.embeddings import DeterministicFakeEmbedding, Embeddings
 from memstore_client import Client, InvalidInputError
 from memstore_client.langchain import MemstoreRetriever, MemstoreVectorStore
 
@@ -133,6 +133,46 @@ def test_from_texts_and_a_collection_of_other_dimensions(served: Served) -> None
         )
         assert [d.id for d in again.get_by_ids(["1", "2", "3"])] == ["1", "2", "3"]
         again.close()
+    finally:
+        store.delete_collection()
+        store.close()
+
+
+class _Compass(Embeddings):
+    """Texts naming a direction, as unit vectors: "east" and "west" opposite, "north" between."""
+
+    AT: ClassVar[dict[str, list[float]]] = {
+        "east": [1.0, 0.0], "west": [-1.0, 0.0], "north": [0.0, 1.0], "north-east": [0.7071, 0.7071],
+    }  # fmt: skip
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        return [self.AT[t] for t in texts]
+
+    def embed_query(self, text: str) -> list[float]:
+        return self.AT[text]
+
+
+@pytest.mark.parametrize("metric", ["cosine", "l2", "inner_product"])
+def test_relevance_scores_stay_in_0_to_1_for_opposite_vectors(served: Served, metric: str) -> None:
+    """LangChain asks for relevance in 0..1 (and warns otherwise); a cosine distance runs to 2."""
+    store = MemstoreVectorStore(
+        embedding=_Compass(), collection=f"lc_{uuid.uuid4().hex[:12]}", url=served.url, api_key=served.key,
+        metric=metric,
+    )  # fmt: skip
+    try:
+        store.add_texts(["east", "west", "north", "north-east"], ids=["e", "w", "n", "ne"])
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # LangChain's "Relevance scores must be between 0 and 1"
+            scored = dict((d.id, r) for d, r in store.similarity_search_with_relevance_scores("east", k=4))
+        assert set(scored) == {"e", "w", "n", "ne"}
+        assert all(0.0 <= r <= 1.0 for r in scored.values()), scored
+        assert scored["e"] == pytest.approx(1.0, abs=1e-4)
+        assert scored["e"] > scored["ne"] > scored["w"]
+        assert scored["w"] == 0.0  # the opposite direction: not relevant, not -1
+        if metric == "cosine":  # LangChain's 1 - distance where it is in range
+            assert scored["ne"] == pytest.approx(0.7071, abs=1e-3) and scored["n"] == pytest.approx(0.0, abs=1e-4)
     finally:
         store.delete_collection()
         store.close()
