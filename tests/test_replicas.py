@@ -196,6 +196,36 @@ def test_a_lagging_standby_serves_no_reads(replicated: Database, standby: Standb
     _wait(lambda: replicated.states()[0]["healthy"], "the standby to catch up")
 
 
+def test_a_long_transaction_on_the_primary_does_not_make_a_keeping_up_standby_lag(
+    replicated: Database, engine: sa.Engine, collection_name: str
+) -> None:
+    """WAL flows for seconds with no commit (a bulk load, an index build): the standby replays it as
+    it comes, so it serves reads all along. Its own view (the last replayed commit's age) read 9 to
+    18 s behind in such a load, and took it out of service; the lag is read from WAL positions now
+    (memstore.db.replica_lag)."""
+    _wait(lambda: replicated.states()[0]["healthy"], "the standby to catch up")
+    table = f"long_tx_{collection_name}"
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f'CREATE TABLE "{table}" (id int, pad text)')
+    states: list[dict[str, object]] = []
+    try:
+        with engine.connect() as conn:
+            started = time.monotonic()
+            with conn.begin():  # one transaction, about 3 times max_lag_s long
+                while time.monotonic() - started < 3 * replicated.max_lag_s:
+                    conn.exec_driver_sql(
+                        f"INSERT INTO \"{table}\" SELECT g, repeat('x', 200) FROM generate_series(1, 2000) g"
+                    )
+                    time.sleep(0.25)
+                    states.append(replicated.states()[0])
+        healthy = [bool(state["healthy"]) for state in states]
+        print(f"{len(states)} probes in the transaction: healthy {sum(healthy)}, lags {[s['lag_s'] for s in states]}")
+        assert healthy[-1] and sum(healthy) >= 0.75 * len(healthy), states
+    finally:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f'DROP TABLE "{table}"')
+
+
 @pytest.fixture
 def two_replicas(engine: sa.Engine, standbys: list[Standby]) -> Iterator[Database]:
     # Never too far behind for the probe: a paused standby stays among those serving reads, which is

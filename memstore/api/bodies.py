@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import codecs
 import json
+from collections.abc import Sequence
 from contextlib import aclosing
 from typing import Any, TypeVar
 
@@ -141,6 +142,17 @@ def _nested_deeper_than(value: Any, limit: int) -> bool:
                 return True
             stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
     return False
+
+
+def refuse_unknown_fields(form: FormData, known: Sequence[str]) -> None:
+    """A form field the route does not read is refused, as an unknown field of a JSON body is: a
+    misspelt or unsupported option would otherwise be dropped without a word."""
+    unknown = sorted(set(form.keys()) - set(known))
+    if unknown:
+        raise Problem(
+            "invalid-input",
+            f"unknown form fields {unknown}; this form takes {sorted(known)} (other options: send JSON)",
+        )
 
 
 def text_fields(form: FormData, name: str) -> list[str]:

@@ -43,7 +43,9 @@ from psycopg_pool import PoolClosed, PoolTimeout
 from sqlalchemy import event
 from sqlalchemy.pool import PoolResetState
 
+from memstore.db import sqlfiles
 from memstore.db.embedded import start_embedded_server
+from memstore.db.replica_lag import PrimaryTimeline
 from memstore.db.search_pool import AsyncSearchConnections, SearchConnections
 from memstore.errors import InvalidInputError
 from memstore.settings import Settings, get_settings
@@ -408,6 +410,9 @@ class Database:
         self.replicas = [Replica(r.url.render_as_string(hide_password=True), r) for r in replicas]
         self.max_lag_s = max_lag_s
         self.wait_s = wait_s
+        # The primary's WAL positions as the probe reads them: each standby's lag from positions, not
+        # from its last commit's age (memstore.db.replica_lag).
+        self._timeline = PrimaryTimeline(keep_s=max(60.0, 4 * max_lag_s))
         self._primary_lsn = 0  # the highest WAL position the primary reported to this process
         self.primary_reads = 0  # reads the primary served although replicas are configured
         self._searches: SearchConnections | None = None  # the primary's (search_connections), once asked
@@ -657,12 +662,17 @@ class Database:
 
     def probe(self) -> None:
         """Every replica's health, now (the background thread calls this every ``probe_s``)."""
+        primary = self._primary_position()
         for replica in self.replicas:
             try:
                 with raw_connection(replica.engine) as conn:
-                    row = conn.execute(_REPLICA_STATE_SQL).fetchone()
+                    row = conn.execute(sqlfiles.text("replica_state")).fetchone()
                 assert row is not None
-                in_recovery, lag = bool(row[0]), None if row[1] is None else float(row[1])
+                in_recovery, replayed, own_lag = bool(row[0]), row[1], row[2]
+                lag = None if own_lag is None else float(own_lag)
+                if primary is not None and replayed is not None:
+                    replica.replayed = int(replayed)
+                    lag = self._timeline.lag_s(int(replayed), time.monotonic())
                 if not in_recovery:
                     self._mark(replica, healthy=False, error="not a standby (it is not in recovery)")
                 elif lag is not None and lag > self.max_lag_s:
@@ -671,6 +681,21 @@ class Database:
                     self._mark(replica, healthy=True, lag_s=lag)
             except (psycopg.Error, sa.exc.SQLAlchemyError, OSError) as exc:
                 self._mark(replica, healthy=False, error=str(exc).strip() or type(exc).__name__)
+
+    def _primary_position(self) -> int | None:
+        """The primary's WAL position, recorded in the timeline; None when it cannot be read (each
+        standby's lag is then its own view: the age of the last commit it replayed)."""
+        try:
+            with raw_connection(self.engine) as conn:
+                row = conn.execute(sqlfiles.text("primary_position")).fetchone()
+        except (psycopg.Error, sa.exc.SQLAlchemyError, OSError) as exc:
+            log.debug("the replica probe could not read the primary's WAL position: %s", exc)
+            return None
+        if row is None or row[0] is None:
+            return None
+        position = int(row[0])
+        self._timeline.record(time.monotonic(), position)
+        return position
 
     def _mark(self, replica: Replica, *, healthy: bool, lag_s: float | None = None, error: str | None = None) -> None:
         if replica.healthy and not healthy:
@@ -735,14 +760,6 @@ async def run_async_search(
             raise
         log.info("search connection lost (%s); running the search once more on a fresh one", exc)
     return await connections.run(fn)
-
-
-# Zero lag when the standby has replayed everything it received (an idle primary sends nothing, so
-# the last replayed transaction's age would read as lag); otherwise the age of what it replays.
-_REPLICA_STATE_SQL = (
-    "SELECT pg_is_in_recovery(), CASE WHEN pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() THEN 0 "
-    "ELSE extract(epoch FROM now() - pg_last_xact_replay_timestamp()) END"
-)
 
 
 def get_database(settings: Settings | None = None, *, replicas: bool = True) -> Database:

@@ -225,11 +225,18 @@ MAX_GROUP_SIZE = 100
 H = TypeVar("H")
 
 
-def group_key(metadata: dict[str, Any], field: str) -> str | None:
-    """The group a hit belongs to: its field's JSON value (None: it has no such field)."""
+def group_values(metadata: dict[str, Any], field: str) -> list[Any]:
+    """The groups a hit belongs to: its field's value; each element of a list (as a filter's equality
+    matches a list by its elements, and as Qdrant groups an array field: a photo tagged ``["beach",
+    "family"]`` is among the best of both); none when it has no such field or an empty list."""
     if field not in metadata:
-        return None
-    return json.dumps(metadata[field], sort_keys=True, ensure_ascii=False)
+        return []
+    value = metadata[field]
+    return list(value) if isinstance(value, list) else [value]
+
+
+def _group_key(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
 
 
 def group_window(groups: int, size: int) -> int:
@@ -238,21 +245,30 @@ def group_window(groups: int, size: int) -> int:
     return min(MAX_WINDOW, max(50, 4 * groups * size))
 
 
+class Group(list[H]):
+    """One group's hits, best first (a list), and the field's value they share (``value``)."""
+
+    def __init__(self, value: Any) -> None:
+        super().__init__()
+        self.value = value
+
+
 def grouped(
     hits: Sequence[H], field: str, groups: int, size: int, *, metadata: Callable[[H], dict[str, Any]]
-) -> list[list[H]]:
+) -> list[Group[H]]:
     """The best ``size`` hits of each of the first ``groups`` groups, groups in the order of their
-    best hit; hits without the field belong to no group. ``metadata(hit)`` reads a hit's metadata
-    (results of the store, or hits as the API renders them)."""
-    out: dict[str, list[H]] = {}
+    best hit (``group_values``: a hit whose field is a list is in the group of each element; hits
+    without the field belong to no group). ``metadata(hit)`` reads a hit's metadata (results of the
+    store, or hits as the API renders them)."""
+    out: dict[str, Group[H]] = {}
     for hit in hits:
-        key = group_key(metadata(hit), field)
-        if key is None:
-            continue
-        if key not in out:
-            if len(out) == groups:
-                continue
-            out[key] = []
-        if len(out[key]) < size:
-            out[key].append(hit)
+        for value in group_values(metadata(hit), field):
+            key = _group_key(value)
+            group = out.get(key)
+            if group is None:
+                if len(out) == groups:
+                    continue
+                group = out[key] = Group(value)
+            if len(group) < size and (not group or group[-1] is not hit):  # a list naming a value twice
+                group.append(hit)
     return list(out.values())

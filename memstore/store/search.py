@@ -88,10 +88,12 @@ class SearchPart(SpacesPart):
 
     def search_groups(
         self, *, collection: str, group_by: str, group_size: int = 1, groups: int = 10, **search: Any
-    ) -> list[list[SearchResult]]:
+    ) -> list[request.Group[SearchResult]]:
         """The best ``group_size`` hits of each of the best ``groups`` groups (items sharing the value
-        of the metadata field ``group_by``: the best photos per album, passages per document), groups in
-        the order of their best hit. ``search`` takes ``search``'s other arguments (not k or offset)."""
+        of the metadata field ``group_by``: the best photos per album, passages per document; an item
+        whose field is a list is in the group of each element), groups in the order of their best
+        hit. Each group is a list of its hits with the value they share as ``.value``. ``search``
+        takes ``search``'s other arguments (not k or offset)."""
         if not 1 <= group_size <= request.MAX_GROUP_SIZE:
             raise InvalidInputError(f"group_size must be between 1 and {request.MAX_GROUP_SIZE}")
         window = request.group_window(groups, group_size)

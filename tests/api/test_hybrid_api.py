@@ -301,3 +301,42 @@ def test_a_text_the_model_cannot_embed_for_the_collection_points_to_keyword_sear
     assert '"mode": "keyword"' in _problem(r, 422)["detail"]
     r = client.post(f"/v1/collections/{collection_name}/search", json={"text": "kettle", "mode": "keyword"})
     assert r.status_code == 200 and r.json()["results"]
+
+
+def test_group_by_a_list_valued_field_groups_by_each_element(client: httpx.Client, store, collection_name: str) -> None:
+    """As a filter's equality matches a list by its elements (and as Qdrant groups an array field):
+    an item tagged ["beach", "family"] is among the best of both groups, listed once in ``results``."""
+    r = client.post("/v1/collections", json={"name": collection_name, "dimensions": 2})
+    assert r.status_code == 201, r.text
+    items = [
+        {"external_id": "both", "vector": [1.0, 0.00], "metadata": {"tags": ["beach", "family"]}},
+        {"external_id": "beach-1", "vector": [1.0, 0.01], "metadata": {"tags": ["beach"]}},
+        {"external_id": "family-1", "vector": [1.0, 0.02], "metadata": {"tags": "family"}},  # a scalar
+        {"external_id": "twice", "vector": [1.0, 0.03], "metadata": {"tags": ["city", "city"]}},
+        {"external_id": "none", "vector": [1.0, 0.04], "metadata": {"tags": []}},
+        {"external_id": "nested", "vector": [1.0, 0.05], "metadata": {"tags": [["a", "b"]]}},
+    ]
+    assert client.post(f"/v1/collections/{collection_name}/items", json={"items": items}).status_code == 201
+    url = f"/v1/collections/{collection_name}/search"
+    body = {"vector": [1.0, 0.0], "k": 10, "group_by": "tags", "group_size": 2, "exact": True}
+    answer = client.post(url, json=body).json()
+    assert [(g["value"], [h["external_id"] for h in g["hits"]]) for g in answer["groups"]] == [
+        ("beach", ["both", "beach-1"]),
+        ("family", ["both", "family-1"]),
+        ("city", ["twice"]),
+        (["a", "b"], ["nested"]),
+    ]
+    assert [h["external_id"] for h in answer["results"]] == ["both", "beach-1", "family-1", "twice", "nested"]
+    # The filter agrees: the items in the "family" group are the items the equality filter finds.
+    found = client.post(url, json={"vector": [1.0, 0.0], "k": 10, "filter": {"tags": "family"}, "exact": True})
+    assert [h["external_id"] for h in found.json()["results"]] == ["both", "family-1"]
+    # Two groups asked: the first two values, in the order of their best hit.
+    two = client.post(url, json={**body, "k": 2}).json()
+    assert [g["value"] for g in two["groups"]] == ["beach", "family"]
+    groups = store.search_groups(
+        collection=collection_name, group_by="tags", group_size=2, groups=2, vector=[1.0, 0.0], exact=True
+    )
+    assert [(g.value, [h.external_id for h in g]) for g in groups] == [
+        ("beach", ["both", "beach-1"]),
+        ("family", ["both", "family-1"]),
+    ]

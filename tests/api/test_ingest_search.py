@@ -230,3 +230,33 @@ def test_every_route_renders_json_the_same_way(client: httpx.Client, collection:
     for r in answers:
         assert '": ' not in r.text and '", "' not in r.text, r.text[:200]
     assert "é" in answers[0].text
+
+
+def test_a_form_field_the_route_does_not_read_is_refused(client: httpx.Client, collection: str) -> None:
+    """As an unknown field of a JSON body: a misspelt or JSON-only option is not dropped in silence,
+    and nothing is written."""
+    image = make_image(40)
+    r = client.post(
+        f"/v1/collections/{collection}/items", files={"files": ("a.png", image, "image/png")}, data={"metdata": "{}"}
+    )
+    assert r.status_code == 422, r.text
+    assert "unknown form fields ['metdata']" in r.json()["detail"]
+    assert client.get(f"/v1/collections/{collection}").json()["items"] == 0
+    r = client.post(
+        f"/v1/collections/{collection}/search",
+        files={"image": ("q.png", image, "image/png")},
+        data={"k": "3", "group_by": "tag"},  # a JSON-only option
+    )
+    assert r.status_code == 422 and "unknown form fields ['group_by']" in r.json()["detail"], r.text
+    r = upload(client, collection, [image], wait=True)
+    item = r.json()["items"][0]["id"]
+    r = client.put(
+        f"/v1/collections/{collection}/items/{item}/content",
+        files={"file": ("b.png", make_image(41), "image/png")},
+        data={"note": "x"},
+    )
+    assert r.status_code == 422 and "unknown form fields ['note']" in r.json()["detail"], r.text
+    ok = client.post(
+        f"/v1/collections/{collection}/search", files={"image": ("q.png", image, "image/png")}, data={"k": "1"}
+    )
+    assert ok.status_code == 200 and ok.json()["results"][0]["id"] == item

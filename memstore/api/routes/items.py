@@ -144,6 +144,7 @@ async def add_items(request: Request, name: str, key: Key, wait: Wait = False) -
 
 async def _uploaded_items(rt: Runtime, request: Request, c: Collection) -> list[PendingItem]:
     form = await bodies.read_form(request, max_files=rt.api.max_files_per_request)
+    bodies.refuse_unknown_fields(form, ("files", "external_id", "metadata"))
     files = bodies.uploads(form, "files")
     if not files:
         raise Problem("invalid-input", "no files: upload images in the form field 'files' (curl -F files=@cat.jpg)")
@@ -416,6 +417,7 @@ async def replace_content(request: Request, name: str, item_id: ItemId, key: Key
         new = PendingItem(text=text, external_id=item.external_id, metadata=item.metadata)
     else:
         form = await bodies.read_form(request, max_files=1)
+        bodies.refuse_unknown_fields(form, ("file",))
         files = bodies.uploads(form, "file")
         if len(files) != 1:
             raise Problem("invalid-input", "upload exactly one image in the form field 'file'")

@@ -118,6 +118,7 @@ async def _parse(request: Request, rt: Runtime) -> tuple[SearchRequest, bytes | 
         body = await bodies.read_json(request, SearchRequest)
         return body, json_image(body)
     form = await bodies.read_form(request, max_files=1)
+    bodies.refuse_unknown_fields(form, ("image", *_FORM_FIELDS))
     uploads = bodies.uploads(form, "image") if "image" in form else []
     fields: dict[str, Any] = {}
     for name in _FORM_FIELDS:
@@ -262,9 +263,10 @@ def _answer(
 def _grouped(out: dict[str, Any], field: str, groups: int, size: int) -> dict[str, Any]:
     """The hits of a grouped search as groups, and as the flat list of the hits the groups hold."""
     listed = grouped(out["results"], field, groups, size, metadata=lambda h: h["metadata"])
+    flat = {id(h): h for g in listed for h in g}  # group by group; a hit in several (a list) once
     return {
-        "results": [h for g in listed for h in g],
-        "groups": [{"value": g[0]["metadata"][field], "hits": g} for g in listed],
+        "results": list(flat.values()),
+        "groups": [{"value": g.value, "hits": list(g)} for g in listed],
     }
 
 
