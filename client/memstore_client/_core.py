@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -126,9 +127,9 @@ def drop_none(**fields: Any) -> dict[str, Any]:
 
 
 def item_body(item: ItemLike) -> dict[str, Any]:
-    if isinstance(item, ItemIn):
-        return item.body()
-    body = ItemIn.model_validate(dict(item)).body()
+    body = (item if isinstance(item, ItemIn) else ItemIn.model_validate(dict(item))).body()
+    if "vector" in body:
+        body["vector"] = vector_values(body["vector"])
     return body
 
 
@@ -186,6 +187,16 @@ def upload_call(
     )
 
 
+def vector_values(vector: Iterable[Any], where: str = "vector") -> list[float]:
+    """A vector as the JSON numbers a body carries (numpy arrays and any iterable of numbers); a NaN or
+    an infinity is refused here, naming its place, since JSON has no number for it."""
+    values = [float(x) for x in vector]
+    for i, x in enumerate(values):
+        if not math.isfinite(x):
+            raise ValueError(f"{where}[{i}] is {x}: a vector's values must be finite numbers")
+    return values
+
+
 def image_b64(image: ImageLike) -> str:
     data = image if isinstance(image, bytes) else Path(image).read_bytes()
     return base64.b64encode(data).decode("ascii")
@@ -213,7 +224,7 @@ def search_body(
 ) -> dict[str, Any]:
     body = drop_none(
         text=text,
-        vector=[float(x) for x in vector] if vector is not None else None,
+        vector=vector_values(vector) if vector is not None else None,
         image=image_b64(image) if image is not None else None,
         item_id=item_id,
         mode=mode,
@@ -243,7 +254,7 @@ def example_body(example: Example) -> int | dict[str, Any]:
     if "image" in out and not isinstance(out["image"], str):
         out["image"] = image_b64(out["image"])
     if "vector" in out:
-        out["vector"] = [float(x) for x in out["vector"]]
+        out["vector"] = vector_values(out["vector"])
     return out
 
 
@@ -475,7 +486,7 @@ def columns_to_items(
         if texts is not None and texts[i] is not None:
             item["text"] = texts[i]
         if vectors is not None:
-            item["vector"] = [float(x) for x in vectors[i]]
+            item["vector"] = vector_values(vectors[i], f"vectors[{i}]")
         if metadatas is not None:
             item["metadata"] = dict(metadatas[i])
         out.append(item)

@@ -462,7 +462,7 @@ class Client(_core.Base):
         """Replace (or ``merge`` into) the metadata, or replace the vector."""
         body: dict[str, Any] = drop_none(
             metadata=dict(metadata) if metadata is not None else None,
-            vector=[float(x) for x in vector] if vector is not None else None,
+            vector=_core.vector_values(vector) if vector is not None else None,
         )
         if merge:
             body["merge"] = True
@@ -671,7 +671,7 @@ class Client(_core.Base):
         """Vectors by external id for items stored as bare vectors (1,000 a request); the count written."""
         written = 0
         for chunk in _core.chunked(list(vectors.items()), 1000):
-            body = {"vectors": {k: [float(x) for x in v] for k, v in chunk}}
+            body = {"vectors": {k: _core.vector_values(v, f"vectors[{k!r}]") for k, v in chunk}}
             written += self._send(Call("PUT", path(collection, "spaces", name, "vectors"), _core.as_written, json=body))
         return written
 

@@ -39,6 +39,7 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import VectorStore, VectorStoreRetriever
 
 from memstore_client._async import AsyncClient
+from memstore_client._core import vector_values
 from memstore_client._sync import Client
 from memstore_client.errors import NotFoundError
 from memstore_client.models import Item, SearchHit
@@ -164,7 +165,7 @@ class MemstoreVectorStore(VectorStore):
         for n, (text, vector, external_id) in enumerate(zip(texts, vectors, made, strict=True)):
             item: dict[str, Any] = {
                 "external_id": external_id,
-                "vector": [float(x) for x in vector],
+                "vector": vector_values(vector, f"embeddings[{n}]"),
                 "metadata": dict(metadatas[n] or {}) if metadatas is not None else {},
             }
             if text:  # an empty page_content is an item without a text

@@ -363,3 +363,17 @@ def test_the_async_client_mirrors_the_sync_one(served: Served, name: str) -> Non
             await ms.delete_collection(name)
 
     asyncio.run(scenario())
+
+
+def test_a_vector_json_cannot_carry_is_refused_before_sending_with_its_place(ms: Client, name: str) -> None:
+    """NaN and infinities have no JSON number: the client says which value, instead of the JSON
+    encoder's "Out of range float values", and sends nothing."""
+    ms.create_collection(name, dimensions=4)
+    nan, inf = float("nan"), float("inf")
+    with pytest.raises(ValueError, match=r"^vector\[1\] is nan: a vector's values must be finite numbers"):
+        ms.search(name, vector=[1.0, nan, 0.0, 0.0])
+    with pytest.raises(ValueError, match=r"^vectors\[1\]\[2\] is inf"):
+        ms.add_vectors(name, vectors=[[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, inf, 0.0]], ids=["a", "b"])
+    with pytest.raises(ValueError, match=r"^vector\[0\] is -inf"):
+        ms.add_items(name, [{"external_id": "c", "vector": [-inf, 0.0, 0.0, 1.0]}])
+    assert ms.get_collection(name).items == 0
