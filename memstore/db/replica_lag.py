@@ -2,9 +2,9 @@
 
 A standby's own view (``now() - pg_last_xact_replay_timestamp()`` while it has WAL left to replay)
 reads the age of the last *commit* it replayed. While the primary runs a long transaction (a bulk
-load, an index build, a VACUUM) no commit arrives for seconds or minutes, so a standby a few
-kilobytes behind read as many seconds late and served no reads: measured, a standby under 1 MB
-behind a 20-second load read 9 to 18 s of lag.
+load, an index build, a VACUUM) no commit arrives for seconds or minutes, so a standby that keeps up
+read as many seconds late and served no reads: measured, a standby between a few bytes and 7 MB
+behind a 20-second load on the same machine read 9 to 18 s of lag.
 
 ``PrimaryTimeline`` keeps the primary's WAL position as the replica probe reads it (once a probe,
 before the standbys), each position with the time it was first seen. A standby that has replayed up
