@@ -67,7 +67,7 @@ def _collect(rows: Sequence[tuple[Any, ...]]) -> Returned:
 
 def _forget_queued(conn: psycopg.Connection[Any], c: Collection, returned: Returned) -> None:
     """A vector written by the caller supersedes any embedding still queued for that item."""
-    updated = [rid for rid, status in returned.values() if status == "updated"]
+    updated = [rid for rid, status in returned.values() if status in ("updated", "metadata")]
     jobs.unqueue(conn, c, updated)
 
 
