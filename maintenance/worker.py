@@ -104,7 +104,7 @@ class MaintenanceWorker:
     def connect(self) -> psycopg.Connection[Any]:
         """A dedicated autocommit connection (REINDEX CONCURRENTLY and VACUUM cannot run in a transaction)."""
         conn = self.db.dedicated(application_name="memstore-maint")
-        online_ddl.build_resources(conn, self.settings)
+        online_ddl.build_resources(conn, self.settings, background=True)
         conn.execute(
             "SELECT set_config('lock_timeout', %s, false), set_config('statement_timeout', '0', false), "
             "set_config('vacuum_cost_delay', %s, false)",
@@ -291,7 +291,7 @@ class MaintenanceWorker:
                     ex.rebuild(conn, target, density=graph)
             finally:
                 if self.pace is not None:
-                    online_ddl.set_build_workers(conn, self.settings.max_parallel_maintenance_workers)
+                    online_ddl.set_build_workers(conn, online_ddl.background_build_workers(self.settings))
             self._wait_for_slo(ex.stop)
             with self.working("vacuum"):
                 ex.vacuum(conn, target)

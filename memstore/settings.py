@@ -55,6 +55,15 @@ class Settings(BaseSettings):
     max_parallel_maintenance_workers: int = Field(
         default=2, ge=0, le=64, description="Extra processes for one index build."
     )
+    background_build_workers: int | None = Field(
+        default=None,
+        ge=0,
+        le=64,
+        description="Extra processes for a build nobody waits for (a seal, a merge, a rebuild, a new space's "
+        "index), at most max_parallel_maintenance_workers. Unset: on a server on this machine (the embedded one, "
+        "a Unix socket, a loopback address) the machine's cores less two, one core left to searches; on "
+        "another server max_parallel_maintenance_workers.",
+    )
     embedded_shared_buffers: str = Field(
         default="auto",
         pattern=rf"^(auto|{SERVER_SIZE})$",

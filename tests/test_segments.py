@@ -141,7 +141,7 @@ def test_a_build_takes_fewer_workers_while_searches_are_held_back(seg_store: Vec
             return self.value
 
     sealer = seg_store.sealer
-    full = Settings(max_parallel_maintenance_workers=4)
+    full = Settings(max_parallel_maintenance_workers=4, background_build_workers=4)
     sealer.settings, before = full, sealer.settings
     try:
         sealer.pace = None

@@ -11,11 +11,14 @@ The compact index switch, the keyword index and the typed metadata indexes all b
 
 from __future__ import annotations
 
+import ipaddress
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
 from memstore.db import retrying
 
@@ -27,23 +30,74 @@ LOCK_TIMEOUT = "500ms"
 LOCK_RETRIES = 120
 
 
-def build_resources(conn: psycopg.Connection[Any], settings: Settings) -> None:
+def build_resources(conn: psycopg.Connection[Any], settings: Settings, *, background: bool = False) -> None:
     """Give ``conn``'s session the build memory (a graph that fits builds several times faster) and
     parallel workers ``settings`` name, so that every HNSW build (the maintenance worker's rebuilds, a
-    bulk load's build, the benchmarks' baselines) gets the same."""
+    bulk load's build, the benchmarks' baselines) gets the same; a ``background`` session (one whose
+    builds nobody waits for) gets ``background_build_workers``."""
+    workers = background_build_workers(settings) if background else settings.max_parallel_maintenance_workers
     conn.execute(
         "SELECT set_config('maintenance_work_mem', %s, false), "
         "set_config('max_parallel_maintenance_workers', %s, false)",
-        (settings.maintenance_work_mem, str(settings.max_parallel_maintenance_workers)),
+        (settings.maintenance_work_mem, str(workers)),
     )
 
 
-def paced_build_workers(settings: Settings, share: float) -> int:
-    """The parallel workers a build that starts now may take: the configured number scaled by the
-    background's share of the machine (``memstore.workers.pacing``), so a build that starts while
-    searches are slower than their target takes one core, not all of them. A build cannot be paused
-    once it runs, and its workers are fixed when it starts."""
+def background_build_workers(settings: Settings) -> int:
+    """The parallel workers of a build nobody waits for (a seal, a merge, a rebuild, a new space's
+    index), with every search served: ``MEMSTORE_BACKGROUND_BUILD_WORKERS`` when set; on a server on
+    this machine (the embedded one, or one reached over a Unix socket or a loopback address), the
+    machine's cores less two, so that the build's processes (its leader and workers) leave one core to
+    searches; on another server, whose cores this process cannot see,
+    ``max_parallel_maintenance_workers``. Never more than ``max_parallel_maintenance_workers``.
+
+    A build's processes run at full speed until it ends and a lower CPU priority does not let a waking
+    search through (measured: docs/performance.md, "Background builds leave a core to searches"), so
+    the one lever that works is how many cores the build takes."""
     full = settings.max_parallel_maintenance_workers
+    if settings.background_build_workers is not None:
+        return min(full, settings.background_build_workers)
+    if not server_on_this_machine(settings.database_url):
+        return full
+    return min(full, max(0, machine_cores() - 2))
+
+
+def server_on_this_machine(database_url: str | None) -> bool:
+    """Whether the database runs on this machine's cores: the embedded server (no URL), or every host
+    the URL names a Unix socket's folder or a loopback address."""
+    if not database_url:
+        return True
+    from memstore.db.core import libpq_url  # core imports this module's users
+
+    try:
+        hosts = conninfo_to_dict(libpq_url(database_url)).get("host") or ""
+    except psycopg.ProgrammingError:
+        return False
+    return all(_local_host(h.strip()) for h in str(hosts).split(","))
+
+
+def _local_host(host: str) -> bool:
+    if host == "" or host.startswith("/") or host == "localhost":
+        return True  # libpq's default and a socket folder are this machine's
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def machine_cores() -> int:
+    """The cores this process may run on (its affinity where the platform has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def paced_build_workers(settings: Settings, share: float) -> int:
+    """The parallel workers a background build that starts now may take: ``background_build_workers``
+    scaled by the background's share of the machine (``memstore.workers.pacing``), so a build that
+    starts while searches are slower than their target takes one core, not all of them. A build cannot
+    be paused once it runs, and its workers are fixed when it starts."""
+    full = background_build_workers(settings)
     return min(full, max(0, int(share * full)))
 
 

@@ -83,7 +83,7 @@ class SpacePass:
         session lock, which must not reach a pooled connection)."""
         if self._conn is None or self._conn.closed or self._conn.broken:
             self._conn = self.db.dedicated(application_name="memstore-spaces")
-            online_ddl.build_resources(self._conn, self.settings)
+            online_ddl.build_resources(self._conn, self.settings, background=True)
         return self._conn
 
     def _step_space(self, c: Collection, space: Space) -> int:

@@ -178,7 +178,7 @@ def test_a_space_index_build_takes_the_workers_the_pace_allows(
         def share(self) -> float:
             return 0.5
 
-    full = Settings(max_parallel_maintenance_workers=4)
+    full = Settings(max_parallel_maintenance_workers=4, background_build_workers=4)
     assert [online_ddl.paced_build_workers(full, s) for s in (1.0, 0.5, 0.3, 0.0)] == [4, 2, 1, 0]
     backend = TwoModels()
     c = worker_store.create_collection(name=collection_name, dimensions=64, model=TINY)

@@ -1,0 +1,79 @@
+"""The parallel workers of builds nobody waits for (``online_ddl.background_build_workers``): on the
+embedded server they leave a core to searches; on another server, or when set, they are as told."""
+
+from __future__ import annotations
+
+import pytest
+
+from memstore.db import online_ddl
+from memstore.settings import Settings
+
+
+@pytest.fixture
+def cores(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The machine's cores as ``online_ddl`` sees them, set by the test."""
+    seen = [2]
+    monkeypatch.setattr(online_ddl, "machine_cores", lambda: seen[0])
+    return seen
+
+
+@pytest.mark.parametrize(("machine", "expected"), [(1, 0), (2, 0), (3, 1), (4, 2), (16, 2)])
+def test_on_the_embedded_server_a_background_build_leaves_a_core_to_searches(
+    cores: list[int], machine: int, expected: int
+) -> None:
+    cores[0] = machine
+    embedded = Settings(database_url=None, max_parallel_maintenance_workers=2)
+    assert online_ddl.background_build_workers(embedded) == expected
+    # the leader and its workers take at most the cores less one, and never more than configured
+    assert expected + 1 <= max(1, machine - 1) and expected <= embedded.max_parallel_maintenance_workers
+
+
+def test_another_server_s_builds_take_what_its_settings_name(cores: list[int]) -> None:
+    cores[0] = 2  # this machine's cores say nothing about another machine's
+    for url in ("postgresql://db.example/memstore", "postgresql://u@10.0.0.5:5432/m", "postgresql://db,localhost/m"):
+        external = Settings(database_url=url, max_parallel_maintenance_workers=4)
+        assert online_ddl.background_build_workers(external) == 4, url
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://u:p@localhost:5432/memstore",
+        "postgresql+psycopg://u@127.0.0.1/memstore",
+        "postgresql://u@[::1]:5432/memstore",
+        "postgresql:///memstore",
+        "postgresql://u@/memstore?host=/var/run/postgresql",
+    ],
+)
+def test_a_server_on_this_machine_counts_as_the_embedded_one(cores: list[int], url: str) -> None:
+    cores[0] = 3
+    assert online_ddl.background_build_workers(Settings(database_url=url, max_parallel_maintenance_workers=2)) == 1
+
+
+def test_the_setting_wins_and_never_exceeds_max_parallel_maintenance_workers(cores: list[int]) -> None:
+    cores[0] = 2
+    assert online_ddl.background_build_workers(Settings(background_build_workers=1)) == 1
+    assert online_ddl.background_build_workers(Settings(background_build_workers=8)) == 2  # the server's cap
+    external = Settings(database_url="postgresql://db.example/memstore", background_build_workers=0)
+    assert online_ddl.background_build_workers(external) == 0
+
+
+def test_the_foreground_share_scales_the_background_number_not_the_configured_one(cores: list[int]) -> None:
+    cores[0] = 4
+    embedded = Settings(database_url=None, max_parallel_maintenance_workers=4)  # 2 of them in the background
+    assert [online_ddl.paced_build_workers(embedded, s) for s in (1.0, 0.5, 0.4, 0.0)] == [2, 1, 0, 0]
+
+
+def test_a_background_session_gets_the_background_number(cores: list[int], database_url: str) -> None:
+    import psycopg
+
+    from memstore.db.core import libpq_url
+
+    cores[0] = 2
+    settings = Settings(database_url=database_url, max_parallel_maintenance_workers=2, maintenance_work_mem="64MB")
+    with psycopg.connect(libpq_url(database_url), autocommit=True) as conn:
+        online_ddl.build_resources(conn, settings, background=True)
+        background = conn.execute("SHOW max_parallel_maintenance_workers").fetchone()
+        online_ddl.build_resources(conn, settings)  # a build a caller waits for (a bulk load's)
+        waited = conn.execute("SHOW max_parallel_maintenance_workers").fetchone()
+    assert background == ("0",) and waited == ("2",)
