@@ -562,15 +562,20 @@ def test_stream_benchmark_measures_every_write_path(database_url: str, tmp_path:
     assert plot.stat().st_size > 10_000
 
 
-def test_build_priority_benchmark_times_searches_during_builds_at_both_priorities() -> None:
+def test_build_priority_benchmark_times_searches_during_builds_in_each_mode() -> None:
     small = ("--rows", "3000", "--dims", "16", "--queries", "20", "--rounds", "1", "--idle-s", "0.5")
-    result = _run_on_its_own_server("bench.build_priority", *small)
-    assert set(result["summary"]) == {"idle", "nice_0", "nice_10"}
+    modes = "parallel,nice_10,sched_idle,background" if hasattr(os, "SCHED_IDLE") else "parallel,nice_10,background"
+    result = _run_on_its_own_server("bench.build_priority", *small, "--modes", modes, "--workers", "2")
+    assert set(result["summary"]) == {"idle", *modes.split(",")}
     for mode, runs in result["runs"].items():
         assert runs and all(r["searches"] > 0 and r["p99_ms"] >= r["p50_ms"] > 0 for r in runs), mode
     assert result["runs"]["nice_10"][0]["backend_nice"] == 10  # the embedded server is this machine's own
-    assert result["runs"]["nice_0"][0]["backend_nice"] < 10
+    assert result["runs"]["parallel"][0]["backend_nice"] < 10
     assert result["summary"]["nice_10"]["build_s"] > 0
+    assert result["runs"]["parallel"][0]["workers"] == 2
+    assert result["runs"]["background"][0]["workers"] == min(2, max(0, result["cores"] - 2))
+    if sys.platform == "linux":  # the run queue's waits are read from /proc
+        assert result["summary"]["parallel"]["slowest_1pct_backend_run_queue_ms"] is not None
 
 
 @pytest.mark.parametrize("background", ["reembed", "ingest", "ocr"])
