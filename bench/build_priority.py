@@ -112,7 +112,7 @@ class Searches:
             "slowest_1pct_ms": round(float(ms[slow].mean()), 3),
         }
         for name, column in (("backend", 1), ("client", 2)):
-            waits = [r[column] for r, s in zip(self.rows, slow, strict=True) if s and r[column] is not None]
+            waits = [w for r, s in zip(self.rows, slow, strict=True) if s and (w := r[column]) is not None]
             result[f"slowest_1pct_{name}_run_queue_ms"] = round(float(np.mean(waits)), 3) if waits else None
         return result
 

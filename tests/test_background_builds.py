@@ -3,6 +3,8 @@ embedded server they leave a core to searches; on another server, or when set, t
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from memstore.db import online_ddl
@@ -77,3 +79,21 @@ def test_a_background_session_gets_the_background_number(cores: list[int], datab
         online_ddl.build_resources(conn, settings)  # a build a caller waits for (a bulk load's)
         waited = conn.execute("SHOW max_parallel_maintenance_workers").fetchone()
     assert background == ("0",) and waited == ("2",)
+
+
+def test_a_container_s_cpu_quota_bounds_the_machine_s_cores(tmp_path: Path) -> None:
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("150000 100000\n")  # docker run --cpus 1.5
+    assert online_ddl.cgroup_cpu_quota(v2) == 1.5
+    assert online_ddl.machine_cores(v2) == min(2, online_ddl.machine_cores(tmp_path / "none"))
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert online_ddl.cgroup_cpu_quota(v2) is None
+    v1 = tmp_path / "v1" / "cpu"
+    v1.mkdir(parents=True)
+    (v1 / "cpu.cfs_quota_us").write_text("100000\n")
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    assert online_ddl.cgroup_cpu_quota(tmp_path / "v1") == 1.0 and online_ddl.machine_cores(tmp_path / "v1") == 1
+    (v1 / "cpu.cfs_quota_us").write_text("-1\n")  # no quota
+    assert online_ddl.cgroup_cpu_quota(tmp_path / "v1") is None
+    assert online_ddl.cgroup_cpu_quota(tmp_path / "none") is None

@@ -44,7 +44,7 @@ from memstore.api.query_names import known_query_names
 from memstore.api.routes import collections, items, load, search, spaces
 from memstore.api.runtime import Runtime, RuntimeOptions
 from memstore.api.search_guard import SearchGuard
-from memstore.db import migrate
+from memstore.db import migrate, online_ddl
 from memstore.db.core import get_database
 from memstore.queue import jobs
 from memstore.search.runner import AsyncSearcher
@@ -443,6 +443,9 @@ def _health(rt: Runtime, detailed: bool) -> dict[str, Any]:
         "alive": sum(t.is_alive() for t in rt.threads()),
         "maintenance": rt.notes.get("maintenance", "off"),
     }
-    body["foreground"] = rt.foreground.state()
+    # the parallel workers a seal, merge or rebuild starting at a full share takes (the share scales them)
+    body["foreground"] = rt.foreground.state() | {
+        "background_build_workers": online_ddl.background_build_workers(rt.store.settings)
+    }
     body["gc"] = {"frozen_objects": gc.get_freeze_count()}  # start-up objects kept out (encoder.gc_freeze)
     return body

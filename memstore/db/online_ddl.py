@@ -12,8 +12,10 @@ The compact index switch, the keyword index and the typed metadata indexes all b
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -85,11 +87,28 @@ def _local_host(host: str) -> bool:
         return False
 
 
-def machine_cores() -> int:
-    """The cores this process may run on (its affinity where the platform has one)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+def machine_cores(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
+    """The cores this process may run on: its affinity where the platform has one, and no more than a
+    container's CPU quota (``docker run --cpus 2`` on a larger host) allows, rounded up."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    quota = cgroup_cpu_quota(cgroup_root)
+    return max(1, min(cores, math.ceil(quota))) if quota is not None else cores
+
+
+def cgroup_cpu_quota(root: Path) -> float | None:
+    """The CPUs' worth of time a cgroup quota allows this process (cgroup v2's ``cpu.max``, v1's
+    ``cpu.cfs_quota_us`` over ``cpu.cfs_period_us``), None without one."""
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return quota_us / period_us if quota_us > 0 and period_us > 0 else None
 
 
 def paced_build_workers(settings: Settings, share: float) -> int:

@@ -9,6 +9,7 @@ import time
 import httpx
 import sqlalchemy as sa
 
+from memstore.db import online_ddl
 from memstore.db.core import Database
 from memstore.queue import jobs
 from memstore.queue.jobs import PendingItem
@@ -69,3 +70,4 @@ def test_the_controller_in_metrics_and_health(fake_client: httpx.Client, fake_se
     detail = fake_client.get("/health").json()["foreground"]
     assert {"background_share", "target_p99_ms", "backoffs", "last_backoff", "search_p99_ms"} <= set(detail)
     assert 0.0 <= detail["background_share"] <= 1.0
+    assert detail["background_build_workers"] == online_ddl.background_build_workers(rt.store.settings)
