@@ -280,7 +280,7 @@ ROWS: dict[str, dict[str, Any]] = {
     "tenth": {"price": 0.1, "taken": "2024-04-30T23:59:59.999999Z", "sku": "é", "exif": {"iso": 400}},
     "text": {"price": "10", "taken": "yesterday", "sku": 5, "tags": "cat", "exif": "none"},
     "null": {"price": None, "sku": "b" * MAX_KEYWORD_LENGTH, "flag": True},
-    "long": {"sku": "a" * (MAX_KEYWORD_LENGTH + 1), "flag": False},
+    "long": {"sku": "a" * (MAX_KEYWORD_LENGTH + 1), "flag": False, "exif.iso": 100},
     "empty": {},
 }
 EVERY = set(ROWS)
@@ -314,6 +314,15 @@ CASES: list[tuple[dict[str, Any], set[str]]] = [
     ({"exif": {"iso": {"$gt": 100}}}, {"tenth"}),
     ({"exif": {"iso": {"$gte": 100}, "make": "C"}}, {"one"}),
     ({"exif": {"iso": {"$exists": False}}}, EVERY - {"one", "tenth"}),
+    # Dot notation is the nested form (MongoDB's and Qdrant's); "\\." is a dot inside a name.
+    ({"exif.iso": {"$gt": 100}}, {"tenth"}),
+    ({"exif.iso": 100}, {"one"}),
+    ({"exif.iso": {"$gte": 100}, "exif.make": "C"}, {"one"}),
+    ({"exif.iso": {"$exists": False}}, EVERY - {"one", "tenth"}),
+    ({"exif.iso": {"$gte": 100}, "exif": {"make": "C"}}, {"one"}),
+    ({"exif": {"iso": [100]}, "exif.iso": [400]}, set()),  # two clauses on one field: both hold
+    ({"exif\\.iso": 100}, {"long"}),
+    ({"exif\\.iso": {"$exists": True}}, {"long"}),
     ({"$or": [{"price": {"$lt": 1}}, {"sku": {"$eq": 5}}]}, {"tenth", "text"}),
     ({"$not": {"price": {"$gte": 1}}}, EVERY - {"one", "one_float"}),
     ({"price": {"$not": {"$gte": 1}}}, EVERY - {"one", "one_float"}),
@@ -483,7 +492,11 @@ def _nested_not(levels: int) -> dict[str, Any]:
         ({"$nor": []}, "filter.$nor", "unknown operator"),
         ({"$or": []}, "filter.$or", "non-empty"),
         ({"$or": [{"a": 1}, 5]}, "filter.$or[1]", "must be a JSON object"),
-        ({"a.b": {"$bad": 1}}, 'filter["a.b"].$bad', "unknown operator"),
+        ({"a.b": {"$bad": 1}}, "filter.a.b.$bad", "unknown operator"),
+        ({"a\\.b": {"$bad": 1}}, 'filter["a.b"].$bad', "unknown operator"),
+        ({"a..b": 1}, 'filter["a..b"]', "empty name between dots"),
+        ({"a.": 1}, 'filter["a."]', "empty name between dots"),
+        ({"a.$gt": 1}, 'filter["a.$gt"]', "starting with $"),
         ({"price": {"$gt": float("nan")}}, "filter.price.$gt", "not a JSON number"),
         ({"taken": {"$gte": "0001-01-01T00:00+01:00"}}, "filter.taken.$gte", "out of the years"),
         ({"sku": {"$gt": "x" * (MAX_KEYWORD_LENGTH + 1)}}, "filter.sku.$gt", "compared up to"),

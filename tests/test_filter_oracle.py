@@ -233,11 +233,25 @@ def operators_hold(actual: Any, ops: dict[str, Any]) -> bool:
     return True
 
 
+def names(key: str) -> tuple[str, ...]:
+    """A filter key's names, as docs/search.md says: a dot separates nested fields, a backslash
+    makes the next character (a dot or a backslash) part of the name."""
+    out, current, i = [], "", 0
+    while i < len(key):
+        if key[i] == "\\" and i + 1 < len(key) and key[i + 1] in ".\\":
+            current, i = current + key[i + 1], i + 2
+        elif key[i] == ".":
+            out, current, i = [*out, current], "", i + 1
+        else:
+            current, i = current + key[i], i + 1
+    return (*out, current)
+
+
 def field_holds(metadata: dict[str, Any], fields: tuple[str, ...], value: Any) -> bool:
     if isinstance(value, dict) and value and all(k.startswith("$") for k in value):
         return operators_hold(lookup(metadata, fields), value)
     if isinstance(value, dict) and value:
-        return all(field_holds(metadata, (*fields, k), v) for k, v in value.items())
+        return all(field_holds(metadata, (*fields, *names(k)), v) for k, v in value.items())
     actual = lookup(metadata, fields)
     if isinstance(value, dict | list):  # arrays and objects: containment
         return actual is not MISSING and contains(actual, value)
@@ -253,7 +267,7 @@ def matches(flt: dict[str, Any], metadata: dict[str, Any]) -> bool:
         elif key == "$not":
             ok = not matches(value, metadata)
         else:
-            ok = field_holds(metadata, (key,), value)
+            ok = field_holds(metadata, names(key), value)
         if not ok:
             return False
     return True
@@ -313,6 +327,8 @@ def make_items(seed: int) -> list[dict[str, Any]]:
             metadata["o"] = [{"x": rng.choice(NUMBERS)}]  # a list of objects: o.x is missing
         elif roll < 0.8:
             metadata["o"] = rng.choice(SCALARS)
+        if rng.random() < 0.5:  # a key holding a dot: one name, not a path
+            metadata["k.v"] = rng.choice(NUMBERS)
         items.append(metadata)
     return items
 
@@ -335,6 +351,7 @@ FIELDS: dict[tuple[str, ...], str | None] = {
     ("o", "x"): "number",
     ("o", "y"): "keyword",
     ("o",): None,
+    ("k.v",): "number",
     ("missing",): None,
 }
 ANY_SCALAR = st.sampled_from(SCALARS)
@@ -378,13 +395,23 @@ def operator_objects(draw: st.DrawFn, kind: str | None, depth: int = 0) -> dict[
     return ops or {"$exists": True}
 
 
-def set_field(target: dict[str, Any], fields: tuple[str, ...], value: Any) -> None:
-    for name in fields[:-1]:
+def escaped(name: str) -> str:
+    """``name`` written as one name of a filter key (its backslashes and dots escaped)."""
+    return name.replace("\\", "\\\\").replace(".", "\\.")
+
+
+def set_field(target: dict[str, Any], fields: tuple[str, ...], value: Any, *, dotted: bool = False) -> None:
+    """``value`` under ``fields`` in a filter: as nested objects, or (``dotted``) under one key that
+    is the path (``"o.x"``)."""
+    keys = [escaped(name) for name in fields]
+    if dotted:
+        keys = [".".join(keys)]
+    for name in keys[:-1]:
         child = target.get(name)
         if not isinstance(child, dict) or not child or any(k.startswith("$") for k in child):
             child = target[name] = {}
         target = child
-    target[fields[-1]] = value
+    target[keys[-1]] = value
 
 
 @st.composite
@@ -398,7 +425,7 @@ def field_filters(draw: st.DrawFn) -> dict[str, Any]:
         else:  # a plain value
             own = TYPED[kind] if kind else PLAIN.get(fields, ANY_SCALAR)
             value = draw(st.one_of(own, own, ANY_SCALAR, SMALL_LISTS, st.just({})))
-        set_field(flt, fields, value)
+        set_field(flt, fields, value, dotted=len(fields) > 1 and draw(st.booleans()))
     return flt
 
 

@@ -4,7 +4,9 @@ on a collection's ``metadata`` column.
 The language::
 
     filter    = { clause, ... }            every clause holds; {} matches every row
-    clause    = "field": value
+    clause    = "field": value             a field's name, or a dotted path of names ("exif.iso" is
+                                           {"exif": {"iso": ...}}, as in MongoDB and Qdrant; "\\."
+                                           is a dot inside a name: split_names)
               | "$and": [filter, ...]      every filter holds (a non-empty list)
               | "$or":  [filter, ...]      some filter holds (a non-empty list)
               | "$not": filter             the filter does not hold
@@ -234,7 +236,7 @@ class _Compiler:
             if key.startswith("$"):
                 conditions.append(self.logical(key, item, path.key(key), level))
             else:
-                self.field(key, item, (key,), path.key(key), level, plain, conditions)
+                self.named(split_names(key, path.key(key)), item, (), path, level, plain, conditions)
         if plain:
             conditions.insert(0, self.containment(plain, path))
         return _all(conditions)
@@ -249,6 +251,28 @@ class _Compiler:
         if operator in _FIELD_OPERATORS:
             raise InvalidInputError(f'{path}: {operator} applies to a field, as in {{"field": {{"{operator}": ...}}}}')
         raise InvalidInputError(f"{path}: unknown operator {operator}; a filter takes {', '.join(_LOGICAL_OPERATORS)}")
+
+    def named(
+        self,
+        names: tuple[str, ...],
+        value: Any,
+        prefix: tuple[str, ...],
+        path: _Path,
+        level: int,
+        plain: dict[str, Any],
+        conditions: list[sql.Composable],
+    ) -> None:
+        """A clause whose key names ``names`` under the fields ``prefix`` (a dotted key's names, or one
+        name): ``{"exif.iso": v}`` compiles as ``{"exif": {"iso": v}}``, each name one level deeper."""
+        head, at = names[0], path.key(names[0])
+        if len(names) == 1:
+            self.field(head, value, (*prefix, head), at, level, plain, conditions)
+            return
+        _check_level(level + 1, at)
+        nested: dict[str, Any] = {}
+        self.named(names[1:], value, (*prefix, head), at, level + 1, nested, conditions)
+        if nested:
+            self.put_plain(plain, head, nested, prefix, at, conditions)
 
     def field(
         self,
@@ -270,14 +294,34 @@ class _Compiler:
             nested: dict[str, Any] = {}
             for name, item in value.items():
                 _check_key(name, path)
-                self.field(name, item, (*fields, name), path.key(name), level + 1, nested, conditions)
+                self.named(split_names(name, path.key(name)), item, fields, path, level + 1, nested, conditions)
             if nested:
-                plain[key] = nested
+                self.put_plain(plain, key, nested, fields[:-1], path, conditions)
         elif isinstance(value, Mapping | list):
             _check_plain_depth(value, level, path)
-            plain[key] = value
+            self.put_plain(plain, key, value, fields[:-1], path, conditions)
         else:
             conditions.append(self.holds_scalar(fields, [value], path))
+
+    def put_plain(
+        self,
+        plain: dict[str, Any],
+        key: str,
+        value: Any,
+        prefix: tuple[str, ...],
+        path: _Path,
+        conditions: list[sql.Composable],
+    ) -> None:
+        """``value`` into the containment of its filter object under ``key``, or, when two clauses
+        name the same field (``{"exif.iso": [1], "exif": {"iso": [2]}}``), a containment of its own
+        from the top (both must hold, as two clauses always do)."""
+        if key not in plain:
+            plain[key] = value
+            return
+        whole: Any = {key: value}
+        for name in reversed(prefix):
+            whole = {name: whole}
+        conditions.append(self.containment(whole, path))
 
     # ------------------------------------------------------------------ one field's operators
 
@@ -530,6 +574,43 @@ def _is_operators(value: Any, path: _Path) -> bool:
             'write {"$and": [...]} or one object per field'
         )
     return bool(marked)
+
+
+def split_names(key: str, path: _Path | str = "filter") -> tuple[str, ...]:
+    """The names a filter key holds: a dot separates nested fields (``exif.iso``, MongoDB's and
+    Qdrant's dot notation), and a backslash makes the next dot or backslash part of a name
+    (``price\\.usd`` is the one key ``price.usd``). InvalidInputError for an empty name between dots,
+    or a name after a dot that starts with "$"."""
+    if "." not in key and "\\" not in key:
+        return (key,)
+    names: list[str] = []
+    current: list[str] = []
+    escaped = False
+    for ch in key:
+        if escaped:
+            current.append(ch if ch in ".\\" else "\\" + ch)
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif ch == ".":
+            names.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+    names.append("".join(current) + ("\\" if escaped else ""))
+    if len(names) > 1 and "" in names:
+        raise InvalidInputError(
+            f"{path}: {json.dumps(key)[:80]} has an empty name between dots; a dot separates nested fields "
+            '("exif.iso") and "\\." is a dot inside a name'
+        )
+    if any(name.startswith("$") for name in names[1:]):
+        raise InvalidInputError(f"{path}: {json.dumps(key)[:80]} has a name starting with $ after a dot")
+    return tuple(names)
+
+
+def escape_name(name: str) -> str:
+    """``name`` as one key of a filter, whatever dots or backslashes it holds (``split_names``)."""
+    return name.replace("\\", "\\\\").replace(".", "\\.")
 
 
 def _check_key(key: Any, path: _Path) -> None:

@@ -25,7 +25,7 @@ from memstore.catalog.collections import Collection, validate_space_name
 from memstore.errors import InvalidInputError
 from memstore.inputs import MAX_K
 from memstore.models import SearchResult
-from memstore.search.filter_language import CompiledFilter, compile_filter
+from memstore.search.filter_language import CompiledFilter, compile_filter, split_names
 
 Mode = Literal["vector", "keyword", "hybrid"]
 MODES: tuple[str, ...] = ("vector", "keyword", "hybrid")
@@ -225,13 +225,16 @@ MAX_GROUP_SIZE = 100
 H = TypeVar("H")
 
 
-def group_values(metadata: dict[str, Any], field: str) -> list[Any]:
-    """The groups a hit belongs to: its field's value; each element of a list (as a filter's equality
-    matches a list by its elements, and as Qdrant groups an array field: a photo tagged ``["beach",
-    "family"]`` is among the best of both); none when it has no such field or an empty list."""
-    if field not in metadata:
-        return []
-    value = metadata[field]
+def group_values(metadata: dict[str, Any], names: tuple[str, ...]) -> list[Any]:
+    """The groups a hit belongs to: the value of its field at ``names`` (a nested field's path, as a
+    filter's dotted key names it); each element of a list (as a filter's equality matches a list by
+    its elements, and as Qdrant groups an array field: a photo tagged ``["beach", "family"]`` is
+    among the best of both); none when it has no such field or an empty list."""
+    value: Any = metadata
+    for name in names:
+        if not isinstance(value, dict) or name not in value:
+            return []
+        value = value[name]
     return list(value) if isinstance(value, list) else [value]
 
 
@@ -260,9 +263,10 @@ def grouped(
     best hit (``group_values``: a hit whose field is a list is in the group of each element; hits
     without the field belong to no group). ``metadata(hit)`` reads a hit's metadata (results of the
     store, or hits as the API renders them)."""
+    names = split_names(field, "group_by")
     out: dict[str, Group[H]] = {}
     for hit in hits:
-        for value in group_values(metadata(hit), field):
+        for value in group_values(metadata(hit), names):
             key = _group_key(value)
             group = out.get(key)
             if group is None:

@@ -23,7 +23,7 @@ from memstore.items.vectors import as_vector
 from memstore.models import DuplicatePair, SearchResult
 from memstore.search import plan as search_plan
 from memstore.search import request, runner, statements
-from memstore.search.filter_language import CompiledFilter
+from memstore.search.filter_language import CompiledFilter, split_names
 from memstore.search.plan import SearchPlan
 from memstore.search.request import SearchQuery, Weights, check_query
 from memstore.search.statements import SearchSettings
@@ -96,6 +96,7 @@ class SearchPart(SpacesPart):
         takes ``search``'s other arguments (not k or offset)."""
         if not 1 <= group_size <= request.MAX_GROUP_SIZE:
             raise InvalidInputError(f"group_size must be between 1 and {request.MAX_GROUP_SIZE}")
+        split_names(group_by, "group_by")  # a field's name or a dotted path, checked before searching
         window = request.group_window(groups, group_size)
         hits = self.search(collection=collection, k=window, **search)
         return request.grouped(hits, group_by, groups, group_size, metadata=lambda h: h.metadata)

@@ -28,7 +28,7 @@ from memstore.api.runtime import Runtime
 from memstore.catalog.collections import Collection
 from memstore.media import thumbnails
 from memstore.models import SearchResult
-from memstore.search.filter_language import compile_filter
+from memstore.search.filter_language import compile_filter, escape_name
 
 MAX_CHIPS = 8
 MAX_CHIP_CHARS = 200
@@ -87,10 +87,11 @@ class Chip:
 
 
 def _at(fields: tuple[str, ...], leaf: Any) -> dict[str, Any]:
-    """``leaf`` under the nested fields: ``{"image": {"taken_at": leaf}}``."""
+    """``leaf`` under the nested fields: ``{"image": {"taken_at": leaf}}``, each name escaped, so a
+    key holding a dot stays one name (the filter language reads a dot as a path's separator)."""
     out: Any = leaf
     for name in reversed(fields):
-        out = {name: out}
+        out = {escape_name(name): out}
     return dict(out)
 
 
@@ -208,7 +209,10 @@ def filter_of(chips: Sequence[Chip]) -> dict[str, Any] | None:
             return everything
     if len({fields[0] for fields in leaves}) < len(leaves):  # two paths under one key
         return everything
-    return {fields[0]: _at(fields, leaf)[fields[0]] for fields, leaf in leaves.items()}
+    merged: dict[str, Any] = {}
+    for fields, leaf in leaves.items():
+        merged.update(_at(fields, leaf))  # one key each: the first names differ (checked above)
+    return merged
 
 
 def _is_range(value: Any) -> bool:

@@ -340,3 +340,40 @@ def test_group_by_a_list_valued_field_groups_by_each_element(client: httpx.Clien
         ("beach", ["both", "beach-1"]),
         ("family", ["both", "family-1"]),
     ]
+
+
+def test_a_dotted_key_is_a_nested_field_in_filters_and_group_by(
+    client: httpx.Client, store, collection_name: str
+) -> None:
+    """MongoDB's and Qdrant's dot notation: ``"exif.camera"`` is the field ``camera`` of ``exif``, in a
+    filter and in ``group_by``; a key that holds a dot is written with ``\\.``; an empty name is a 422."""
+    r = client.post("/v1/collections", json={"name": collection_name, "dimensions": 2})
+    assert r.status_code == 201, r.text
+    items = [
+        {"external_id": "x100", "vector": [1.0, 0.00], "metadata": {"exif": {"camera": "x100", "iso": 800}}},
+        {"external_id": "gr", "vector": [1.0, 0.01], "metadata": {"exif": {"camera": "gr", "iso": 200}}},
+        {"external_id": "flat", "vector": [1.0, 0.02], "metadata": {"exif.camera": "x100", "exif.iso": 800}},
+        {"external_id": "none", "vector": [1.0, 0.03], "metadata": {"exif": "stripped"}},
+    ]
+    assert client.post(f"/v1/collections/{collection_name}/items", json={"items": items}).status_code == 201
+    url = f"/v1/collections/{collection_name}/search"
+
+    def ids(flt: dict) -> list[str]:
+        r = client.post(url, json={"vector": [1.0, 0.0], "k": 10, "filter": flt, "exact": True})
+        assert r.status_code == 200, r.text
+        return [h["external_id"] for h in r.json()["results"]]
+
+    assert ids({"exif.camera": "x100"}) == ids({"exif": {"camera": "x100"}}) == ["x100"]
+    assert ids({"exif.iso": {"$gte": 400}}) == ["x100"]
+    assert ids({"exif\\.camera": "x100"}) == ["flat"]  # the key that holds a dot
+    assert ids({"exif.camera": {"$exists": False}}) == ["flat", "none"]
+    body = {"vector": [1.0, 0.0], "k": 10, "group_by": "exif.camera", "exact": True}
+    groups = client.post(url, json=body).json()["groups"]
+    assert [(g["value"], [h["external_id"] for h in g["hits"]]) for g in groups] == [("x100", ["x100"]), ("gr", ["gr"])]
+    flat = client.post(url, json={**body, "group_by": "exif\\.camera"}).json()["groups"]
+    assert [g["value"] for g in flat] == ["x100"] and flat[0]["hits"][0]["external_id"] == "flat"
+    for bad in ({"filter": {"exif..camera": 1}}, {"filter": {"exif.": 1}}, {"group_by": "exif..camera"}):
+        r = client.post(url, json={"vector": [1.0, 0.0], **bad})
+        assert r.status_code == 422 and "empty name between dots" in _problem(r, 422)["detail"], r.text
+    grouped = store.search_groups(collection=collection_name, group_by="exif.iso", vector=[1.0, 0.0], exact=True)
+    assert [g.value for g in grouped] == [800, 200]

@@ -331,6 +331,9 @@ def test_chips_make_one_filter() -> None:
     both = search.parse_chips(["tags=a", "tags=b", "tags=a"])
     assert search.filter_of(both) == {"$and": [{"tags": "a"}, {"tags": "b"}]}
     assert search.filter_of([]) is None
+    # a quoted key holding a dot is one name: escaped, as the filter language reads a dot as a path
+    literal = search.parse_chips(['"a.b"=1', "c.d=2"])
+    assert search.filter_of(literal) == {"a\\.b": 1, "c": {"d": 2}}
     dated = search.parse_chips(["image.taken_at>=2024-05-01", "image.taken_at<2024-06-01", "kind=photo"])
     assert search.filter_of(dated) == {
         "image": {"taken_at": {"$gte": "2024-05-01", "$lt": "2024-06-01"}},

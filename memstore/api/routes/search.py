@@ -35,6 +35,7 @@ from memstore.api.schemas import (
 )
 from memstore.catalog.collections import validate_name
 from memstore.models import SearchResult
+from memstore.search.filter_language import split_names
 from memstore.search.request import SearchQuery, Weights, check_query, group_window, grouped
 
 router = APIRouter(prefix="/v1/collections/{name}", tags=["search"], responses=ERROR_RESPONSES)
@@ -202,6 +203,8 @@ def check(body: SearchRequest, mode: str, vector: Any) -> SearchQuery:
     grouped search reads the ranked list deeper (``search_query.group_window``) and groups it after."""
     if body.group_by is not None and body.offset:
         raise Problem("invalid-input", "offset pages hits, not groups: leave it out with group_by")
+    if body.group_by is not None:
+        split_names(body.group_by, "group_by")  # a field's name or a dotted path, checked before searching
     return check_query(
         mode=mode,
         vector=vector,
