@@ -597,13 +597,18 @@ class MaintenanceWorker:
             with self.working("tune"):
                 return measure(conn)
 
+    def _background_settings(self) -> Settings:
+        """The settings of a build this worker starts (a seal, a merge, an interrupted load's index):
+        the parallel workers of a build nobody waits for, as the foreground's share allows."""
+        return online_ddl.background_settings(self.settings, 1.0 if self.pace is None else float(self.pace.share()))
+
     def _finish_bulk_loads(self, conn: psycopg.Connection[Any]) -> None:
         """Build the index of any bulk load whose process died before it could (a running load holds
         the collection's lock and is left alone)."""
         for c in self.list_collections(conn):
             if bulk_load.in_progress(c) and not self.stop.is_set():
                 t0 = time.monotonic()
-                if bulk_load.finish_interrupted(self.db, c, self.settings):
+                if bulk_load.finish_interrupted(self.db, c, self._background_settings()):
                     reason = "a bulk load ended before it built its index"
                     self.last_outcomes.append(
                         ActionOutcome(c.name, c.table_name, "build", reason, "ok", duration_s=time.monotonic() - t0)
@@ -620,8 +625,9 @@ class MaintenanceWorker:
             t0 = time.monotonic()
             try:
                 with self.working("seal", counted=False) as unit:
-                    done = sealing.seal(db, c, self.settings)
-                    done = done or sealing.merge(db, c, self.settings, quiet=True)
+                    settings = self._background_settings()
+                    done = sealing.seal(db, c, settings)
+                    done = done or sealing.merge(db, c, settings, quiet=True)
                     unit.did(done is not None)
             except sealing.SealBusyError:
                 continue  # its writer's sealer is at it

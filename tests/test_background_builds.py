@@ -47,7 +47,10 @@ def test_another_server_s_builds_take_what_its_settings_name(cores: list[int]) -
         "postgresql://u@/memstore?host=/var/run/postgresql",
     ],
 )
-def test_a_server_on_this_machine_counts_as_the_embedded_one(cores: list[int], url: str) -> None:
+def test_a_server_on_this_machine_counts_as_the_embedded_one(
+    cores: list[int], url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PGHOST", raising=False)
     cores[0] = 3
     assert online_ddl.background_build_workers(Settings(database_url=url, max_parallel_maintenance_workers=2)) == 1
 
@@ -97,3 +100,25 @@ def test_a_container_s_cpu_quota_bounds_the_machine_s_cores(tmp_path: Path) -> N
     (v1 / "cpu.cfs_quota_us").write_text("-1\n")  # no quota
     assert online_ddl.cgroup_cpu_quota(tmp_path / "v1") is None
     assert online_ddl.cgroup_cpu_quota(tmp_path / "none") is None
+
+
+def test_the_maintenance_worker_seals_and_finishes_loads_with_the_background_number(cores: list[int]) -> None:
+    """A seal, a merge or an interrupted load's index the worker builds is waited for by nobody."""
+    from maintenance.worker import MaintenanceWorker
+
+    cores[0] = 2
+    settings = Settings(database_url=None, max_parallel_maintenance_workers=2)
+    worker = MaintenanceWorker(db=None, settings=settings)  # type: ignore[arg-type]  # no database is read
+    assert worker._background_settings().max_parallel_maintenance_workers == 0
+    cores[0] = 8
+    assert worker._background_settings() is settings  # the configured number: the same settings
+    assert online_ddl.background_settings(settings, 0.5).max_parallel_maintenance_workers == 1
+
+
+def test_a_url_without_a_host_is_where_pghost_says(cores: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    cores[0] = 3
+    settings = Settings(database_url="postgresql:///memstore", max_parallel_maintenance_workers=2)
+    monkeypatch.setenv("PGHOST", "db.example")
+    assert online_ddl.background_build_workers(settings) == 2  # as libpq connects: another machine
+    monkeypatch.setenv("PGHOST", "/run/postgresql")
+    assert online_ddl.background_build_workers(settings) == 1

@@ -525,3 +525,24 @@ def test_a_filter_that_is_not_an_object_is_refused() -> None:
 
 def test_nesting_up_to_the_limit_is_accepted() -> None:
     assert compile_filter(_nested_not(MAX_FILTER_DEPTH - 1)).params
+
+
+def test_keys_are_split_within_the_filter_s_size_before_it_is_encoded() -> None:
+    """A hostile filter of huge or numberless dotted and escaped keys is refused once its keys pass
+    the filter's size limit: each key is split in time linear in it, so the work stays bounded."""
+    from memstore.inputs import MAX_FILTER_BYTES
+
+    for flt in (
+        {"\\a" * MAX_FILTER_BYTES: 1},
+        {"a." * MAX_FILTER_BYTES + "a": 1},
+        {f"k{i}\\.x": 1 for i in range(MAX_FILTER_BYTES // 4)},
+        {"a": {f"k{i}.x": [i] for i in range(MAX_FILTER_BYTES // 4)}},
+    ):
+        with pytest.raises(InvalidInputError, match=f"the limit of a filter|more than {MAX_FILTER_CLAUSES} conditions"):
+            compile_filter(flt)
+    # dotted siblings fold into one containment, as their nested form does: no clause limit reached
+    many = {f"exif.k{i}": [i] for i in range(MAX_FILTER_CLAUSES + 10)}
+    folded = compile_filter(many)
+    assert len(folded.params) == 1 and next(iter(folded.params.values())).obj == {
+        "exif": {f"k{i}": [i] for i in range(MAX_FILTER_CLAUSES + 10)}
+    }

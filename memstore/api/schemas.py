@@ -125,8 +125,8 @@ class MetadataIndexIn(Strict):
     )
 
     field: str | list[str] = Field(
-        description="A top-level metadata field, or the list of keys down to a nested one "
-        '(["image", "taken_at"]); each key 1 to 128 characters.'
+        description="A metadata field: a key or a dotted path (image.taken_at; a dot inside a key as \\.), "
+        'or the list of keys down to a nested one (["image", "taken_at"]); each key 1 to 128 characters.'
     )
     type: Literal["number", "timestamp", "keyword"] = Field(
         description="How the field's values are read: JSON numbers, ISO 8601 dates, or strings."
@@ -312,8 +312,8 @@ class ItemQuery(Strict):
     limit: int = Field(default=100, ge=1, le=1000)
     order_by: str | list[str] | None = Field(
         default=None,
-        description="A metadata field to order by: a top-level key, or the list of keys to a nested one "
-        '(["image", "taken_at"]). Items without it (or with a value of another type) come last.',
+        description="A metadata field to order by: a key or a dotted path (image.taken_at), or the list of "
+        'keys to a nested one (["image", "taken_at"]). Items without it (or with a value of another type) come last.',
     )
     order_type: Literal["timestamp", "number", "keyword"] = Field(
         default="timestamp", description="How the field is read (as filters compare it)."
@@ -488,7 +488,10 @@ class SearchRequest(Strict):
     )
     with_vector: bool = Field(default=False, description="Answer each hit's stored vector too.")
     group_by: str | None = Field(
-        default=None, min_length=1, max_length=128, description="A metadata field: k groups of its values."
+        default=None,
+        min_length=1,
+        max_length=128,
+        description="A metadata field, a key or a dotted path (exif.camera): k groups of its values.",
     )
     group_size: int = Field(default=1, ge=1, le=MAX_GROUP_SIZE, description="Hits per group (with group_by).")
 

@@ -44,6 +44,7 @@ import psycopg
 from psycopg import sql
 
 from memstore.catalog.collections import Collection
+from memstore.catalog.field_paths import split_names
 from memstore.catalog.metadata_sql import is_list, typed_expression
 from memstore.db import locks, online_ddl
 from memstore.errors import ConflictError, InvalidInputError
@@ -80,9 +81,14 @@ class MetadataIndex:
 
 
 def check_field(value: Any) -> tuple[str, ...]:
-    """A field as its path: a non-empty string of at most MAX_FIELD_LENGTH characters without NUL
-    (a top-level key), or a list of 1 to MAX_PATH such strings (the keys down to a nested field)."""
-    keys = [value] if isinstance(value, str) else value
+    """A field as its path: a string, a key or a dotted path as a filter names one
+    (``field_paths.split_names``: ``image.taken_at``, ``price\\.usd``), or a list of the keys down to
+    a nested field; 1 to MAX_PATH non-empty keys of at most MAX_FIELD_LENGTH characters without NUL."""
+    if isinstance(value, str):
+        if len(value) > MAX_PATH * (MAX_FIELD_LENGTH + 2):  # longer than any path allowed: not split
+            raise InvalidInputError(f"field must be a metadata key or a path of at most {MAX_PATH} keys")
+        value = split_names(value, "field")
+    keys = value
     if not isinstance(keys, builtins.list | tuple) or not 1 <= len(keys) <= MAX_PATH:
         raise InvalidInputError(
             f"field must be a metadata key, or a list of 1 to {MAX_PATH} keys to a nested one, not {value!r:.80}"
@@ -101,8 +107,16 @@ def check_field(value: Any) -> tuple[str, ...]:
 
 
 def _shown(path: tuple[str, ...]) -> str | builtins.list[str]:
-    """A path as the API shows it: a top-level key as itself, a nested field as its list of keys."""
-    return path[0] if len(path) == 1 else builtins.list(path)
+    """A path as the API shows it: a top-level key as itself when a string of it names it (no dot, no
+    escape), any other as its list of keys."""
+    return path[0] if len(path) == 1 and _reads_as_itself(path[0]) else builtins.list(path)
+
+
+def _reads_as_itself(key: str) -> bool:
+    try:
+        return split_names(key) == (key,)
+    except InvalidInputError:  # "a.", ".a": names with an empty part
+        return False
 
 
 def _printed(path: tuple[str, ...]) -> str:

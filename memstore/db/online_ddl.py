@@ -66,13 +66,14 @@ def background_build_workers(settings: Settings) -> int:
 
 def server_on_this_machine(database_url: str | None) -> bool:
     """Whether the database runs on this machine's cores: the embedded server (no URL), or every host
-    the URL names a Unix socket's folder or a loopback address."""
+    the URL names (or ``PGHOST``, where it names none, as libpq reads it) a Unix socket's folder or a
+    loopback address."""
     if not database_url:
         return True
     from memstore.db.core import libpq_url  # core imports this module's users
 
     try:
-        hosts = conninfo_to_dict(libpq_url(database_url)).get("host") or ""
+        hosts = conninfo_to_dict(libpq_url(database_url)).get("host") or os.environ.get("PGHOST", "")
     except psycopg.ProgrammingError:
         return False
     return all(_local_host(h.strip()) for h in str(hosts).split(","))
@@ -118,6 +119,15 @@ def paced_build_workers(settings: Settings, share: float) -> int:
     be paused once it runs, and its workers are fixed when it starts."""
     full = background_build_workers(settings)
     return min(full, max(0, int(share * full)))
+
+
+def background_settings(settings: Settings, share: float = 1.0) -> Settings:
+    """``settings`` for a build nobody waits for that starts now (``build_resources`` gives its
+    session ``paced_build_workers``): the same object when that is the configured number."""
+    workers = paced_build_workers(settings, share)
+    if workers == settings.max_parallel_maintenance_workers:
+        return settings
+    return settings.model_copy(update={"max_parallel_maintenance_workers": workers})
 
 
 def set_build_workers(conn: psycopg.Connection[Any], workers: int) -> None:

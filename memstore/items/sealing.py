@@ -377,12 +377,8 @@ class Sealer:
 
     def _build_settings(self) -> Settings:
         """The settings a build starts with: its parallel workers as the foreground's share allows
-        (``online_ddl.paced_build_workers``)."""
-        share = 1.0 if self.pace is None else float(self.pace.share())
-        workers = online_ddl.paced_build_workers(self.settings, share)
-        if workers == self.settings.max_parallel_maintenance_workers:
-            return self.settings
-        return self.settings.model_copy(update={"max_parallel_maintenance_workers": workers})
+        (``online_ddl.background_settings``)."""
+        return online_ddl.background_settings(self.settings, 1.0 if self.pace is None else float(self.pace.share()))
 
     def _record(self, c: Collection, done: list[Sealed]) -> None:
         if not done:

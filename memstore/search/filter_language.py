@@ -95,6 +95,7 @@ from typing import Any, Literal
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from memstore.catalog.field_paths import split_names
 from memstore.catalog.metadata_sql import (
     MAX_KEYWORD_LENGTH,
     is_list,
@@ -222,6 +223,15 @@ class _Path:
 class _Compiler:
     params: dict[str, Any] = field(default_factory=dict)
     clauses: int = 0
+    key_characters: int = 0  # of every key read so far: the filter's size, bounded before it is encoded
+
+    def names(self, key: str, path: _Path) -> tuple[str, ...]:
+        """``split_names`` of a field's key, within MAX_FILTER_BYTES of keys in all (a filter whose
+        keys alone are larger is refused before they are split: splitting is linear in them)."""
+        self.key_characters += len(key) + 1
+        if self.key_characters > MAX_FILTER_BYTES:
+            raise InvalidInputError(f"{path}: the filter's keys pass {MAX_FILTER_BYTES} bytes, the limit of a filter")
+        return split_names(key, path)
 
     # ------------------------------------------------------------------ filter objects
 
@@ -236,7 +246,7 @@ class _Compiler:
             if key.startswith("$"):
                 conditions.append(self.logical(key, item, path.key(key), level))
             else:
-                self.named(split_names(key, path.key(key)), item, (), path, level, plain, conditions)
+                self.named(self.names(key, path.key(key)), item, (), path, level, plain, conditions)
         if plain:
             conditions.insert(0, self.containment(plain, path))
         return _all(conditions)
@@ -294,7 +304,7 @@ class _Compiler:
             nested: dict[str, Any] = {}
             for name, item in value.items():
                 _check_key(name, path)
-                self.named(split_names(name, path.key(name)), item, fields, path, level + 1, nested, conditions)
+                self.named(self.names(name, path.key(name)), item, fields, path, level + 1, nested, conditions)
             if nested:
                 self.put_plain(plain, key, nested, fields[:-1], path, conditions)
         elif isinstance(value, Mapping | list):
@@ -312,11 +322,16 @@ class _Compiler:
         path: _Path,
         conditions: list[sql.Composable],
     ) -> None:
-        """``value`` into the containment of its filter object under ``key``, or, when two clauses
-        name the same field (``{"exif.iso": [1], "exif": {"iso": [2]}}``), a containment of its own
-        from the top (both must hold, as two clauses always do)."""
+        """``value`` into the containment of its filter object under ``key``. Two clauses on one field
+        (``{"exif.iso": [1], "exif": {"iso": [2]}}``, or dotted siblings ``"exif.a"``, ``"exif.b"``)
+        fold into one containment where they can (containment of the merge is containment of both);
+        an object beside an array gets a containment of its own, from the top."""
         if key not in plain:
             plain[key] = value
+            return
+        merged = _merged(plain[key], value)
+        if merged is not None:
+            plain[key] = merged
             return
         whole: Any = {key: value}
         for name in reversed(prefix):
@@ -576,41 +591,21 @@ def _is_operators(value: Any, path: _Path) -> bool:
     return bool(marked)
 
 
-def split_names(key: str, path: _Path | str = "filter") -> tuple[str, ...]:
-    """The names a filter key holds: a dot separates nested fields (``exif.iso``, MongoDB's and
-    Qdrant's dot notation), and a backslash makes the next dot or backslash part of a name
-    (``price\\.usd`` is the one key ``price.usd``). InvalidInputError for an empty name between dots,
-    or a name after a dot that starts with "$"."""
-    if "." not in key and "\\" not in key:
-        return (key,)
-    names: list[str] = []
-    current: list[str] = []
-    escaped = False
-    for ch in key:
-        if escaped:
-            current.append(ch if ch in ".\\" else "\\" + ch)
-            escaped = False
-        elif ch == "\\":
-            escaped = True
-        elif ch == ".":
-            names.append("".join(current))
-            current = []
-        else:
-            current.append(ch)
-    names.append("".join(current) + ("\\" if escaped else ""))
-    if len(names) > 1 and "" in names:
-        raise InvalidInputError(
-            f"{path}: {json.dumps(key)[:80]} has an empty name between dots; a dot separates nested fields "
-            '("exif.iso") and "\\." is a dot inside a name'
-        )
-    if any(name.startswith("$") for name in names[1:]):
-        raise InvalidInputError(f"{path}: {json.dumps(key)[:80]} has a name starting with $ after a dot")
-    return tuple(names)
-
-
-def escape_name(name: str) -> str:
-    """``name`` as one key of a filter, whatever dots or backslashes it holds (``split_names``)."""
-    return name.replace("\\", "\\\\").replace(".", "\\.")
+def _merged(a: Any, b: Any) -> Any:
+    """One plain value that contains what ``a`` and ``b`` each contain, or None: objects merged key by
+    key, arrays joined (an array contains the join when it holds every element of each)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = dict(a)
+        for key, value in b.items():
+            if key in out:
+                value = _merged(out[key], value)
+                if value is None:
+                    return None
+            out[key] = value
+        return out
+    if isinstance(a, list) and isinstance(b, list):
+        return a + b
+    return None
 
 
 def _check_key(key: Any, path: _Path) -> None:

@@ -22,10 +22,11 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 
 from memstore.catalog.collections import Collection, validate_space_name
+from memstore.catalog.field_paths import split_names
 from memstore.errors import InvalidInputError
 from memstore.inputs import MAX_K
 from memstore.models import SearchResult
-from memstore.search.filter_language import CompiledFilter, compile_filter, split_names
+from memstore.search.filter_language import CompiledFilter, compile_filter
 
 Mode = Literal["vector", "keyword", "hybrid"]
 MODES: tuple[str, ...] = ("vector", "keyword", "hybrid")

@@ -14,6 +14,7 @@ from psycopg import sql
 from memstore.catalog.collections import (
     Collection,
 )
+from memstore.catalog.field_paths import split_names
 from memstore.errors import (
     InvalidInputError,
     NotFoundError,
@@ -23,7 +24,7 @@ from memstore.items.vectors import as_vector
 from memstore.models import DuplicatePair, SearchResult
 from memstore.search import plan as search_plan
 from memstore.search import request, runner, statements
-from memstore.search.filter_language import CompiledFilter, split_names
+from memstore.search.filter_language import CompiledFilter
 from memstore.search.plan import SearchPlan
 from memstore.search.request import SearchQuery, Weights, check_query
 from memstore.search.statements import SearchSettings

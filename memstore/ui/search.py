@@ -26,9 +26,10 @@ from memstore.api.problems import Problem
 from memstore.api.routes.search import query_image_options
 from memstore.api.runtime import Runtime
 from memstore.catalog.collections import Collection
+from memstore.catalog.field_paths import escape_name
 from memstore.media import thumbnails
 from memstore.models import SearchResult
-from memstore.search.filter_language import compile_filter, escape_name
+from memstore.search.filter_language import compile_filter
 
 MAX_CHIPS = 8
 MAX_CHIP_CHARS = 200

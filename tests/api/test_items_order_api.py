@@ -111,13 +111,19 @@ def test_top_level_keys_and_types(client: httpx.Client, collection_name: str) ->
     assert client.post(base, json={"items": items}).status_code == 201
     r = client.get(base, params={"order_by": "n", "order_type": "number", "order": "desc"})
     assert _ids(r.json()) == ["x", "y", "z"]  # "3" is a string, not a number: last
-    # A key holding a dot is one key, not a path.
+    # A dotted key is a path, as in filters: "k.v" is v under k (no item has it: all last, by id);
+    # a key that holds a dot is escaped, or one key of a JSON list.
     r = client.get(base, params={"order_by": "k.v", "order_type": "keyword"})
+    assert _ids(r.json()) == ["x", "y", "z"]
+    r = client.get(base, params={"order_by": "k\\.v", "order_type": "keyword"})
     assert _ids(r.json()) == ["y", "x", "z"]
-    r = client.get(base, params={"order_by": json.dumps("k.v"), "order_type": "keyword", "order": "desc"})
+    r = client.get(base, params={"order_by": json.dumps(["k.v"]), "order_type": "keyword", "order": "desc"})
     assert _ids(r.json()) == ["z", "x", "y"]
-    r = client.post(f"{base}/list", json={"order_by": "k.v", "order_type": "keyword", "limit": 1})
+    r = client.post(f"{base}/list", json={"order_by": "k\\.v", "order_type": "keyword", "limit": 1})
     assert _ids(r.json()) == ["y"] and r.json()["next_cursor"]
+    r = client.post(f"{base}/list", json={"order_by": ["k.v"], "order_type": "keyword", "limit": 1})
+    assert _ids(r.json()) == ["y"]
+    _problem(client.get(base, params={"order_by": "k..v"}), 422)
 
 
 def test_abuse_of_the_ordered_listing(client: httpx.Client, collection_name: str, server, engine: sa.Engine) -> None:

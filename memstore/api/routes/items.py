@@ -200,8 +200,8 @@ async def list_items(
         str | None,
         Query(
             max_length=2048,
-            description="A metadata field to order by: a top-level key (taken_at), or as JSON the list of keys "
-            'to a nested one (["image","taken_at"]) or a key as a JSON string. Items without it come last.',
+            description="A metadata field to order by: a key or a dotted path (taken_at, image.taken_at), or as "
+            'JSON the list of its keys (["image","taken_at"]) or the key as a JSON string. Items without it come last.',
         ),
     ] = None,
     order_type: Annotated[
@@ -299,7 +299,8 @@ class _Order:
 
 def _order_by_parameter(text: str | None) -> str | list[str] | None:
     """The ``order_by`` query parameter: JSON when it starts with ``[`` or ``"`` (the keys to a nested
-    field, or a key that holds a dot or starts so), else a top-level key as it is."""
+    field, or a field's name that starts so), else the field's name as it is (a key or a dotted path,
+    read by ``metadata_indexes.check_field``)."""
     if text is None or not text.startswith(("[", '"')):
         return text
     try:

@@ -34,8 +34,8 @@ from memstore.api.schemas import (
     given_vector,
 )
 from memstore.catalog.collections import validate_name
+from memstore.catalog.field_paths import split_names
 from memstore.models import SearchResult
-from memstore.search.filter_language import split_names
 from memstore.search.request import SearchQuery, Weights, check_query, group_window, grouped
 
 router = APIRouter(prefix="/v1/collections/{name}", tags=["search"], responses=ERROR_RESPONSES)
