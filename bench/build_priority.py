@@ -44,6 +44,7 @@ from tqdm import tqdm
 from bench.build_settings import raw_table
 from bench.data import clustered
 from bench.databases import scratch_dir
+from bench.stream_memstore import Watcher
 from memstore.db import online_ddl
 from memstore.db.core import libpq_url
 from memstore.db.embedded import start_embedded_server
@@ -69,23 +70,14 @@ def _run_queue_ns(path: Path) -> int | None:
         return None
 
 
-class Searches:
+class Searches(Watcher):
     """Searches without pause on ``conn`` (a thread of its own) while the ``with`` block runs, keeping
     each search's latency and how long its backend and its thread waited for a core meanwhile."""
 
     def __init__(self, conn: psycopg.Connection[Any], queries: np.ndarray) -> None:
-        self.conn, self.queries = conn, queries
+        super().__init__(lambda q: conn.execute(QUERY, (q,), prepare=True).fetchall(), queries)
+        self.conn = conn
         self.rows: list[tuple[float, float | None, float | None]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="bench-build-priority-searches", daemon=True)
-
-    def __enter__(self) -> Searches:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join(60)
 
     def _run(self) -> None:
         backend = Path(f"/proc/{self.conn.info.backend_pid}/schedstat")
@@ -94,7 +86,7 @@ class Searches:
         while not self._stop.is_set():
             q = self.queries[i % len(self.queries)]
             b0, c0, t0 = _run_queue_ns(backend), _run_queue_ns(thread), time.perf_counter()
-            self.conn.execute(QUERY, (q,), prepare=True).fetchall()
+            self.search(q)
             elapsed = time.perf_counter() - t0
             b1, c1 = _run_queue_ns(backend), _run_queue_ns(thread)
             waited_backend = (b1 - b0) / 1e6 if b0 is not None and b1 is not None else None
