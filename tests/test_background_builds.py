@@ -51,6 +51,7 @@ def test_a_server_on_this_machine_counts_as_the_embedded_one(
     cores: list[int], url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("PGHOST", raising=False)
+    monkeypatch.delenv("PGHOSTADDR", raising=False)
     cores[0] = 3
     assert online_ddl.background_build_workers(Settings(database_url=url, max_parallel_maintenance_workers=2)) == 1
 
@@ -116,9 +117,25 @@ def test_the_maintenance_worker_seals_and_finishes_loads_with_the_background_num
 
 
 def test_a_url_without_a_host_is_where_pghost_says(cores: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PGHOSTADDR", raising=False)
     cores[0] = 3
     settings = Settings(database_url="postgresql:///memstore", max_parallel_maintenance_workers=2)
     monkeypatch.setenv("PGHOST", "db.example")
     assert online_ddl.background_build_workers(settings) == 2  # as libpq connects: another machine
     monkeypatch.setenv("PGHOST", "/run/postgresql")
     assert online_ddl.background_build_workers(settings) == 1
+
+
+def test_hostaddr_is_where_libpq_connects(cores: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PGHOST", raising=False)
+    monkeypatch.delenv("PGHOSTADDR", raising=False)
+    cores[0] = 3
+
+    def workers(url: str) -> int:
+        return online_ddl.background_build_workers(Settings(database_url=url, max_parallel_maintenance_workers=2))
+
+    assert workers("postgresql:///m?hostaddr=10.0.0.5") == 2
+    assert workers("postgresql://localhost/m?hostaddr=10.0.0.5") == 2  # host only names the server
+    assert workers("postgresql://db.example/m?hostaddr=127.0.0.1") == 1
+    monkeypatch.setenv("PGHOSTADDR", "10.0.0.5")
+    assert workers("postgresql:///m") == 2

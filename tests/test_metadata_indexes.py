@@ -373,3 +373,22 @@ def test_a_nested_field_is_indexed_by_its_path_and_serves_its_filters(
 def test_a_bad_path_is_refused(bad: Any) -> None:
     with pytest.raises(InvalidInputError):
         check_field(bad)
+
+
+def test_a_field_is_named_as_a_filter_names_it() -> None:
+    """A string is a key or a dotted path (``field_paths.split_names``), a list its keys each whole;
+    the API shows a path as a list, and a key as itself only when a string of it names it."""
+    check, shown = metadata_indexes.check_field, metadata_indexes._shown
+    assert check("taken") == ("taken",) and shown(("taken",)) == "taken"
+    assert check("image.taken_at") == check(["image", "taken_at"]) == ("image", "taken_at")
+    assert check("price\\.usd") == check(["price.usd"]) == ("price.usd",)
+    assert shown(("price.usd",)) == ["price.usd"] and shown(("image", "taken_at")) == ["image", "taken_at"]
+    assert shown(("a\\b",)) == "a\\b" and check("a\\b") == ("a\\b",)  # a backslash not before a dot
+    for name in ("taken", "a\\b", "price.usd", "a.", "$x", "a.$b"):
+        path = (name,)
+        assert check(shown(path)) == path, name  # what is shown names the same field again
+    longest = ".".join(["\\." * MAX_FIELD_LENGTH] * 8)  # eight keys of dots, escaped: the longest path
+    assert check(longest) == ("." * MAX_FIELD_LENGTH,) * 8
+    for bad in ("a..b", "a.", "x" * (8 * (2 * MAX_FIELD_LENGTH + 1) + 1), ".".join(["k"] * 9)):
+        with pytest.raises(InvalidInputError):
+            check(bad)

@@ -237,9 +237,11 @@ class Client(_core.Base):
     def delete_collection(self, name: str) -> None:
         self._send(Call("DELETE", path(name), as_none))
 
-    def create_index(self, collection: str, field: str, type: str) -> MetadataIndex:
-        """A typed index on a metadata field for filters: ``type`` is number, timestamp or keyword."""
-        body = {"field": field, "type": type}
+    def create_index(self, collection: str, field: str | Sequence[str], type: str) -> MetadataIndex:
+        """A typed index on a metadata field for filters: ``field`` a key or a dotted path
+        (``"image.taken_at"``), or the list of keys down to a nested field; ``type`` is number,
+        timestamp or keyword."""
+        body = {"field": field if isinstance(field, str) else list(field), "type": type}
         return self._send(Call("POST", path(collection, "indexes"), as_model(MetadataIndex), json=body))
 
     def list_indexes(self, collection: str) -> list[MetadataIndex]:

@@ -179,7 +179,7 @@ class DuplicatesPage(_Answer):
 
 
 class MetadataIndex(_Answer):
-    field: str
+    field: str | list[str]  # a top-level key, or the keys down to a nested field
     type: str
     name: str
     valid: bool

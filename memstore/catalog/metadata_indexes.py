@@ -85,7 +85,7 @@ def check_field(value: Any) -> tuple[str, ...]:
     (``field_paths.split_names``: ``image.taken_at``, ``price\\.usd``), or a list of the keys down to
     a nested field; 1 to MAX_PATH non-empty keys of at most MAX_FIELD_LENGTH characters without NUL."""
     if isinstance(value, str):
-        if len(value) > MAX_PATH * (MAX_FIELD_LENGTH + 2):  # longer than any path allowed: not split
+        if len(value) > MAX_PATH * (2 * MAX_FIELD_LENGTH + 1):  # longer than any path, escaped: not split
             raise InvalidInputError(f"field must be a metadata key or a path of at most {MAX_PATH} keys")
         value = split_names(value, "field")
     keys = value

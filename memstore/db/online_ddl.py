@@ -65,17 +65,20 @@ def background_build_workers(settings: Settings) -> int:
 
 
 def server_on_this_machine(database_url: str | None) -> bool:
-    """Whether the database runs on this machine's cores: the embedded server (no URL), or every host
-    the URL names (or ``PGHOST``, where it names none, as libpq reads it) a Unix socket's folder or a
-    loopback address."""
+    """Whether the database runs on this machine's cores: the embedded server (no URL), or every
+    address libpq connects to (the URL's hostaddr or host, else ``PGHOSTADDR`` or ``PGHOST``) a Unix
+    socket's folder or a loopback address."""
     if not database_url:
         return True
     from memstore.db.core import libpq_url  # core imports this module's users
 
     try:
-        hosts = conninfo_to_dict(libpq_url(database_url)).get("host") or os.environ.get("PGHOST", "")
+        info = conninfo_to_dict(libpq_url(database_url))
     except psycopg.ProgrammingError:
         return False
+    # As libpq connects: to hostaddr when one is given (host then only names the server), else to
+    # host; the environment's PGHOSTADDR and PGHOST stand for what the URL leaves out.
+    hosts = info.get("hostaddr") or os.environ.get("PGHOSTADDR") or info.get("host") or os.environ.get("PGHOST", "")
     return all(_local_host(h.strip()) for h in str(hosts).split(","))
 
 

@@ -75,6 +75,13 @@ def test_collections_round_trip(ms: Client, name: str) -> None:
     assert [i.name for i in ms.list_indexes(name)] == [index.name]
     ms.drop_index(name, index.name)
     assert ms.list_indexes(name) == []
+    # a nested field by its dotted path or its keys; a key that holds a dot as a list of one key
+    nested = ms.create_index(name, "image.taken_at", "timestamp")
+    dotted_key = ms.create_index(name, ["price.usd"], "number")
+    assert (nested.field, dotted_key.field) == (["image", "taken_at"], ["price.usd"])
+    assert sorted(map(str, (i.field for i in ms.list_indexes(name)))) == ["['image', 'taken_at']", "['price.usd']"]
+    for made in (nested, dotted_key):
+        ms.drop_index(name, made.name)
     assert [s.name for s in ms.list_spaces(name)] == ["default"]
     assert ms.get_space(name, "default").active
     ms.delete_collection(name)

@@ -201,7 +201,8 @@ async def list_items(
         Query(
             max_length=2048,
             description="A metadata field to order by: a key or a dotted path (taken_at, image.taken_at), or as "
-            'JSON the list of its keys (["image","taken_at"]) or the key as a JSON string. Items without it come last.',
+            'JSON the list of its keys (["image","taken_at"]) or its name as a JSON string. Items without it '
+            "come last.",
         ),
     ] = None,
     order_type: Annotated[
