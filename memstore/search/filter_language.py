@@ -333,10 +333,7 @@ class _Compiler:
         if merged is not None:
             plain[key] = merged
             return
-        whole: Any = {key: value}
-        for name in reversed(prefix):
-            whole = {name: whole}
-        conditions.append(self.containment(whole, path))
+        conditions.append(self.containment(_under((*prefix, key), value), path))
 
     # ------------------------------------------------------------------ one field's operators
 
@@ -476,10 +473,7 @@ class _Compiler:
         documents = []
         for value in values:
             for form in (value, [value]):
-                nested: Any = form
-                for name in reversed(fields):
-                    nested = {name: nested}
-                documents.append(Jsonb(nested))
+                documents.append(Jsonb(_under(fields, form)))
         self.count(path)
         return sql.SQL("metadata @> ANY({}::jsonb[])").format(self.param(documents))
 
@@ -505,11 +499,8 @@ class _Compiler:
         )
 
     def contains(self, fields: tuple[str, ...], values: list[Any], path: _Path) -> sql.Composable:
-        nested: Any = list(values)
-        for name in reversed(fields):
-            nested = {name: nested}
         self.count(path)
-        return sql.SQL("metadata @> {}").format(self.param(Jsonb(nested)))
+        return sql.SQL("metadata @> {}").format(self.param(Jsonb(_under(fields, list(values)))))
 
     def containment(self, plain: dict[str, Any], path: _Path) -> sql.Composable:
         self.count(path)
@@ -589,6 +580,13 @@ def _is_operators(value: Any, path: _Path) -> bool:
             'write {"$and": [...]} or one object per field'
         )
     return bool(marked)
+
+
+def _under(fields: tuple[str, ...], value: Any) -> dict[str, Any]:
+    """``value`` as a document holding it at ``fields``: ``{"exif": {"iso": value}}``."""
+    for name in reversed(fields):
+        value = {name: value}
+    return dict(value)
 
 
 def _merged(a: Any, b: Any) -> Any:
