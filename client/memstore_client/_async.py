@@ -314,12 +314,13 @@ class AsyncClient(_core.Base):
         progress: Progress = False,
         total: int | None = None,
     ) -> list[ItemAck]:
-        """Any number of items, ``batch_size`` a request, with a progress bar (``progress=True``, tqdm)
-        or a callback given each batch's count. Returns every acknowledgement, in order."""
+        """Any number of items, ``batch_size`` a request (fewer where their JSON would pass 32 MiB, half
+        the server's default body limit), with a progress bar (``progress=True``, tqdm) or a callback
+        given each batch's count. Returns every acknowledgement, in order."""
         bar = _core.ProgressBar(progress, _core.total_of(items, total), "upload")
         acks: list[ItemAck] = []
         try:
-            for batch in _core.chunked(items, max(1, batch_size)):
+            for batch in _core.item_batches(items, max(1, batch_size)):
                 acks.extend((await self.add_items(collection, batch, wait=wait)).items)
                 bar.update(len(batch))
         finally:
@@ -332,12 +333,13 @@ class AsyncClient(_core.Base):
         files: Sequence[FileLike],
         *,
         external_ids: Sequence[str] | None = None,
-        metadata: Sequence[Mapping[str, Any]] | None = None,
+        metadata: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
         batch_size: int = 16,
         wait: bool = False,
         progress: Progress = False,
     ) -> list[ItemAck]:
-        """Many image files, ``batch_size`` a request (each file read when its batch is sent)."""
+        """Many image files, ``batch_size`` a request (each file read when its batch is sent); ``metadata``
+        is one object for all, or one per file, as ``upload`` takes it."""
         bar = _core.ProgressBar(progress, len(files), "upload")
         acks: list[ItemAck] = []
         try:
@@ -347,7 +349,7 @@ class AsyncClient(_core.Base):
                     collection,
                     files[start:end],
                     external_ids=external_ids[start:end] if external_ids is not None else None,
-                    metadata=metadata[start:end] if metadata is not None else None,
+                    metadata=metadata if metadata is None or isinstance(metadata, Mapping) else metadata[start:end],
                     wait=wait,
                 )
                 acks.extend(ack.items)
@@ -433,9 +435,10 @@ class AsyncClient(_core.Base):
         while True:
             for item in page.items:
                 yield item
-            if not page.next:
+            # Not page.next: it is the server's path, which holds a reverse proxy's root path too.
+            if page.next_after is None:
                 return
-            page = await self._send(Call("GET", page.next, as_model(ItemPage), read=True))
+            page = await self.list_items(collection, limit=page_size, status=status, after=page.next_after)
 
     async def query_items(
         self,
@@ -527,7 +530,14 @@ class AsyncClient(_core.Base):
             external_ids=list(external_ids) if external_ids is not None else None,
             filter=dict(filter) if filter is not None else None,
         )
-        result = await self._send(Call("POST", path(collection, "items", "delete"), as_model(DeleteResult), json=body))
+        call = Call(
+            "POST",
+            path(collection, "items", "delete"),
+            as_model(DeleteResult),
+            json=body,
+            idempotent=filter is None,  # ids name what goes: deleting them twice deletes nothing more
+        )
+        result = await self._send(call)
         return result.deleted
 
     async def lookup(self, collection: str, external_ids: Sequence[str]) -> dict[str, int]:

@@ -126,15 +126,77 @@ def drop_none(**fields: Any) -> dict[str, Any]:
     return {k: v for k, v in fields.items() if v is not None}
 
 
-def item_body(item: ItemLike) -> dict[str, Any]:
-    body = (item if isinstance(item, ItemIn) else ItemIn.model_validate(dict(item))).body()
+def item_body(item: ItemLike, where: str = "item") -> dict[str, Any]:
+    """An item as its JSON body; what JSON cannot carry is refused naming its place (``where``), before
+    pydantic or the JSON encoder would refuse it without one."""
+    if isinstance(item, ItemIn):
+        model = item
+        check_json(model.metadata, f"{where}.metadata")
+    else:
+        fields = dict(item)
+        external_id = fields.get("external_id")
+        if external_id is not None and not isinstance(external_id, str):
+            raise TypeError(f"{where}.external_id is of type {type_name(external_id)}: an external id is a string")
+        metadata = fields.get("metadata")
+        if metadata is not None:
+            if not isinstance(metadata, Mapping):
+                raise TypeError(f"{where}.metadata is of type {type_name(metadata)}: metadata is a dict")
+            fields["metadata"] = dict(metadata)
+            check_json(fields["metadata"], f"{where}.metadata")
+        model = ItemIn.model_validate(fields)
+    check_json(model.external_id, f"{where}.external_id")
+    check_json(model.text, f"{where}.text")
+    body = model.body()
     if "vector" in body:
         body["vector"] = vector_values(body["vector"])
     return body
 
 
+def type_name(value: object) -> str:
+    kind = type(value)
+    return kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
+def check_json(value: Any, where: str) -> None:
+    """Refuse what a JSON body cannot carry as it is, naming its place: a TypeError for a value that is no
+    JSON value (a datetime, a numpy integer, a set) or a key that is no string, a ValueError for a NaN or
+    an infinity, or a string with a lone surrogate (no UTF-8 for it). Nothing is converted: the caller
+    says what a datetime should become."""
+    if value is None or isinstance(value, bool | int):
+        return
+    if isinstance(value, str):
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise ValueError(
+                    f"{where} holds a lone surrogate ({value[exc.start]!r} at {exc.start}): it has no UTF-8 encoding"
+                ) from None
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{where} is {value}: JSON has no number for it")
+        return
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            if not isinstance(key, str):
+                raise TypeError(f"{where} has the key {key!r} of type {type_name(key)}: keys must be strings")
+            place = f"{where}[{json.dumps(key)}]"
+            check_json(key, place)
+            check_json(inner, place)
+        return
+    if isinstance(value, list | tuple):
+        for i, inner in enumerate(value):
+            check_json(inner, f"{where}[{i}]")
+        return
+    raise TypeError(
+        f"{where} is of type {type_name(value)}: give JSON values (str, int, float, bool, None, lists and dicts "
+        "of them); convert it first (a datetime with .isoformat(), a numpy number with .item())"
+    )
+
+
 def items_call(collection: str, items: Sequence[ItemLike], wait: bool) -> Call[ItemsAck]:
-    bodies = [item_body(i) for i in items]
+    bodies = [item_body(item, f"items[{i}]") for i, item in enumerate(items)]
     return Call(
         "POST",
         path(collection, "items"),
@@ -277,8 +339,8 @@ def content_of(response: httpx.Response) -> Content:
 
 
 def ndjson_lines(items: Iterable[ItemLike]) -> Iterator[bytes]:
-    for item in items:
-        yield json.dumps(item_body(item), separators=(",", ":")).encode() + b"\n"
+    for i, item in enumerate(items):
+        yield json.dumps(item_body(item, f"items[{i}]"), separators=(",", ":")).encode() + b"\n"
 
 
 def file_chunks(p: Path, size: int = 1 << 20) -> Callable[[], Iterator[bytes]]:
@@ -294,6 +356,34 @@ async def aiterate(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
     """A body of blocks read in turn (a file's, small reads) for httpx's async client."""
     for block in chunks:
         yield block
+
+
+# The server refuses a POST .../items body over MEMSTORE_API_MAX_BODY_BYTES, 64 MiB by default
+# (memstore/settings.py, docs/api.md "Limits"), however few items it holds: half of it leaves room
+# for a server set somewhat lower.
+MAX_BATCH_BYTES = 32 * 1024 * 1024
+
+
+def item_batches(
+    items: Iterable[ItemLike], size: int, max_bytes: int = MAX_BATCH_BYTES
+) -> Iterator[list[dict[str, Any]]]:
+    """Items as their bodies, at most ``size`` a batch, a batch cut before its JSON (encoded as httpx
+    encodes it) would pass ``max_bytes``. An item larger than that alone goes alone: the server says
+    what it makes of it."""
+    empty = len(b'{"items":[]}')
+    batch: list[dict[str, Any]] = []
+    used = empty
+    for i, item in enumerate(items):
+        body = item_body(item, f"items[{i}]")
+        encoded = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        cost = len(encoded.encode("utf-8")) + 1  # the comma before it
+        if batch and (len(batch) >= size or used + cost > max_bytes):
+            yield batch
+            batch, used = [], empty
+        batch.append(body)
+        used += cost
+    if batch:
+        yield batch
 
 
 def chunked(items: Iterable[T], size: int) -> Iterator[list[T]]:

@@ -25,6 +25,7 @@ from memstore_client import (
     RetryPolicy,
     SearchResult,
     ServiceUnavailableError,
+    _core,
 )
 
 from tests.api.api_helpers import make_image
@@ -384,3 +385,143 @@ def test_a_vector_json_cannot_carry_is_refused_before_sending_with_its_place(ms:
     with pytest.raises(ValueError, match=r"^vector\[0\] is -inf"):
         ms.add_items(name, [{"external_id": "c", "vector": [-inf, 0.0, 0.0, 1.0]}])
     assert ms.get_collection(name).items == 0
+
+
+def test_deletes_by_ids_are_retried_after_a_broken_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Deleting named items twice deletes nothing more; deleting by a filter may (items written meanwhile)."""
+    monkeypatch.setattr("tenacity.nap.time.sleep", lambda _s: None)
+    for by in ({"external_ids": ["a", "b"]}, {"ids": [1, 2]}):
+        client, seen = _mocked([httpx.ReadTimeout("slow")])
+        with pytest.raises(ConnectionFailedError):
+            client.delete_items("c", **by)
+        assert len(seen) == 5, by
+    client, seen = _mocked([httpx.ReadTimeout("slow")])
+    with pytest.raises(ConnectionFailedError):
+        client.delete_items("c", filter={"tag": "old"})
+    assert len(seen) == 1
+
+
+def _listing(request: httpx.Request) -> httpx.Response:
+    """Two pages of items as a server behind a proxy at /api answers them: its ``next`` holds /api."""
+    after = int(request.url.params.get("after", "0"))
+    last = min(after + 2, 4)
+    items = [{"id": i, "external_id": f"e{i}", "status": "ready"} for i in range(after + 1, last + 1)]
+    page: dict[str, Any] = {"items": items, "next": None, "next_after": None}
+    if last < 4:
+        page |= {"next": f"/api/v1/collections/c/items?limit=2&after={last}", "next_after": last}
+    return httpx.Response(200, json=page)
+
+
+def test_iter_items_pages_on_the_clients_own_path_behind_a_proxy() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return _listing(request)
+
+    with Client("http://proxy/api", transport=httpx.MockTransport(handler)) as client:
+        assert [i.external_id for i in client.iter_items("c", page_size=2, status="ready")] == ["e1", "e2", "e3", "e4"]
+    assert [r.url.path for r in seen] == ["/api/v1/collections/c/items"] * 2
+    assert seen[1].url.params["after"] == "2" and seen[1].url.params["status"] == "ready"
+
+    async def walk() -> list[str]:
+        async with AsyncClient("http://proxy/api", transport=httpx.MockTransport(handler)) as client:
+            return [i.external_id async for i in client.iter_items("c", page_size=2)]
+
+    seen.clear()
+    assert asyncio.run(walk()) == ["e1", "e2", "e3", "e4"]
+    assert [r.url.path for r in seen] == ["/api/v1/collections/c/items"] * 2
+
+
+def _acks(request: httpx.Request) -> httpx.Response:
+    items = json.loads(request.content)["items"]
+    acks = [{"id": i, "external_id": it["external_id"], "status": "ready", "change": "created"}
+            for i, it in enumerate(items)]  # fmt: skip
+    return httpx.Response(200, json={"items": acks})
+
+
+def test_add_many_ends_a_batch_before_its_body_passes_the_byte_budget() -> None:
+    """350 texts of 224k characters are 78 MB: under the 500-item batch size but over the server's
+    64 MiB body limit (a 413 and nothing stored); the batches stay under 32 MiB each."""
+    sizes: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sizes.append(len(request.content))
+        return _acks(request)
+
+    text = "word " * 44_800
+    items = [{"external_id": f"t{i}", "text": text, "vector": [1.0, 0.0]} for i in range(350)]
+    with Client("http://memstore.test", transport=httpx.MockTransport(handler)) as client:
+        acks = client.add_many("c", items)
+    assert [a.external_id for a in acks] == [f"t{i}" for i in range(350)]
+    assert len(sizes) == 3 and max(sizes) <= _core.MAX_BATCH_BYTES, sizes
+
+    async def send() -> int:
+        async with AsyncClient("http://memstore.test", transport=httpx.MockTransport(handler)) as client:
+            return len(await client.add_many("c", items))
+
+    sizes.clear()
+    assert asyncio.run(send()) == 350 and len(sizes) == 3 and max(sizes) <= _core.MAX_BATCH_BYTES
+    # An item over the budget alone still goes, alone: the server answers for it.
+    small = [{"external_id": "a", "text": "a"}, {"external_id": "big", "text": "b" * 2000}, {"external_id": "c"}]
+    batches = list(_core.item_batches(small, 500, max_bytes=1000))
+    assert [[b["external_id"] for b in batch] for batch in batches] == [["a"], ["big"], ["c"]]
+
+
+def test_upload_many_takes_one_metadata_object_for_every_file() -> None:
+    forms: list[bytes] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        forms.append(request.read())
+        count = request.content.count(b'name="files"')
+        return httpx.Response(200, json={"items": [{"id": i, "external_id": f"f{i}", "status": "pending",
+                                                    "change": "created"} for i in range(count)]})  # fmt: skip
+
+    files = [("a.png", b"1"), ("b.png", b"2"), ("c.png", b"3")]
+    with Client("http://memstore.test", transport=httpx.MockTransport(handler)) as client:
+        assert len(client.upload_many("c", files, metadata={"album": "x"}, batch_size=2)) == 3
+        assert len(client.upload_many("c", files, metadata=[{"n": 1}, {"n": 2}, {"n": 3}], batch_size=2)) == 3
+    assert len(forms) == 4
+    assert all(b'{"album": "x"}' in form for form in forms[:2])
+    assert b'[{"n": 1}, {"n": 2}]' in forms[2] and b'[{"n": 3}]' in forms[3]
+
+    async def upload() -> int:
+        async def ahandler(request: httpx.Request) -> httpx.Response:
+            await request.aread()
+            return handler(request)
+
+        async with AsyncClient("http://memstore.test", transport=httpx.MockTransport(ahandler)) as client:
+            return len(await client.upload_many("c", files, metadata={"album": "y"}, batch_size=2))
+
+    forms.clear()
+    assert asyncio.run(upload()) == 3 and all(b'{"album": "y"}' in form for form in forms)
+
+
+def test_an_item_json_cannot_carry_is_refused_before_sending_with_its_place() -> None:
+    import math
+    import uuid
+    from datetime import datetime
+
+    import numpy as np
+
+    client, seen = _mocked([httpx.Response(500)])
+    refused: list[tuple[dict[str, Any], type[Exception], str]] = [
+        ({"external_id": 7}, TypeError, r"^items\[1\]\.external_id is of type int: an external id is a string"),
+        ({"external_id": uuid.uuid4()}, TypeError, r"^items\[1\]\.external_id is of type uuid\.UUID"),
+        ({"metadata": {1: "a"}}, TypeError, r"^items\[1\]\.metadata has the key 1 of type int: keys must be strings"),
+        ({"metadata": {"when": datetime(2024, 1, 1)}}, TypeError,
+         r'^items\[1\]\.metadata\["when"\] is of type datetime\.datetime: .*\.isoformat\(\)'),
+        ({"metadata": {"n": [1, np.int64(2)]}}, TypeError,
+         r'^items\[1\]\.metadata\["n"\]\[1\] is of type numpy\.int64'),
+        ({"metadata": {"x": math.nan}}, ValueError, r'^items\[1\]\.metadata\["x"\] is nan: JSON has no number'),
+        ({"metadata": {"s": "a\udc80"}}, ValueError, r'^items\[1\]\.metadata\["s"\] holds a lone surrogate'),
+        ({"text": "caf\ud800"}, ValueError, r"^items\[1\]\.text holds a lone surrogate \('\\ud800' at 3\)"),
+        ({"metadata": ["a"]}, TypeError, r"^items\[1\]\.metadata is of type list: metadata is a dict"),
+    ]  # fmt: skip
+    for fields, error, message in refused:
+        bad = {"external_id": "b", "vector": [1.0, 2.0], **fields}
+        with pytest.raises(error, match=message):
+            client.add_items("c", [{"external_id": "a", "vector": [1.0, 2.0]}, bad])
+    with pytest.raises(TypeError, match=r'^items\[0\]\.metadata\["when"\] is of type datetime'):
+        client.add_items("c", [ItemIn(external_id="a", vector=[1.0], metadata={"when": datetime(2024, 1, 1)})])
+    assert seen == []
