@@ -65,17 +65,17 @@ def check_metadata(value: Any) -> dict[str, Any]:
     return value
 
 
-def _encode(value: Any, where: str) -> str:
+def _encode(value: Any, where: str) -> bytes:
+    """``value`` as UTF-8 JSON: its size is what PostgreSQL stores, so a text in any script has the
+    same room as ASCII (an escaped form would count an accented letter as 6 bytes, an emoji as 12)."""
     try:
-        encoded = json.dumps(value, allow_nan=False, ensure_ascii=True)
+        encoded = json.dumps(value, allow_nan=False, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInputError(f"{where} contains text that is not valid Unicode (a lone surrogate)") from None
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"{where} is not valid JSON: {exc}") from None
     except RecursionError:
         raise InvalidInputError(f"{where} is nested too deeply") from None
-    try:
-        json.dumps(value, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidInputError(f"{where} contains text that is not valid Unicode (a lone surrogate)") from None
     if has_nul(value):
         raise InvalidInputError(f"{where} may not contain NUL characters (PostgreSQL's jsonb refuses them)")
     return encoded

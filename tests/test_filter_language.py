@@ -546,3 +546,21 @@ def test_keys_are_split_within_the_filter_s_size_before_it_is_encoded() -> None:
     assert len(folded.params) == 1 and next(iter(folded.params.values())).obj == {
         "exif": {f"k{i}": [i] for i in range(MAX_FILTER_CLAUSES + 10)}
     }
+
+
+def test_constants_fold_so_a_filter_for_everything_compiles_to_true() -> None:
+    for everything in ({}, {"$or": [{}, {"x": 1}]}, {"$not": {"$not": {}}}, {"$and": [{}, {"$or": [{"y": 2}, {}]}]}):
+        assert compile_filter(everything).where.as_string() == "TRUE", everything
+    assert compile_filter({"$not": {}}).where.as_string() == "FALSE"
+    assert (
+        compile_filter({"$or": [{"x": 1}, {"$not": {}}]}).where.as_string()
+        == compile_filter({"x": 1}).where.as_string()
+    )
+    assert compile_filter({"x": {"$in": []}}).where.as_string() == "FALSE"
+    assert compile_filter({"$not": {"x": {"$in": []}}}).where.as_string() == "TRUE"
+
+
+def test_integers_past_pythons_digits_for_text_are_refused() -> None:
+    assert compile_filter({"n": {"$gt": 10**4000}}).params  # exact, as numeric
+    with pytest.raises(InvalidInputError, match="digits"):
+        compile_filter({"n": {"$gt": 10**5000}})

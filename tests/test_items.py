@@ -187,7 +187,7 @@ def test_bulk_upsert_uses_copy_binary(store: VectorStore, coll: str) -> None:
     with store.db.write() as conn:
         # pg_class lists the temporary tables of every session of this database.
         copies = conn.execute(
-            "SELECT count(*) FROM pg_class WHERE relname = 'memstore_stage2' AND relpersistence = 't'"
+            "SELECT count(*) FROM pg_class WHERE relname = 'memstore_stage3' AND relpersistence = 't'"
         ).fetchone()
     assert copies is not None and copies[0] >= 1
 

@@ -456,3 +456,35 @@ def test_a_keyword_change_that_stopped_half_way_is_finished_or_undone(
         ).fetchall()
     at = keywords.version(changed)
     assert [t[0] for t in triggers] == sorted(f"memstore_kw_v{at}_{e}" for e in ("delete", "insert", "update"))
+
+
+def test_keyword_fields_name_nested_fields_as_filters_do(store: VectorStore, collection_name: str) -> None:
+    """A dotted name is a path into nested metadata, ``\\.`` keeps a dot in a key, and a key that
+    starts with "[" is still a key; the same at creation and after an online change."""
+    rng = np.random.default_rng(17)
+    metadata = [
+        {"image": {"camera": {"model": "zebra-x100"}}},
+        {"price.usd": "walrus"},
+        {"[odd": "narwhal"},
+        {"image": "pelican"},  # not under the path: no keyword
+        {"image.camera": {"model": "ocelot"}},  # the literal dotted key is not the path
+    ]
+    fields = ("image.camera.model", "price\\.usd", "[odd")
+    store.create_collection(name=collection_name, dimensions=4, text_fields=fields)
+    items = [ItemIn(vector=rng.normal(size=4), external_id=str(i), metadata=m) for i, m in enumerate(metadata)]
+    store.upsert_items(collection=collection_name, items=items)
+
+    def found(text: str) -> list[str]:
+        return [r.external_id for r in store.search(collection=collection_name, text=text, mode="keyword", k=5)]
+
+    expected = {"zebra": ["0"], "walrus": ["1"], "narwhal": ["2"], "pelican": [], "ocelot": []}
+    assert {word: found(word) for word in expected} == expected
+    store.set_keywords(collection=collection_name, text_fields=["image", "image\\.camera.model"], grace_s=0)
+    assert {w: found(w) for w in ("zebra", "pelican", "ocelot", "walrus")} == {
+        "zebra": ["0"],
+        "pelican": ["3"],
+        "ocelot": ["4"],
+        "walrus": [],
+    }
+    with pytest.raises(InvalidInputError, match="empty name"):
+        store.set_keywords(collection=collection_name, text_fields=["image..camera"])

@@ -90,6 +90,12 @@ def check_text(rt: Runtime, text: str, where: str) -> None:
 
 async def store_json_items(rt: Runtime, c: Collection, items: Sequence[ItemBody], *, wait: bool) -> IngestAnswer:
     vector_idx, text_idx = split_json_items(rt, c, items)
+    # The last occurrence of an external id wins, whether it and the earlier ones are texts to embed
+    # or vectors (written by two paths, so the earlier ones are dropped here); each earlier one is
+    # acknowledged as the row stored.
+    last: dict[str | None, int] = {it.external_id: i for i, it in enumerate(items) if it.external_id is not None}
+    vector_idx = [i for i in vector_idx if last.get(items[i].external_id, i) == i]
+    text_idx = [i for i in text_idx if last.get(items[i].external_id, i) == i]
     acks: dict[int, ItemAck] = {}
     if vector_idx:
         batch = [
@@ -115,7 +121,7 @@ async def store_json_items(rt: Runtime, c: Collection, items: Sequence[ItemBody]
         ]
         for i, ack in zip(text_idx, await enqueue(rt, c, pending, wait=wait), strict=True):
             acks[i] = ack
-    return outcome([acks[i] for i in range(len(items))])
+    return outcome([acks[i] if i in acks else acks[last[items[i].external_id]] for i in range(len(items))])
 
 
 async def _room_in_tail(rt: Runtime, c: Collection) -> None:

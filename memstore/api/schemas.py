@@ -585,3 +585,7 @@ class SearchOut(BaseModel):
 
 class SearchBatchOut(BaseModel):
     results: list[list[SearchHit]] = Field(description="One list of hits per search, in the order sent.")
+    groups: list[list[SearchGroup] | None] | None = Field(
+        default=None,
+        description="When a search has group_by: each search's groups, in the order sent (null for one without).",
+    )

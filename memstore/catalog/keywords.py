@@ -1,7 +1,8 @@
 """Keyword search: what a collection's keyword index holds, and how it is kept, searched and changed.
 
 An item's keywords are the words of its text, its original file name (``metadata.filename``) and the
-string and number values of the metadata fields its collection lists in ``text_fields``, parsed by
+string and number values of the metadata fields its collection lists in ``text_fields`` (a key, or a
+dotted path to a nested field as a filter names it: ``image.camera``), parsed by
 the collection's text-search configuration (``language``: ``simple`` by default, so identifiers and
 any language match as written; ``english`` and PostgreSQL's other configurations stem and drop stop
 words). ``memstore_keywords(text, metadata, fields, config)`` (migrations 0006 and 0011) computes them:
@@ -39,6 +40,7 @@ amount; the search statement's timeout bounds the rest (``MEMSTORE_SEARCH_TIMEOU
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable
@@ -48,6 +50,7 @@ import psycopg
 from psycopg import sql
 
 from memstore.catalog.collections import Collection
+from memstore.catalog.field_paths import split_names
 from memstore.db import online_ddl
 from memstore.errors import InvalidInputError
 
@@ -88,8 +91,18 @@ def expression(language: str, text_fields: tuple[str, ...] | list[str], *, ocr: 
     """The keywords of a row of a collection's table (unqualified columns), as its side table holds them."""
     seen = sql.SQL(", ocr_text") if ocr else sql.SQL("")
     return sql.SQL("memstore_keywords(text, metadata, {fields}::text[], {cfg}::regconfig{seen})").format(
-        fields=sql.Literal(list(text_fields)), cfg=sql.Literal(language), seen=seen
+        fields=sql.Literal([function_field(f) for f in text_fields]), cfg=sql.Literal(language), seen=seen
     )
+
+
+def function_field(name: str) -> str:
+    """A listed field as ``memstore_keywords`` reads it (revision 0015): a key as it is; a path
+    (``image.camera``, ``field_paths.split_names``) as the JSON array of its keys, and so a key that
+    starts with "[" too, which the function would otherwise try to read as one."""
+    names = split_names(name, "text_fields")
+    if len(names) == 1 and not names[0].startswith("["):
+        return names[0]
+    return json.dumps(list(names), ensure_ascii=False)
 
 
 _IDENTIFIER = re.compile(r"\S*[^\w\s]\S*")
@@ -135,10 +148,8 @@ def _statements(
     ]
     if index:
         out.append(_index_definition(index_name(c, at), side, concurrently=False))
-    args = sql.SQL(", ").join(
-        sql.Literal(v)
-        for v in (side, language, "{" + ",".join(_array_item(f) for f in text_fields) + "}", "ocr" if ocr else "")
-    )
+    fields = "{" + ",".join(_array_item(function_field(f)) for f in text_fields) + "}"
+    args = sql.SQL(", ").join(sql.Literal(v) for v in (side, language, fields, "ocr" if ocr else ""))
     for event, name in _trigger_names(at).items():
         rows = "OLD TABLE AS old_rows" if event == "DELETE" else "NEW TABLE AS new_rows"
         if event == "UPDATE":
@@ -272,6 +283,7 @@ def check_text_fields(value: Any) -> tuple[str, ...]:
                 f"text_fields[{i}] must be a field name of 1 to {MAX_FIELD_NAME} characters without NUL or %, "
                 f"not {name!r:.80}"
             )
+        split_names(name, f"text_fields[{i}]")  # a dotted name is a path, as in a filter
         if name in out:
             raise InvalidInputError(f"text_fields names {name!r} twice")
         out.append(name)

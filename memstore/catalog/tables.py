@@ -18,10 +18,15 @@ def metadata_index_name(c: Collection) -> str:
     return f"{c.table_name}_metadata"
 
 
+def id_sequence(c: Collection) -> str:
+    """The name of the sequence that gives the collection's rows their ids (its table's default)."""
+    return f"{c.table_name}_id_seq"
+
+
 def create_table_statements(c: Collection) -> list[sql.Composed]:
     """DDL for a new, empty collection (so a plain CREATE INDEX is fine: there is nothing to lock out)."""
     table = c.table
-    seq = sql.Identifier(f"{c.table_name}_id_seq")
+    seq = sql.Identifier(id_sequence(c))
     columns = sql.SQL(
         """
         id           bigint NOT NULL DEFAULT nextval({seq_text}),
@@ -40,7 +45,7 @@ def create_table_statements(c: Collection) -> list[sql.Composed]:
         created_at   timestamptz NOT NULL DEFAULT now(),
         updated_at   timestamptz NOT NULL DEFAULT now()
         """
-    ).format(seq_text=sql.Literal(f"{c.table_name}_id_seq"), dims=sql.Literal(c.dimensions))
+    ).format(seq_text=sql.Literal(id_sequence(c)), dims=sql.Literal(c.dimensions))
     hnsw_with = sql.SQL("WITH (m = {m}, ef_construction = {ef})").format(
         m=sql.Literal(c.hnsw_m), ef=sql.Literal(c.hnsw_ef_construction)
     )

@@ -188,8 +188,10 @@ def _forget_dead_handles(server_class: Any, pgdata: Path) -> None:
 def _ensure_database(conn: psycopg.Connection[Any], database: str) -> None:
     exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone()
     if not exists:
-        # Another process may win the race; its database is as good as ours.
-        with suppress(psycopg.errors.DuplicateDatabase):
+        # Another process may win the race; its database is as good as ours. Which error the loser
+        # gets depends on when it looks: the name taken (DuplicateDatabase), or the catalog's unique
+        # index meeting the other's row not yet committed (UniqueViolation).
+        with suppress(psycopg.errors.DuplicateDatabase, psycopg.errors.UniqueViolation):
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
 
 

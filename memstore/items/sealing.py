@@ -31,7 +31,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from memstore.catalog import registry, segments
+from memstore.catalog import registry, segments, tables
 from memstore.catalog.collections import Collection
 from memstore.catalog.segments import Graph, Layout
 from memstore.db import locks, online_ddl
@@ -257,7 +257,7 @@ class Sealer:
                 return True
             row = conn.execute(
                 "SELECT pg_sequence_last_value(%s::regclass)",
-                (sql.Identifier(f"{c.table_name}_id_seq").as_string(conn),),
+                (sql.Identifier(tables.id_sequence(c)).as_string(conn),),
             ).fetchone()
         last = int(row[0]) if row and row[0] is not None else 0
         if last - layout.watermark > self._bound():

@@ -11,6 +11,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from memstore.catalog.collections import Collection
+from memstore.catalog.tables import id_sequence
 from memstore.models import Item
 from memstore.queue import jobs
 
@@ -37,16 +38,21 @@ _UPSERT_TAIL = """
         coalesce(old.embedding = new.embedding AND old.text IS NOT DISTINCT FROM new.text
                  AND old.content IS NULL AND old.status = 'ready', false) AS metadata_only
 """
-_UPSERT_ONE = "INSERT INTO {} AS t (external_id, embedding, metadata, text, status) VALUES (%s, %s, %s, %s, 'ready')"
-# memstore_stage2: the staging table's second shape (with the text); a session that made the first
-# one before an upgrade keeps it, so the new shape needs a new name.
+# The id: the one given out for the row's place in the request, or for a batch of one the default.
+_UPSERT_ONE = (
+    "INSERT INTO {} AS t (id, external_id, embedding, metadata, text, status) "
+    "VALUES (coalesce(%s, nextval({})), %s, %s, %s, %s, 'ready')"
+)
+# memstore_stage3: the staging table's third shape (with the text, then the id); a session that made
+# an earlier one before an upgrade keeps it, so each new shape needs a new name. Rows are staged in
+# the order they are written, which the INSERT keeps (a sequential scan of a table filled once).
 _STAGE = (
-    "CREATE TEMP TABLE IF NOT EXISTS memstore_stage2 (external_id text, embedding vector, metadata jsonb, text text) "
-    "ON COMMIT DELETE ROWS"
+    "CREATE TEMP TABLE IF NOT EXISTS memstore_stage3 "
+    "(id bigint, external_id text, embedding vector, metadata jsonb, text text) ON COMMIT DELETE ROWS"
 )
 _UPSERT_FROM_STAGE = (
-    "INSERT INTO {} AS t (external_id, embedding, metadata, text, status) "
-    "SELECT external_id, embedding, metadata, text, 'ready' FROM memstore_stage2"
+    "INSERT INTO {} AS t (id, external_id, embedding, metadata, text, status) "
+    "SELECT id, external_id, embedding, metadata, text, 'ready' FROM memstore_stage3"
 )
 
 Returned = dict[str, tuple[int, Any]]
@@ -63,6 +69,19 @@ def _collect(rows: Sequence[tuple[Any, ...]]) -> Returned:
         eid: (int(rid), "created" if inserted else "metadata" if metadata_only else "updated")
         for rid, eid, inserted, metadata_only in rows
     }
+
+
+def _ids_in_request_order(conn: psycopg.Connection[Any], c: Collection, unique: list[int]) -> dict[int, int | None]:
+    """An id from the collection's sequence for each row of ``unique``, given out in the order of
+    the rows' places in the request (their indices), so that a batch's new items are listed in the
+    order they were sent while the rows are written in another. An INSERT ... ON CONFLICT takes a
+    sequence value for every row it proposes, an existing one too; so does this."""
+    if len(unique) == 1:
+        return {unique[0]: None}  # one row: the table's default, in the INSERT itself
+    taken = conn.execute(
+        sql.SQL("SELECT nextval({}) FROM generate_series(1, %s)").format(sql.Literal(id_sequence(c))), (len(unique),)
+    ).fetchall()
+    return dict(zip(sorted(unique), (int(r[0]) for r in taken), strict=True))
 
 
 def _forget_queued(conn: psycopg.Connection[Any], c: Collection, returned: Returned) -> None:
@@ -82,21 +101,24 @@ def upsert(
     *,
     bulk: bool,
 ) -> Returned:
-    """Upsert rows ``unique`` (indices into ids/matrix/metas/texts); ``bulk`` stages them with COPY
-    BINARY first."""
+    """Upsert rows ``unique`` (indices into ids/matrix/metas/texts), in that order; ``bulk`` stages
+    them with COPY BINARY first. A new row's id follows its place in the request whatever the order
+    rows are written in (``_ids_in_request_order``)."""
+    row_ids = _ids_in_request_order(conn, c, unique)
     with conn.cursor() as cur:
         if bulk:
             cur.execute(_STAGE)
             with cur.copy(
-                "COPY memstore_stage2 (external_id, embedding, metadata, text) FROM STDIN (FORMAT BINARY)"
+                "COPY memstore_stage3 (id, external_id, embedding, metadata, text) FROM STDIN (FORMAT BINARY)"
             ) as copy:
-                copy.set_types(["text", "vector", "jsonb", "text"])
+                copy.set_types(["int8", "text", "vector", "jsonb", "text"])
                 for i in unique:
-                    copy.write_row((ids[i], matrix[i], Jsonb(metas[i]), texts[i]))
+                    copy.write_row((row_ids[i], ids[i], matrix[i], Jsonb(metas[i]), texts[i]))
             rows = cur.execute(sql.SQL(_UPSERT_FROM_STAGE + _UPSERT_TAIL).format(c.table)).fetchall()
         else:
-            query = sql.SQL(_UPSERT_ONE + _UPSERT_TAIL).format(c.table)
-            cur.executemany(query, [(ids[i], matrix[i], Jsonb(metas[i]), texts[i]) for i in unique], returning=True)
+            query = sql.SQL(_UPSERT_ONE + _UPSERT_TAIL).format(c.table, sql.Literal(id_sequence(c)))
+            params = [(row_ids[i], ids[i], matrix[i], Jsonb(metas[i]), texts[i]) for i in unique]
+            cur.executemany(query, params, returning=True)
             rows = []
             while True:
                 rows.extend(cur.fetchall())

@@ -86,6 +86,7 @@ import calendar
 import json
 import math
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -107,6 +108,9 @@ from memstore.errors import InvalidInputError
 from memstore.inputs import MAX_FILTER_BYTES, MAX_FILTER_DEPTH, has_nul
 
 MAX_FILTER_CLAUSES = 64
+# The two constant conditions, compared by identity when conditions are joined (``_join``).
+TRUE = sql.SQL("TRUE")
+FALSE = sql.SQL("FALSE")
 MAX_LIST_VALUES = 512
 
 # "json": true, false, null, arrays and objects, which only $eq/$ne/$in/$nin take.
@@ -420,7 +424,7 @@ class _Compiler:
         """The field equals one of ``values``, or is an array with an element that does: ``$eq``'s one
         operand (at ``path``), or the ``listed`` values of ``$in`` (at ``path[i]``)."""
         if not values:
-            return sql.SQL("FALSE")
+            return FALSE
 
         def where(i: int) -> _Path:
             return path.item(i) if listed else path
@@ -523,10 +527,15 @@ class _Compiler:
 
     def typed_value(self, operand: Any, kind: Kind, path: _Path) -> Any:
         if kind == "number":
-            if not math.isfinite(operand):
+            if isinstance(operand, float) and not math.isfinite(operand):
                 raise InvalidInputError(f"{path}: {operand} is not a JSON number")
-            # repr is the shortest text that reads back as the same float: what JSON carries.
-            return Decimal(repr(operand)) if isinstance(operand, float) else Decimal(operand)
+            # repr is the shortest text that reads back as the same float: what JSON carries. An
+            # integer of any size is one (jsonb keeps it exactly), within Python's digits for text.
+            try:
+                return Decimal(repr(operand)) if isinstance(operand, float) else Decimal(operand)
+            except ValueError:
+                digits = sys.get_int_max_str_digits()
+                raise InvalidInputError(f"{path}: an integer of more than {digits} digits") from None
         if kind == "timestamp":
             return parse_timestamp(operand)
         if len(operand) > MAX_KEYWORD_LENGTH:
@@ -632,8 +641,7 @@ def _check_encoding(value: Mapping[str, Any]) -> None:
     """Valid JSON that PostgreSQL's jsonb takes, within MAX_FILTER_BYTES (the structure is checked
     first, so the depth here is bounded)."""
     try:
-        encoded = json.dumps(value, allow_nan=False, ensure_ascii=True)
-        json.dumps(value, ensure_ascii=False).encode("utf-8")
+        encoded = json.dumps(value, allow_nan=False, ensure_ascii=False).encode("utf-8")  # the size stored
     except UnicodeEncodeError:
         raise InvalidInputError("filter: contains text that is not valid Unicode (a lone surrogate)") from None
     except (TypeError, ValueError) as exc:
@@ -658,18 +666,27 @@ def _some_element(value: sql.Composable, condition: sql.Composable) -> sql.Compo
 
 
 def _negate(condition: sql.Composable) -> sql.Composable:
+    if condition is TRUE or condition is FALSE:
+        return FALSE if condition is TRUE else TRUE
     # A typed comparison is NULL where it does not apply (missing field, another type); NOT NULL
     # would be NULL again, so a negation asks "not true" instead.
     return sql.SQL("({}) IS NOT TRUE").format(condition)
 
 
 def _all(conditions: list[sql.Composable]) -> sql.Composable:
-    if not conditions:
-        return sql.SQL("TRUE")
     return _join(conditions, "AND")
 
 
 def _join(conditions: list[sql.Composable], word: str) -> sql.Composable:
+    """The conditions joined by AND or OR, the constants folded: a filter that holds for every item
+    however it is spelt (``{"$or": [{}, ...]}``, ``{"$not": {"$not": {}}}``) compiles to ``TRUE``,
+    which is what a delete by filter refuses."""
+    absorbing, neutral = (FALSE, TRUE) if word == "AND" else (TRUE, FALSE)
+    if any(c is absorbing for c in conditions):
+        return absorbing
+    conditions = [c for c in conditions if c is not neutral]
+    if not conditions:
+        return neutral
     if len(conditions) == 1:
         return conditions[0]
     return sql.SQL("(") + sql.SQL(f" {word} ").join(conditions) + sql.SQL(")")

@@ -239,8 +239,14 @@ def group_values(metadata: dict[str, Any], names: tuple[str, ...]) -> list[Any]:
     return list(value) if isinstance(value, list) else [value]
 
 
-def _group_key(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+def _group_key(value: Any) -> tuple[str, Any]:
+    """One key per value as a filter tells values apart: 1 and 1.0 are one number (an equality
+    filter matches both), true is not 1, an object or a list is its JSON with sorted keys."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return type(value).__name__, value
+    if isinstance(value, int | float):
+        return "number", value
+    return "json", json.dumps(value, sort_keys=True, ensure_ascii=False)
 
 
 def group_window(groups: int, size: int) -> int:
@@ -265,7 +271,7 @@ def grouped(
     without the field belong to no group). ``metadata(hit)`` reads a hit's metadata (results of the
     store, or hits as the API renders them)."""
     names = split_names(field, "group_by")
-    out: dict[str, Group[H]] = {}
+    out: dict[tuple[str, Any], Group[H]] = {}
     for hit in hits:
         for value in group_values(metadata(hit), names):
             key = _group_key(value)

@@ -3,7 +3,7 @@ field, filtered) and counts."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -260,7 +260,7 @@ class ItemReadsPart(CollectionsPart):
         with self.db.read() as conn:
             rows = conn.execute(
                 sql.SQL("SELECT external_id, id FROM {} WHERE external_id = ANY(%s)").format(c.table),
-                ([str(e) for e in external_ids],),
+                (storable_external_ids(external_ids),),
             ).fetchall()
         return {str(e): int(i) for e, i in rows}
 
@@ -295,3 +295,9 @@ class ItemReadsPart(CollectionsPart):
                 raise InvalidInputError(f"id must be an integer, not {id!r}")
             return "id = %s", id
         return "external_id = %s", external_id
+
+
+def storable_external_ids(external_ids: Iterable[Any]) -> list[str]:
+    """The external ids an item could have, of those asked for: one holding a NUL (which no stored
+    text can, and which PostgreSQL refuses even in a comparison) names no item, so it is not sent."""
+    return [e for e in map(str, external_ids) if "\x00" not in e]

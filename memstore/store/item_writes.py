@@ -22,6 +22,7 @@ from memstore.catalog import segments
 from memstore.catalog.collections import (
     Collection,
 )
+from memstore.db import retrying
 from memstore.errors import (
     CollectionNotFoundError,
     InvalidInputError,
@@ -34,7 +35,7 @@ from memstore.items.vectors import as_matrix, as_vector
 from memstore.models import Item, ItemIn, UpsertResult
 from memstore.queue import jobs
 from memstore.search.filter_language import compile_filter
-from memstore.store.item_reads import ItemReadsPart
+from memstore.store.item_reads import ItemReadsPart, storable_external_ids
 
 # Above this many items an upsert goes through COPY ... FORMAT BINARY into a staging table.
 COPY_THRESHOLD = 32
@@ -124,19 +125,24 @@ class ItemWritesPart(ItemReadsPart):
         metas = [check_metadata(it.metadata) for it in items]
         texts = [check_item_text(it.text, f"items[{i}].text") for i, it in enumerate(items)]
         last = {eid: i for i, eid in enumerate(ids)}
-        unique = sorted(last.values())
+        # Rows are written in external id order, whatever the request's: two batches that share ids
+        # then take their row locks in one order and wait for each other instead of deadlocking. A
+        # deadlock with another kind of writer (a text batch) rolls the transaction back whole, so it
+        # runs again.
+        unique = sorted(last.values(), key=ids.__getitem__)
         try:
-            with self.db.write() as conn:
-                returned = item_sql.upsert(
-                    conn, c, ids, matrix, metas, texts, unique, bulk=len(unique) > COPY_THRESHOLD
-                )
-                missing = [ids[i] for i in unique if ids[i] not in returned]
-                if missing:
-                    for row_id, eid in conn.execute(
-                        sql.SQL("SELECT id, external_id FROM {} WHERE external_id = ANY(%s)").format(c.table),
-                        (missing,),
-                    ):
-                        returned[eid] = (int(row_id), "unchanged")
+            for attempt in retrying.deadlocks(attempts=jobs.DEADLOCK_RETRIES + 1):
+                with attempt, self.db.write() as conn:
+                    returned = item_sql.upsert(
+                        conn, c, ids, matrix, metas, texts, unique, bulk=len(unique) > COPY_THRESHOLD
+                    )
+                    missing = [ids[i] for i in unique if ids[i] not in returned]
+                    if missing:
+                        for row_id, eid in conn.execute(
+                            sql.SQL("SELECT id, external_id FROM {} WHERE external_id = ANY(%s)").format(c.table),
+                            (missing,),
+                        ):
+                            returned[eid] = (int(row_id), "unchanged")
         except psycopg.errors.UndefinedTable:
             self.forget_collection(c.name)
             raise CollectionNotFoundError(c.name) from None
@@ -198,8 +204,8 @@ class ItemWritesPart(ItemReadsPart):
 
             def write(batch: list[ItemIn]) -> None:
                 written = self._write_items(c, batch)
-                with counting:
-                    counts.update(r.status for r in written)
+                with counting:  # an external id the batch names twice is one row written
+                    counts.update({r.external_id: r.status for r in written}.values())
                     bar.update(len(batch))
 
             deferred = bulk_load.defers(c, size, rows_now, self.settings)
@@ -245,7 +251,7 @@ class ItemWritesPart(ItemReadsPart):
         sets: list[str] = ["updated_at = now()"]
         params: list[Any] = []
         if metadata is not None:
-            sets.append("metadata = metadata || %s" if merge_metadata else "metadata = %s")
+            sets.append("metadata = %s")
             params.append(Jsonb(check_metadata(metadata)))
         if vector is not None:
             sets += ["embedding = %s", "status = 'ready'", "error = NULL"]
@@ -256,6 +262,15 @@ class ItemWritesPart(ItemReadsPart):
             "UPDATE {} SET " + ", ".join(sets) + " WHERE " + where + " RETURNING " + item_sql.ITEM_COLUMNS
         ).format(c.table)
         with self.db.write() as conn:
+            if metadata is not None and merge_metadata:
+                # Merged here, under the row's lock, so that the result is held to the limits a
+                # stored item's metadata is (merges one after another would grow it without bound).
+                held = conn.execute(
+                    sql.SQL("SELECT metadata FROM {} WHERE " + where + " FOR UPDATE").format(c.table), [value]
+                ).fetchone()
+                if held is None:
+                    raise ItemNotFoundError(collection, id if id is not None else str(external_id))
+                params[0] = Jsonb(_merged_metadata(held[0], metadata))
             row = conn.cursor(row_factory=dict_row).execute(query, [*params, value]).fetchone()
             if row is not None and vector is not None:
                 # The vector given supersedes an embedding still queued for this item (a worker
@@ -288,7 +303,7 @@ class ItemWritesPart(ItemReadsPart):
         elif ids is not None:
             clause, params = sql.SQL("id = ANY(%(ids)s)"), {"ids": [int(i) for i in ids]}
         else:
-            clause, params = sql.SQL("external_id = ANY(%(ids)s)"), {"ids": [str(e) for e in external_ids or ()]}
+            clause, params = sql.SQL("external_id = ANY(%(ids)s)"), {"ids": storable_external_ids(external_ids or ())}
         # The rows are locked in id order first, as every writer of items and queue rows takes them
         # (a DELETE alone locks in scan order, which could deadlock with an enqueue of the same items).
         statement = sql.SQL(
@@ -308,3 +323,12 @@ class ItemWritesPart(ItemReadsPart):
         )
         if n == 0:
             raise ItemNotFoundError(collection, id if id is not None else str(external_id))
+
+
+def _merged_metadata(stored: dict[str, Any] | None, patch: dict[str, Any]) -> dict[str, Any]:
+    """jsonb's ``stored || patch`` for two objects (the patch's top-level keys replace the stored
+    ones), checked as a whole."""
+    try:
+        return check_metadata({**(stored or {}), **patch})
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"merged into the stored metadata, the {exc.args[0]}") from None

@@ -49,7 +49,7 @@ _PARTS = (
 _NOTHING = "body IS NULL AND coalesce(cardinality(fields), 0) = 0 AND (metadata IS NULL OR NOT metadata ? 'filename')"
 
 
-def _function(arguments: str, nothing: str, parts: list[str]) -> str:
+def _function(arguments: str, nothing: str, parts: list[str], fields: str = _FIELDS) -> str:
     return f"""
     CREATE OR REPLACE FUNCTION memstore_keywords({arguments})
     RETURNS tsvector LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
@@ -58,17 +58,26 @@ def _function(arguments: str, nothing: str, parts: list[str]) -> str:
     BEGIN
         IF {nothing} THEN
             RETURN ''::tsvector;
-        END IF;{_FIELDS}
+        END IF;{fields}
         RETURN {" || ".join(parts)};
     END
     $$
     """
 
 
-def upgrade() -> None:
+def definitions(fields: str = _FIELDS) -> list[str]:
+    """The four-argument function and the five-argument one (with the text read in an image), their
+    listed fields read by ``fields`` (revision 0015 reads paths)."""
     four = "body text, metadata jsonb, fields text[], config regconfig"
-    op.execute(_function(four, _NOTHING, [_NAMED, _BODY, _PARTS]))
-    op.execute(_function(f"{four}, seen text", f"{_NOTHING} AND seen IS NULL", [_NAMED, _BODY, _SEEN, _PARTS]))
+    return [
+        _function(four, _NOTHING, [_NAMED, _BODY, _PARTS], fields),
+        _function(f"{four}, seen text", f"{_NOTHING} AND seen IS NULL", [_NAMED, _BODY, _SEEN, _PARTS], fields),
+    ]
+
+
+def upgrade() -> None:
+    for definition in definitions():
+        op.execute(definition)
 
 
 def _revision(filename: str) -> ModuleType:

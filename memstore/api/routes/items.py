@@ -297,6 +297,11 @@ class _Order:
     descending: bool
     cursor: str | None
 
+    def __post_init__(self) -> None:
+        if self.field is None and self.descending and self.cursor is None:
+            # Silently answering in ascending id order would look like the newest-first page asked for.
+            raise InvalidInputError("order: desc orders by order_by; without it a listing is in id order, ascending")
+
 
 def _order_by_parameter(text: str | None) -> str | list[str] | None:
     """The ``order_by`` query parameter: JSON when it starts with ``[`` or ``"`` (the keys to a nested

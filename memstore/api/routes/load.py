@@ -25,7 +25,9 @@ SPOOL_IN_MEMORY = 8 * 1024 * 1024  # larger bodies go to disk
 
 
 class LoadOut(BaseModel):
-    rows: int = Field(description="Lines loaded (created + updated + unchanged).")
+    rows: int = Field(
+        description="Rows written (created + updated + unchanged; lines of a batch naming one external id: one row)."
+    )
     created: int
     updated: int
     unchanged: int

@@ -266,9 +266,9 @@ def _answer(
 def _grouped(out: dict[str, Any], field: str, groups: int, size: int) -> dict[str, Any]:
     """The hits of a grouped search as groups, and as the flat list of the hits the groups hold."""
     listed = grouped(out["results"], field, groups, size, metadata=lambda h: h["metadata"])
-    flat = {id(h): h for g in listed for h in g}  # group by group; a hit in several (a list) once
+    kept = {id(h) for g in listed for h in g}  # a hit in several groups (a list) once, in rank order
     return {
-        "results": list(flat.values()),
+        "results": [h for h in out["results"] if id(h) in kept],
         "groups": [{"value": g.value, "hits": list(g)} for g in listed],
     }
 
@@ -434,12 +434,17 @@ async def search_batch(request: Request, name: str) -> JSONResponse:
     rt = runtime(request)
     authorize(await key_from_header(request), name)
     batch = await bodies.read_json(request, SearchBatch)
-    answers = []
+    answers, groups = [], []
     for i, one in enumerate(batch.searches):
         try:
-            answers.append((await execute(rt, name, one, json_image(one)))["results"])
+            out = await execute(rt, name, one, json_image(one))
         except Exception as exc:
             problem = from_exception(exc)
             problem.detail = f"searches[{i}]: {problem.detail}"
             raise problem from exc
-    return JSONResponse({"results": answers}, media_type="application/json")
+        answers.append(out["results"])
+        groups.append(out.get("groups"))
+    body: dict[str, Any] = {"results": answers}
+    if any(g is not None for g in groups):
+        body["groups"] = groups
+    return JSONResponse(body, media_type="application/json")
