@@ -55,6 +55,7 @@ class SearchResult:
     metadata: dict[str, Any]
     vector_rank: int | None = None
     keyword_rank: int | None = None
+    has_original: bool = True  # a file or a text to download; an item stored as a bare vector has none
 
     def __init__(
         self,
@@ -65,6 +66,7 @@ class SearchResult:
         metadata: dict[str, Any],
         vector_rank: int | None = None,
         keyword_rank: int | None = None,
+        has_original: bool = True,
     ) -> None:
         # What the frozen dataclass's own __init__ does (one object.__setattr__ per field, looked up
         # each time), through the slots' setters fetched once: every search builds one per hit, and
@@ -76,6 +78,7 @@ class SearchResult:
         _SET_METADATA(self, metadata)
         _SET_VECTOR_RANK(self, vector_rank)
         _SET_KEYWORD_RANK(self, keyword_rank)
+        _SET_HAS_ORIGINAL(self, has_original)
 
     @property
     def ranks(self) -> dict[str, int | None]:
@@ -90,6 +93,7 @@ class SearchResult:
     _SET_METADATA,
     _SET_VECTOR_RANK,
     _SET_KEYWORD_RANK,
+    _SET_HAS_ORIGINAL,
 ) = (SearchResult.__dict__[f.name].__set__ for f in fields(SearchResult))
 
 

@@ -216,3 +216,27 @@ def test_a_benchmark_s_scratch_folder_stops_its_server_before_it_is_removed() ->
     assert result["stopped_before_exit"]
     assert not Path(result["folder"]).exists()
     assert "Failed to stop server" not in done.stderr
+
+
+@pytest.mark.parametrize("error", [psycopg.errors.DuplicateDatabase, psycopg.errors.UniqueViolation])
+def test_a_database_another_process_made_first_is_taken_as_ours(error: type[Exception]) -> None:
+    """Two processes starting on a new data folder at once (``memstore serve`` and a CLI command) both
+    see no database and both create it; the loser's error says so in one of two ways."""
+    from memstore.db.embedded import _ensure_database
+
+    class Racing:
+        def __init__(self) -> None:
+            self.statements: list[str] = []
+
+        def execute(self, statement: object, params: object = None) -> Racing:
+            self.statements.append(str(statement))
+            if "CREATE DATABASE" in repr(statement):
+                raise error("the other process won")
+            return self
+
+        def fetchone(self) -> None:
+            return None  # the database did not exist when this one looked
+
+    racing = Racing()
+    _ensure_database(racing, "memstore")  # type: ignore[arg-type]
+    assert len(racing.statements) == 2

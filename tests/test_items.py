@@ -242,3 +242,19 @@ def test_a_vector_written_by_hand_is_not_overwritten_by_a_queued_embedding(
         assert jobs.counts(conn, c)["pending"] == 0
     item = store.get_item(collection=collection_name, id=done.id, with_vector=True)
     assert item.status == "ready" and item.vector is not None and item.vector.tolist() == [1.0, 2.0, 3.0]
+
+
+@pytest.mark.parametrize("n", [3, COPY_THRESHOLD + 5])
+def test_new_items_get_ids_in_the_order_they_were_sent(store: VectorStore, coll: str, n: int) -> None:
+    """Rows are written in external id order (so that batches sharing ids lock them in one order), but
+    ids follow the request: a listing in id order is the order the items were sent in."""
+    sent = _items(n)[::-1]  # e{n-1}, ..., e1, e0: against the external ids' order
+    sent.insert(1, ItemIn(vector=np.ones(8), external_id=sent[0].external_id))  # a repeat: the last wins
+    results = store.upsert_items(collection=coll, items=sent)
+    ids = {r.external_id: r.id for r in results}
+    order = list(dict.fromkeys(it.external_id for it in sent))
+    assert [ids[e] for e in order] == sorted(ids.values())
+    assert [it.external_id for it in store.list_items(collection=coll)] == order
+    # An update keeps its id; new ones in the same batch still follow the request.
+    again = store.upsert_items(collection=coll, items=[*_items(2, prefix="z")[::-1], _items(1, seed=9)[0]])
+    assert again[1].id > again[0].id > max(ids.values()) and again[2].id == ids["e0"]

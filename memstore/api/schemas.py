@@ -569,7 +569,7 @@ class SearchHit(BaseModel):
     distance: float | None = Field(description="To the query vector; null in a keyword search.")
     ranks: HitRanks
     metadata: dict[str, Any]
-    content_url: str
+    content_url: str | None = Field(description="The stored original (file or text); null for a bare vector.")
     vector: list[float] | None = Field(default=None, description="With with_vector: the stored vector.")
 
 

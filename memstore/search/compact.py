@@ -20,7 +20,7 @@ from psycopg import sql
 from memstore.catalog import index_spec as specs
 from memstore.catalog.collections import Collection
 from memstore.compact import projection as proj
-from memstore.search.statements import SearchSettings
+from memstore.search.statements import SearchSettings, original_of
 
 
 def settings(*, ef_search: int, max_scan_tuples: int) -> SearchSettings:
@@ -39,8 +39,8 @@ def statement(c: Collection, spec: specs.IndexSpec, *, where: sql.Composable | N
     rows matching ``where`` (a compiled filter on ``metadata``, ``memstore.search.filter_language``)."""
     inner = candidates_statement(c, spec, where=where)
     return sql.SQL(
-        "WITH c AS MATERIALIZED ({inner}) SELECT id, external_id, metadata, distance FROM c ORDER BY distance, id "
-        "LIMIT %(k)s"
+        "WITH c AS MATERIALIZED ({inner}) SELECT id, external_id, metadata, distance, original FROM c "
+        "ORDER BY distance, id LIMIT %(k)s"
     ).format(inner=inner)
 
 
@@ -72,7 +72,9 @@ def _candidates(
     exact_op = sql.SQL(specs.order_operator("full", metric))
     compact_op = sql.SQL(specs.order_operator(representation, metric))
     t = sql.Identifier(table)
-    select = sql.SQL("SELECT m.id, m.external_id, m.metadata, m.embedding {eop} %(q)s AS distance").format(eop=exact_op)
+    select = sql.SQL("SELECT m.id, m.external_id, m.metadata, m.embedding {eop} %(q)s AS distance, {original}").format(
+        eop=exact_op, original=sql.SQL(original_of("m"))
+    )
     # The filter names the bare column metadata: the side table has none, so it is m's.
     filtered = matching is not None
     where = sql.SQL("m.embedding IS NOT NULL") + (

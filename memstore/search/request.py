@@ -176,10 +176,11 @@ def _weights(value: Weights | dict[str, float] | None) -> Weights:
 def results(c: Collection, q: SearchQuery, rows: list[tuple[Any, ...]]) -> list[SearchResult]:
     """A search's rows as results, best first.
 
-    Vector rows are (id, external_id, metadata, distance): the first ``offset`` are skipped here and
-    the score is the metric's similarity. Keyword and hybrid rows also carry their score and both
-    ranks. A row whose distance is not a number (a zero vector stored in a cosine collection before
-    such vectors were refused) is near nothing: a vector search leaves it out."""
+    Vector rows are (id, external_id, metadata, distance, original): the first ``offset`` are skipped
+    here and the score is the metric's similarity. Keyword and hybrid rows carry their score and both
+    ranks before ``original`` (``statements.original_of``). A row whose distance is not a number (a
+    zero vector stored in a cosine collection before such vectors were refused) is near nothing: a
+    vector search leaves it out."""
     out: list[SearchResult] = []
     if q.mode == "vector":
         spec = c.space(q.using).spec  # looked up once for every row; its score computed inline
@@ -187,11 +188,11 @@ def results(c: Collection, q: SearchQuery, rows: list[tuple[Any, ...]]) -> list[
         for rank, r in enumerate(rows[q.offset : q.window], start=q.offset + 1):
             d = float(r[3])
             if finite(d):
-                out.append(SearchResult(r[0], r[1], d, sign * d + offset, r[2], rank, None))
+                out.append(SearchResult(r[0], r[1], d, sign * d + offset, r[2], rank, None, r[4]))
     else:
         for r in rows:
             distance = None if r[3] is None or not math.isfinite(r[3]) else float(r[3])
-            out.append(SearchResult(r[0], r[1], distance, float(r[4]), r[2], r[5], r[6]))
+            out.append(SearchResult(r[0], r[1], distance, float(r[4]), r[2], r[5], r[6], r[7]))
     if q.score_threshold is not None:
         out = [r for r in out if r.score >= q.score_threshold]
     return out

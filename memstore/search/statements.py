@@ -216,19 +216,21 @@ def _build(
 ) -> sql.Composed:
     op = sql.SQL(operator)
     columns = sql.SQL("id" if ids_only else "id, external_id, metadata")
+    # A hit's own columns after its distance: whether it has an original to download.
+    flag, flagged = (sql.SQL(""), sql.SQL("")) if ids_only else (sql.SQL(", " + ORIGINAL), sql.SQL(", original"))
     nearest = sql.SQL(
-        "SELECT {columns}, embedding {op} %(q)s AS distance FROM {t} WHERE {where} "
+        "SELECT {columns}, embedding {op} %(q)s AS distance{flag} FROM {t} WHERE {where} "
         "ORDER BY embedding {op} %(q)s LIMIT {limit}"
     )
     t = sql.Identifier(table)
     count = sql.SQL("%(k)s") if limit is None else sql.Literal(limit)
     if exact or graphs is None:
-        inner = nearest.format(columns=columns, op=op, t=t, where=_rows(where), limit=count)
+        inner = nearest.format(columns=columns, op=op, t=t, where=_rows(where), limit=count, flag=flag)
         if exact:
             return inner
         return sql.SQL(
-            "WITH c AS MATERIALIZED ({inner}) SELECT {columns}, distance FROM c ORDER BY distance + 0"
-        ).format(inner=inner, columns=columns)
+            "WITH c AS MATERIALIZED ({inner}) SELECT {columns}, distance{flagged} FROM c ORDER BY distance + 0"
+        ).format(inner=inner, columns=columns, flagged=flagged)
     # One branch per graph and one for the tail (pgvector's scan of a partial index, then the
     # primary key's range and a sort): the k nearest of the union are among their k nearest each.
     branches = [
@@ -239,13 +241,15 @@ def _build(
                 t=t,
                 where=sql.SQL("{} AND {}").format(_rows(where), segments.range_predicate(lo, hi)),
                 limit=count,
+                flag=flag,
             )
         )
         for lo, hi in segments.parts(graphs)
     ]
     return sql.SQL(
-        "WITH c AS MATERIALIZED ({union}) SELECT {columns}, distance FROM c ORDER BY distance + 0 LIMIT {limit}"
-    ).format(union=sql.SQL(" UNION ALL ").join(branches), columns=columns, limit=count)
+        "WITH c AS MATERIALIZED ({union}) SELECT {columns}, distance{flagged} FROM c "
+        "ORDER BY distance + 0 LIMIT {limit}"
+    ).format(union=sql.SQL(" UNION ALL ").join(branches), columns=columns, limit=count, flagged=flagged)
 
 
 def space_search_statement(
@@ -256,14 +260,31 @@ def space_search_statement(
     keeps pgvector's iterative scan going until enough items pass, as on the item table itself."""
     op = sql.SQL(space.spec.operator)
     inner = sql.SQL(
-        "SELECT t.id, t.external_id, t.metadata, s.embedding {op} %(q)s AS distance "
+        "SELECT t.id, t.external_id, t.metadata, s.embedding {op} %(q)s AS distance, {original} "
         "FROM {side} s JOIN {t} t ON t.id = s.id WHERE {where} ORDER BY s.embedding {op} %(q)s LIMIT %(k)s"
-    ).format(op=op, side=sql.Identifier(space.table_name), t=c.table, where=where or sql.SQL("TRUE"))
+    ).format(
+        op=op,
+        side=sql.Identifier(space.table_name),
+        t=c.table,
+        where=where or sql.SQL("TRUE"),
+        original=sql.SQL(original_of("t")),
+    )
     if exact:
         return inner
     return sql.SQL(
-        "WITH c AS MATERIALIZED ({inner}) SELECT id, external_id, metadata, distance FROM c ORDER BY distance + 0"
+        "WITH c AS MATERIALIZED ({inner}) SELECT id, external_id, metadata, distance, original FROM c "
+        "ORDER BY distance + 0"
     ).format(inner=inner)
+
+
+def original_of(alias: str | None = None) -> str:
+    """Whether a row has an original to download (``GET .../items/{id}/content``): its file or its
+    text; an item stored as a bare vector has none. Read from the null bitmap: no value is fetched."""
+    at = f"{alias}." if alias else ""
+    return f"({at}text IS NOT NULL OR {at}content IS NOT NULL) AS original"
+
+
+ORIGINAL = original_of()
 
 
 def _rows(where: sql.Composable | None) -> sql.Composable:
@@ -282,22 +303,29 @@ def keyword_statement(c: Collection, text: str, *, where: sql.Composable | None)
     rank. The GIN index on the keywords finds the matches; only they are ranked."""
     return sql.SQL(
         "SELECT id, external_id, metadata, NULL::float8 AS distance, score, NULL::bigint AS vector_rank, "
-        "row_number() OVER (ORDER BY score DESC, id) + %(offset)s AS keyword_rank "
+        "row_number() OVER (ORDER BY score DESC, id) + %(offset)s AS keyword_rank, original "
         "FROM ({matches} ORDER BY score DESC, id LIMIT %(k)s OFFSET %(offset)s) AS m ORDER BY score DESC, id"
-    ).format(matches=_keyword_matches(c, text, where, sql.SQL("id, external_id, metadata")))
+    ).format(matches=_keyword_matches(c, text, where, sql.SQL("id, external_id, metadata"), hit=True))
 
 
-def _keyword_matches(c: Collection, text: str, where: sql.Composable | None, columns: sql.Composable) -> sql.Composed:
+def _keyword_matches(
+    c: Collection, text: str, where: sql.Composable | None, columns: sql.Composable, *, hit: bool = False
+) -> sql.Composed:
     """The rows whose stored keywords (``memstore.catalog.keywords``: the side table, joined by id) match
     ``%(text)s``, each with its ``ts_rank_cd`` score: at most ``keywords.RANK_LIMIT`` of them, taken as
-    the index finds them after the filter, so a word in every item ranks a bounded number."""
+    the index finds them after the filter, so a word in every item ranks a bounded number. ``hit``:
+    with ``original`` after the columns, as a search's hits carry it."""
     query = keywords.query(c, text)
+    inner, outer = columns, columns
+    if hit:
+        inner, outer = sql.SQL("{}, " + ORIGINAL).format(columns), sql.SQL("{}, original").format(columns)
     return sql.SQL(
-        "SELECT {columns}, ts_rank_cd(words, {query})::float8 AS score FROM ("
-        "SELECT {columns}, words FROM {t} JOIN {side} AS k USING (id) WHERE words @@ {query} AND {rows} "
+        "SELECT {outer}, ts_rank_cd(words, {query})::float8 AS score FROM ("
+        "SELECT {inner}, words FROM {t} JOIN {side} AS k USING (id) WHERE words @@ {query} AND {rows} "
         "LIMIT {cap}) AS ranked"
     ).format(
-        columns=columns,
+        outer=outer,
+        inner=inner,
         query=query,
         t=c.table,
         side=keywords.table(c),
@@ -335,8 +363,15 @@ def hybrid_statement(
         "coalesce(%(wv)s / ({rrf} + vr.r), 0) + coalesce(%(wk)s / ({rrf} + kr.r), 0) AS score "
         "FROM vr FULL JOIN kr ON vr.id = kr.id ORDER BY score DESC, id LIMIT %(hits)s OFFSET %(offset)s) "
         "SELECT f.id, t.external_id, t.metadata, {distance} AS distance, f.score::float8, "
-        "f.vector_rank, f.keyword_rank FROM fused f JOIN {t} t ON t.id = f.id ORDER BY f.score DESC, f.id"
-    ).format(nearest=nearest, matches=matches, rrf=sql.Literal(RRF_K), distance=distance, t=c.table)
+        "f.vector_rank, f.keyword_rank, {original} FROM fused f JOIN {t} t ON t.id = f.id ORDER BY f.score DESC, f.id"
+    ).format(
+        nearest=nearest,
+        matches=matches,
+        rrf=sql.Literal(RRF_K),
+        distance=distance,
+        t=c.table,
+        original=sql.SQL(original_of("t")),
+    )
 
 
 def duplicates_statement(c: Collection) -> sql.Composed:

@@ -192,3 +192,29 @@ def test_external_ids_with_nul_name_no_item(client: httpx.Client, collection_nam
     r = client.post(f"{base}/items/delete", json={"external_ids": ["a\x00b"]})
     assert r.status_code == 200 and r.json()["deleted"] == 0, r.text
     assert client.post(f"{base}/items/delete", json={"external_ids": ["h", "a\x00b"]}).json()["deleted"] == 1
+
+
+def test_a_hit_links_to_an_original_only_where_there_is_one(client: httpx.Client, collection_name: str) -> None:
+    assert client.post("/v1/collections", json={"name": collection_name}).status_code == 201
+    base = f"/v1/collections/{collection_name}"
+    items = [
+        {"external_id": "bare", "vector": [0.1] * 64},
+        {"external_id": "noted", "vector": [0.2] * 63 + [0.3], "text": "kettle"},
+        {"external_id": "texted", "text": "kettle descaler"},
+    ]
+    assert client.post(f"{base}/items?wait=true", json={"items": items}).status_code == 201
+    searches = {
+        "vector": {"vector": [0.1] * 64, "exact": True},
+        "hybrid": {"text": "kettle"},
+        "keyword": {"text": "kettle", "mode": "keyword"},
+    }
+    for mode, search in searches.items():
+        r = client.post(f"{base}/search", json={**search, "k": 5})
+        assert r.status_code == 200, r.text
+        urls = {h["external_id"]: h["content_url"] for h in r.json()["results"]}
+        assert urls.pop("bare", None) is None, mode
+        assert urls and all(u and u.endswith("/content") for u in urls.values()), (mode, urls)
+        for url in urls.values():
+            assert client.get(url).status_code == 200
+    batch = client.post(f"{base}/search/batch", json={"searches": [searches["vector"]]}).json()
+    assert {h["external_id"]: h["content_url"] for h in batch["results"][0]}["bare"] is None

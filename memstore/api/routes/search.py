@@ -256,7 +256,7 @@ def _answer(
                 "distance": r.distance,
                 "ranks": r.ranks,
                 "metadata": r.metadata,
-                "content_url": content_url(name, r.id),
+                "content_url": content_url(name, r.id) if r.has_original else None,
             }
             for r in results
         ]
@@ -293,8 +293,8 @@ async def search(request: Request, name: str) -> JSONResponse:
     a ``text``'s keywords: ``mode`` ``vector``, ``keyword`` or ``hybrid`` (both lists fused; the default
     when there is a text and a vector can be had for it). ``filter`` keeps items whose metadata
     contains it; ``exact`` brute-forces the true nearest items. Each hit says where each list ranked
-    it (``ranks``) and links to its stored original (``content_url``; 404 for items stored as vectors
-    only). See docs/search.md."""
+    it (``ranks``) and links to its stored original (``content_url``; null for an item stored as a
+    bare vector). See docs/search.md."""
     rt = runtime(request)
     authorize(await key_from_header(request), name)
     body, image = await _parse(request, rt)
