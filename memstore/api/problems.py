@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from encoder import errors as enc
 from memstore import errors
@@ -108,12 +109,17 @@ def _loc(parts: Any) -> str:
 
 
 def validation_problem(errs: list[Any]) -> Problem:
-    items = [{"field": _loc(e.get("loc", ())), "message": str(e.get("msg", ""))} for e in errs[:20]]
+    # A model's own check (one that reads several fields, as vector_b64's) has no field: its message
+    # names what it is about. Pydantic puts "Value error, " before a ValueError's message.
+    items = [
+        {"field": _loc(e.get("loc", ())), "message": str(e.get("msg", "")).removeprefix("Value error, ")}
+        for e in errs[:20]
+    ]
     if any(e.get("type") in ("json_invalid", "json_type") for e in errs):
         first = errs[0]
         return Problem("malformed-request", f"the body is not valid JSON: {first.get('ctx', {}).get('error', '')}")
-    detail = "; ".join(f"{i['field']}: {i['message']}" for i in items[:5]) or "invalid request"
-    return Problem("invalid-input", detail, errors=items)
+    detail = "; ".join(f"{i['field']}: {i['message']}" if i["field"] else i["message"] for i in items[:5])
+    return Problem("invalid-input", detail or "invalid request", errors=items)
 
 
 def from_exception(exc: BaseException) -> Problem:
@@ -175,6 +181,21 @@ _HTTP_SLUGS = {
 }
 
 
+_METHODS = ("DELETE", "GET", "HEAD", "PATCH", "POST", "PUT")
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route takes on this path. Starlette's 405 names the methods of the first
+    route whose path matched (a path with a GET and a PUT route answered a DELETE with ``Allow: PUT``).
+    Each method is tried through the routes' own ``matches`` (included routers answer it too)."""
+    routes = request.app.router.routes
+    return [
+        method
+        for method in _METHODS
+        if any(route.matches({**request.scope, "method": method})[0] == Match.FULL for route in routes)
+    ]
+
+
 def install(app: FastAPI) -> None:
     async def on_problem(request: Request, exc: Exception) -> JSONResponse:
         return problem_response(request, from_exception(exc))
@@ -189,9 +210,13 @@ def install(app: FastAPI) -> None:
         detail = str(exc.detail)
         if exc.status_code == 404 and detail == "Not Found":
             detail = f"no route {request.method} {request.url.path}; the routes are listed at /docs"
+        headers = dict(exc.headers or {})
         if exc.status_code == 405:
             detail = f"{request.method} is not allowed on {request.url.path}"
-        return problem_response(request, Problem(slug, detail, status=exc.status_code, headers=dict(exc.headers or {})))
+            allowed = allowed_methods(request)
+            if allowed:
+                headers["Allow"] = ", ".join(allowed)
+        return problem_response(request, Problem(slug, detail, status=exc.status_code, headers=headers))
 
     # Class-specific handlers answer inside the app; only truly unexpected errors reach the
     # catch-all (Starlette's outermost middleware), which answers 500 and logs the traceback.

@@ -218,3 +218,20 @@ def test_a_hit_links_to_an_original_only_where_there_is_one(client: httpx.Client
             assert client.get(url).status_code == 200
     batch = client.post(f"{base}/search/batch", json={"searches": [searches["vector"]]}).json()
     assert {h["external_id"]: h["content_url"] for h in batch["results"][0]}["bare"] is None
+
+
+def test_a_405_names_every_method_of_the_path(client: httpx.Client, collection_name: str) -> None:
+    base = _vector_collection(client, collection_name)
+    r = client.request("DELETE", f"{base}/items/1/content")
+    problem(r, 405, "method-not-allowed")
+    assert r.headers["allow"] == "GET, PUT"
+    r = client.request("PUT", f"{base}/search/batch")
+    assert r.status_code == 405 and r.headers["allow"] == "POST"
+
+
+def test_what_cannot_apply_is_refused_and_named(client: httpx.Client, collection_name: str) -> None:
+    base = _vector_collection(client, collection_name)
+    body = problem(client.post(f"{base}/search", json={"vector": [1, 0, 0, 0], "group_size": 3}), 422, "invalid-input")
+    assert "group_by" in body["detail"]
+    body = problem(client.post(f"{base}/search", json={"vector_b64": "%%%"}), 422, "invalid-input")
+    assert body["detail"].startswith("vector_b64 is not valid base64"), body["detail"]

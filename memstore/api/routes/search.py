@@ -203,6 +203,8 @@ def check(body: SearchRequest, mode: str, vector: Any) -> SearchQuery:
     grouped search reads the ranked list deeper (``search_query.group_window``) and groups it after."""
     if body.group_by is not None and body.offset:
         raise Problem("invalid-input", "offset pages hits, not groups: leave it out with group_by")
+    if body.group_by is None and "group_size" in body.model_fields_set:
+        raise Problem("invalid-input", "group_size is the hits of each group: it needs group_by")
     if body.group_by is not None:
         split_names(body.group_by, "group_by")  # a field's name or a dotted path, checked before searching
     return check_query(
