@@ -18,6 +18,7 @@ on its own). It is never held past its decode: the memory a decode takes is what
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 import math
@@ -141,10 +142,29 @@ def _frames(data: bytes, img: Image.Image, limit: int) -> int:
     return 1
 
 
+@functools.cache
+def _pillow_orients_tiff() -> bool:
+    """Whether this Pillow turns a TIFF upright itself (Pillow 13 does: the size swapped at open, the
+    pixels turned as they load, every orientation), told by a 2 x 1 TIFF tagged "turn 90°"."""
+    buffer = io.BytesIO()
+    Image.new("L", (2, 1)).save(buffer, "TIFF", tiffinfo={0x0112: 6})
+    with Image.open(buffer) as probe:
+        return probe.size == (1, 2)
+
+
+def oriented_by_pillow(img: Image.Image) -> bool:
+    """Whether Pillow has turned this picture upright itself, so that its orientation tag must not be
+    applied a second time (a TIFF, with a Pillow that does: ``_pillow_orients_tiff``)."""
+    return img.format == "TIFF" and _pillow_orients_tiff()
+
+
 def _orientation(data: bytes, img: Image.Image) -> int:
-    """The EXIF orientation (1: upright). A PNG's EXIF is found by walking its chunks: Pillow's
-    getexif decodes the whole PNG to look for it after the pixel data."""
+    """The EXIF orientation still to apply (1: upright, or already made so by Pillow). A PNG's EXIF
+    is found by walking its chunks: Pillow's getexif decodes the whole PNG to look for it after the
+    pixel data."""
     try:
+        if oriented_by_pillow(img):
+            return 1
         if img.format == "PNG" and "exif" not in img.info:
             body = png_exif(data)
             if body is None:

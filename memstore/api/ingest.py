@@ -134,8 +134,11 @@ async def _room_in_tail(rt: Runtime, c: Collection) -> None:
         await asyncio.sleep(0.2)
 
 
-async def enqueue(rt: Runtime, c: Collection, pending: list[PendingItem], *, wait: bool) -> list[ItemAck]:
-    done = await run_in_threadpool(lambda: jobs.enqueue(rt.db, c, [with_facts(p) for p in pending]))
+async def enqueue(
+    rt: Runtime, c: Collection, pending: list[PendingItem], *, wait: bool, facts: bool = True
+) -> list[ItemAck]:
+    """Queue the items for embedding (``facts``: images get their photo facts, ``with_facts``)."""
+    done = await run_in_threadpool(lambda: jobs.enqueue(rt.db, c, [with_facts(p) if facts else p for p in pending]))
     if segments.segmented(c):
         rt.store.sealer.wrote(c)  # its tail grew: sealed once its rows are embedded
     acks = [ItemAck(id=d.id, external_id=d.external_id, status=d.status, change=d.change) for d in done]

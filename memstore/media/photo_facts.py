@@ -50,7 +50,7 @@ from typing import Any
 from PIL import Image
 
 from encoder.decode_budget import ALLOWED_FORMATS, SOF_MARKERS, png_exif
-from encoder.images import TRANSPOSED
+from encoder.images import TRANSPOSED, oriented_by_pillow
 from memstore.errors import InvalidInputError
 from memstore.inputs import check_metadata
 
@@ -132,7 +132,7 @@ class _Header:
         self.exif: bytes | None = None  # a TIFF structure, "Exif\0\0" first or not
         self.exif_image: Image.Image | None = None  # a TIFF file: its own first directory is the EXIF
         self.xmp: bytes | None = None
-        self.oriented = False  # the size is already as shown (Pillow turns a TIFF's at open)
+        self.oriented = False  # the size is already as shown (encoder.images.oriented_by_pillow)
 
 
 def _read(data: bytes) -> dict[str, Any]:
@@ -191,7 +191,7 @@ def _pillow_header(data: bytes, img: Image.Image) -> _Header:
         header.exif = exif
     elif img.format == "TIFF":
         header.exif_image = img
-        header.oriented = True
+        header.oriented = oriented_by_pillow(img)
     xmp = img.info.get("xmp") or img.info.get("XML:com.adobe.xmp")
     if xmp is None and img.format == "TIFF":
         xmp = getattr(img, "tag_v2", {}).get(700)

@@ -7,6 +7,7 @@ the script shows as text.
 
 from __future__ import annotations
 
+import codecs
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
@@ -56,11 +57,20 @@ async def _pending_item(rt: Runtime, upload: UploadFile, path: str | None) -> Pe
     if not is_text:
         data, ctype = await bodies.read_image(upload, filename, rt.encoder.image_options)
         return PendingItem(content=data, content_type=ctype, metadata=metadata)
-    raw = await upload.read(rt.api.max_text_chars * 4 + 1)  # UTF-8 takes at most 4 bytes a character
+    limit = rt.api.max_text_chars
+    raw = await upload.read(limit * 4 + 1)  # UTF-8 takes at most 4 bytes a character
+    cut = len(raw) > limit * 4
     try:
-        text = raw.decode("utf-8")
+        # A file read only in part may end inside a character: the decoder keeps those bytes back.
+        text = codecs.getincrementaldecoder("utf-8")().decode(raw, final=not cut)
     except UnicodeDecodeError:
         raise Problem("invalid-input", f"{filename}: not UTF-8 text") from None
+    if cut:
+        raise Problem(
+            "invalid-input",
+            f"{filename} has more than {limit} characters; the limit is {limit} (MEMSTORE_API_MAX_TEXT_CHARS)",
+            limit=limit,
+        )
     check_text(rt, text, filename)
     return PendingItem(text=text, metadata=metadata)
 

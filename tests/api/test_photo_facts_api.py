@@ -228,3 +228,22 @@ def test_api_uploads_get_their_facts_and_a_date_range_finds_them(client: httpx.C
     # The same file again: nothing changes.
     again = _upload(client, collection, files[:1])
     assert again.json()["items"][0]["change"] == "unchanged"
+
+
+def test_a_replaced_image_keeps_the_facts_it_had_whole(client: httpx.Client, collection: str) -> None:
+    """PUT .../content keeps the item's metadata, its `image` whole: the new picture's facts merged
+    into the old ones would describe neither picture. An item without `image` gets the new facts."""
+    plain = picture(size=(80, 40))  # no EXIF: its facts are its size alone
+    r = _upload(client, collection, [("plain.jpg", plain)])
+    assert r.status_code == 201, r.text
+    item = f"/v1/collections/{collection}/items/{r.json()['items'][0]['id']}"
+    before = client.get(item).json()["metadata"]
+    assert before["image"] == {"width": 80, "height": 40}
+    replaced = client.put(f"{item}/content?wait=true", files={"file": ("new.jpg", photo("2024:07:14 15:30:05", 45))})
+    assert replaced.status_code in (201, 202), replaced.text
+    assert client.get(item).json()["metadata"] == before
+    texts = client.post(f"/v1/collections/{collection}/items?wait=true", json={"items": [{"text": "a note"}]})
+    note = f"/v1/collections/{collection}/items/{texts.json()['items'][0]['id']}"
+    replaced = client.put(f"{note}/content?wait=true", files={"file": ("new.jpg", photo("2024:07:14 15:30:05", 46))})
+    assert replaced.status_code in (201, 202), replaced.text
+    assert client.get(note).json()["metadata"]["image"]["taken_at"] == "2024-07-14T15:30:05"

@@ -100,6 +100,30 @@ def test_exif_orientation_is_applied():
     assert np.array_equal(views_of(data), views_of(png.getvalue()))
 
 
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "TIFF"])
+@pytest.mark.parametrize("orientation", [3, 6, 8])
+def test_every_format_is_turned_upright_once(fmt: str, orientation: int) -> None:
+    """The picture as shown, whichever format carries the tag: Pillow turns a TIFF itself (13 and
+    later), which must not be turned a second time; JPEG and PNG are turned by the decoder."""
+    shown = Image.new("RGB", (40, 20), (255, 0, 0))
+    shown.paste((0, 0, 255), (20, 0, 40, 20))  # red left, blue right, as it is shown
+    undo = {3: Image.Transpose.ROTATE_180, 6: Image.Transpose.ROTATE_90, 8: Image.Transpose.ROTATE_270}
+    stored = shown.transpose(undo[orientation])  # what a camera writes, with the tag that turns it back
+    buf = io.BytesIO()
+    if fmt == "TIFF":
+        stored.save(buf, fmt, tiffinfo={0x0112: orientation})
+    else:
+        exif = Image.Exif()
+        exif[0x0112] = orientation
+        stored.save(buf, fmt, exif=exif, **({"quality": 95} if fmt == "JPEG" else {}))
+    probe = probe_image(buf.getvalue(), OPTS)
+    assert (probe.width, probe.height) == (40, 20)
+    png = io.BytesIO()
+    shown.save(png, "PNG")
+    # JPEG blurs the red/blue edge; a picture turned wrong differs on half of its pixels (a mean near 80).
+    assert np.abs(views_of(buf.getvalue()).astype(int) - views_of(png.getvalue()).astype(int)).mean() < 10
+
+
 def test_transparency_becomes_white_and_other_modes_become_rgb():
     clear = io.BytesIO()
     Image.new("RGBA", (20, 20), (0, 0, 0, 0)).save(clear, "PNG")

@@ -235,3 +235,21 @@ def test_the_bare_address_leads_to_the_pages(server) -> None:
         assert followed.url.path.startswith("/ui/") and followed.status_code == 200, followed.url
         assert "sign in" in followed.text.lower()
         assert anonymous.post("/").status_code == 405  # a redirect for reading only
+
+
+def test_a_long_text_file_is_refused_for_its_length_not_its_encoding(admin_page, api, ui_collection) -> None:
+    csrf = csrf_of(admin_page.get(f"/ui/c/{ui_collection}").text)
+    for name, body in (("emoji.txt", "😀" * 9000), ("ascii.txt", "a" * 40_000)):
+        r = admin_page.post(
+            f"/ui/c/{ui_collection}/upload",
+            files={"file": (name, body.encode(), "text/plain")},
+            headers={"X-CSRF-Token": csrf},
+        )
+        assert r.status_code == 422, r.text
+        assert "more than 8192 characters; the limit is 8192" in r.text, r.text
+    fits = admin_page.post(
+        f"/ui/c/{ui_collection}/upload",
+        files={"file": ("fits.txt", ("😀" * 8192).encode(), "text/plain")},
+        headers={"X-CSRF-Token": csrf},
+    )
+    assert fits.status_code == 200 and fits.json()["status"] == "pending", fits.text

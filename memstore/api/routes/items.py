@@ -37,6 +37,7 @@ from memstore.api.schemas import (
 from memstore.catalog.collections import Collection, validate_name
 from memstore.errors import InvalidInputError
 from memstore.inputs import MAX_FILTER_BYTES
+from memstore.media import photo_facts
 from memstore.models import Item
 from memstore.queue import jobs
 from memstore.queue.jobs import PendingItem
@@ -430,7 +431,10 @@ async def replace_content(request: Request, name: str, item_id: ItemId, key: Key
             raise Problem("invalid-input", "upload exactly one image in the form field 'file'")
         data, ctype = await bodies.read_image(files[0], "file", rt.encoder.image_options)
         new = PendingItem(content=data, content_type=ctype, external_id=item.external_id, metadata=item.metadata)
-    return _json_response(outcome(await enqueue(rt, c, [new], wait=wait)))
+    # The item keeps its metadata, and an `image` it holds whole: the old picture's facts, or the
+    # client's (the new picture's facts merged into them would describe neither picture).
+    facts = photo_facts.KEY not in (item.metadata or {})
+    return _json_response(outcome(await enqueue(rt, c, [new], wait=wait, facts=facts)))
 
 
 @router.delete("/{item_id}", status_code=204, summary="Delete one item")
