@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from PIL import Image
+from PIL import Image, PngImagePlugin
 
 from .errors import DecodeTimeoutError, DecompressionBombError, ImageRejectedError
 
@@ -49,6 +49,11 @@ log = logging.getLogger(__name__)
 
 Image.init()  # load every plugin once, so the allow-list below can name formats Pillow registers late
 # MPO: the multi-picture JPEG many cameras write. WEBP is left out if Pillow was built without it.
+# A PNG's text chunks are read at open, in every process that opens pictures (this module is where
+# they all start). Pillow refuses a file whose one chunk holds more than 1 MiB of text, and so
+# pictures that carry a large embedded document (an image generator's workflow); its bound on all of
+# a file's text together (MAX_TEXT_MEMORY, 64 MiB) is what limits the work, and stays.
+PngImagePlugin.MAX_TEXT_CHUNK = max(PngImagePlugin.MAX_TEXT_CHUNK, 16 * 1024 * 1024)
 ALLOWED_FORMATS = tuple(f for f in ("JPEG", "MPO", "PNG", "WEBP", "GIF", "BMP", "TIFF") if f in Image.OPEN)
 
 # Modes an image may open in. Others (LAB, HSV, signed or 32-bit variants) are refused.

@@ -124,6 +124,20 @@ def test_every_format_is_turned_upright_once(fmt: str, orientation: int) -> None
     assert np.abs(views_of(buf.getvalue()).astype(int) - views_of(png.getvalue()).astype(int)).mean() < 10
 
 
+def test_a_png_with_a_large_text_chunk_is_a_picture() -> None:
+    """An image generator's PNG carries its workflow in a text chunk, often over Pillow's 1 MiB."""
+    from PIL import PngImagePlugin
+
+    info = PngImagePlugin.PngInfo()
+    info.add_text("workflow", "{}" * 2_500_000, zip=True)
+    buf = io.BytesIO()
+    Image.new("RGB", (40, 20), (255, 0, 0)).save(buf, "PNG", pnginfo=info)
+    assert len(buf.getvalue()) < 100_000
+    probe = probe_image(buf.getvalue(), OPTS)
+    assert (probe.width, probe.height) == (40, 20)
+    assert views_of(buf.getvalue()).shape[-1] == 3
+
+
 def test_transparency_becomes_white_and_other_modes_become_rgb():
     clear = io.BytesIO()
     Image.new("RGBA", (20, 20), (0, 0, 0, 0)).save(clear, "PNG")
