@@ -488,3 +488,22 @@ def test_keyword_fields_name_nested_fields_as_filters_do(store: VectorStore, col
     }
     with pytest.raises(InvalidInputError, match="empty name"):
         store.set_keywords(collection=collection_name, text_fields=["image..camera"])
+
+
+def test_a_word_matches_however_its_characters_are_written(store: VectorStore, collection_name: str) -> None:
+    """Keywords and queries in one Unicode form (NFKC, migration 0016): a decomposed accent (what
+    macOS writes in file names), a ligature and full-width letters find and are found."""
+    rng = np.random.default_rng(19)
+    store.create_collection(name=collection_name, dimensions=4)
+    texts = {"nfd": "un cafe\u0301 noir", "lig": "the \ufb01sh market", "wide": "\uff33\uff2b\uff35-12"}
+    items = [ItemIn(vector=rng.normal(size=4), external_id=k, text=t) for k, t in texts.items()]
+    items.append(ItemIn(vector=rng.normal(size=4), external_id="file", metadata={"filename": "cafe\u0301 menu.jpg"}))
+    store.upsert_items(collection=collection_name, items=items)
+
+    def found(text: str) -> set[str]:
+        return {r.external_id for r in store.search(collection=collection_name, text=text, mode="keyword", k=5)}
+
+    assert found("caf\u00e9") == {"nfd", "file"}  # typed with one é
+    assert found("cafe\u0301") == {"nfd", "file"}  # and as the file name writes it
+    assert found("fish") == {"lig"} and found("\ufb01sh") == {"lig"}
+    assert found("SKU-12") == {"wide"}

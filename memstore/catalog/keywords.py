@@ -43,6 +43,7 @@ from __future__ import annotations
 import json
 import re
 import time
+import unicodedata
 from collections.abc import Callable
 from typing import Any
 
@@ -109,17 +110,32 @@ _IDENTIFIER = re.compile(r"\S*[^\w\s]\S*")
 
 
 def query(c: Collection, text: str) -> sql.Composed:
-    """The tsquery of ``%(text)s`` as a person would type it (quotes, ``or``, ``-word``). A single
-    token with punctuation (an identifier: ``SKU-88121-B``, ``shutil.copytree``) also matches as the
-    phrase of its parts, which is how the lowest-weight keywords hold it wherever the parser splits
-    it differently (``sku-88121-b.jpg`` is one file-name token, ``SKU-88121-B`` three)."""
-    typed = sql.SQL("websearch_to_tsquery({cfg}::regconfig, %(text)s)").format(cfg=sql.Literal(c.language))
+    """The tsquery of ``%(text)s`` as a person would type it (quotes, ``or``, ``-word``), in the
+    Unicode form the stored keywords are in (``%(text_nfkc)s``, ``query_params``; migration 0016). A
+    single token with punctuation (an identifier: ``SKU-88121-B``, ``shutil.copytree``) also matches
+    as the phrase of its parts, which is how the lowest-weight keywords hold it wherever the parser
+    splits it differently (``sku-88121-b.jpg`` is one file-name token, ``SKU-88121-B`` three). A text
+    whose form differs also matches as typed: the rows stored before keywords were normalised."""
+    cfg = sql.Literal(c.language)
+    typed = sql.SQL("websearch_to_tsquery({cfg}::regconfig, %(text_nfkc)s)").format(cfg=cfg)
+    if normal_form(text) != text:
+        typed = sql.SQL("({} || websearch_to_tsquery({cfg}::regconfig, %(text)s))").format(typed, cfg=cfg)
     if not _IDENTIFIER.fullmatch(text.strip()):
         return typed
-    parts = sql.SQL("phraseto_tsquery({cfg}::regconfig, regexp_replace(%(text)s, '[[:punct:]]+', ' ', 'g'))").format(
-        cfg=sql.Literal(c.language)
-    )
+    parts = sql.SQL(
+        "phraseto_tsquery({cfg}::regconfig, regexp_replace(%(text_nfkc)s, '[[:punct:]]+', ' ', 'g'))"
+    ).format(cfg=cfg)
     return sql.SQL("({} || {})").format(typed, parts)
+
+
+def normal_form(text: str) -> str:
+    """The Unicode form keywords are kept in: NFKC (``é`` one code point, ``ﬁ`` two letters)."""
+    return unicodedata.normalize("NFKC", text)
+
+
+def query_params(text: str) -> dict[str, str]:
+    """The parameters ``query`` names."""
+    return {"text": text, "text_nfkc": normal_form(text)}
 
 
 def _index_definition(name: str, side: str, *, concurrently: bool) -> sql.Composed:

@@ -50,6 +50,9 @@ SOURCE = "source"
 # --wait: how often the collection is polled, and how long OCR may read nothing before the wait ends.
 POLL_S = 0.5
 OCR_STALL_S = 60
+# What the server answers when one item of a request is bad (invalid input, an image it cannot read,
+# a file over its limit): it refuses the whole request, so such a batch is sent again item by item.
+ONE_BAD_ITEM = {413, 422}
 
 
 @dataclass
@@ -74,9 +77,15 @@ class Source:
         return self.sha256
 
     def load_text(self) -> str:
-        """A text item's text: a file's is read when it is sent (UnicodeDecodeError: not UTF-8)."""
+        """A text item's text: a file's is read when it is sent (UnicodeDecodeError: not UTF-8).
+
+        Decoded from the bytes, not read in text mode: universal newlines would store ``\\r\\n`` as
+        ``\\n``, a text other than the one ``size`` and ``sha256`` describe. The hash is taken from the
+        same read, so that a file edited meanwhile is not recorded with another version's hash."""
         if self.text is None and self.path is not None:
-            self.text = self.path.read_text(encoding="utf-8")
+            data = self.path.read_bytes()
+            self.sha256 = hashlib.sha256(data).hexdigest()
+            self.text = data.decode("utf-8")
         return self.text or ""
 
 
@@ -126,8 +135,9 @@ def is_image(path: Path) -> bool:
 
 
 def read_text(path: Path, where: str) -> str:
+    """A text file's text as it is (its line endings kept: see ``Source.load_text``)."""
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_bytes().decode("utf-8")
     except UnicodeDecodeError:
         raise SystemExit(
             f"memstore ingest: {where} is neither an image nor UTF-8 text; give a folder, a .jsonl file, "
@@ -170,9 +180,11 @@ def walk(
 
 
 def _jsonl(path: Path, extra: dict[str, Any]) -> Iterator[Source]:
-    with path.open(encoding="utf-8") as fh:
+    # In binary, lines end at \n only, as JSON Lines says: text mode would also end one at a lone \r.
+    with path.open("rb") as fh:
         try:
-            for n, line in enumerate(fh, 1):
+            for n, raw in enumerate(fh, 1):
+                line = raw.decode("utf-8")
                 if not line.strip():
                     continue
                 try:
@@ -342,6 +354,21 @@ class Client:
             return error
         except memstore_client.ConnectionFailedError as error:
             raise self._exit(error) from None
+
+    def deliver(
+        self, batch: list[Source]
+    ) -> list[tuple[list[Source], memstore_client.ItemsAck | memstore_client.APIError]]:
+        """A batch sent, as (items, answer) pairs: the batch and its answer, or, when the server refused
+        the batch for what one of its items holds, each item and its own answer, so that a bad file is
+        rejected alone, with its reason, and its neighbours are stored. One request an item, not a
+        search by halves: a refused batch is rare, and the server's answer may name one bad item of
+        several."""
+        import memstore_client
+
+        answer = self.send(batch)
+        if len(batch) > 1 and isinstance(answer, memstore_client.APIError) and answer.status in ONE_BAD_ITEM:
+            return [([s], self.send([s])) for s in batch]
+        return [(batch, answer)]
 
 
 def _filter_chunks(paths: list[str], budget: int = 12_000) -> Iterator[list[str]]:
@@ -526,33 +553,37 @@ def command(
         # An empty folder (a disk not mounted, a wrong path) never empties the collection.
         withheld = f"the folder has no files: the {len(plan.delete)} item(s) of {label} are not deleted"
         plan.delete = []
+    # Each item to send ends in one of: not sent (``not_sent``), or sent and counted by what the server
+    # did with it (created, updated, metadata, unchanged, rejected).
     counts = {"created": 0, "updated": 0, "metadata": 0, "unchanged": 0, "rejected": 0}
     errors: list[str] = []
     deleted = 0
     todo = plan.send
+    not_sent = blank = 0
     waited: dict[str, int | None] = {"pending": None, "ocr_pending": None}
     if not dry_run:
-        todo = _readable(todo, errors)
-        counts["rejected"] += len(plan.send) - len(todo)
+        todo, blank = _sendable(todo, errors)
+        not_sent = len(plan.send) - len(todo)
         queued = 0  # items this run left to embed
         images = 0  # and images among them, for OCR
         bar = tqdm(total=len(todo), unit="item", disable=no_progress, desc="upload", file=sys.stderr)
         batches = batches_of(todo, max(1, batch))
         with ThreadPoolExecutor(max(1, concurrency)) as pool:
-            for sent, answer in zip(batches, pool.map(client.send, batches), strict=True):
-                if isinstance(answer, memstore_client.ItemsAck):
-                    for item in answer.items:
-                        counts[item.change] = counts.get(item.change, 0) + 1
-                        if item.status == "pending":
-                            queued += 1
-                            images += sent[0].kind == "image"
-                elif answer.status in (401, 403):  # the key, not the items: no other batch would pass
-                    raise SystemExit(f"memstore ingest: {answer}")
-                else:
-                    counts["rejected"] += len(sent)
-                    rest = f" and {len(sent) - 1} more in its batch" if len(sent) > 1 else ""
-                    errors.append(f"{sent[0].external_id}{rest}: {answer}")
-                bar.update(len(sent))
+            for answers in pool.map(client.deliver, batches):
+                for sent, answer in answers:
+                    if isinstance(answer, memstore_client.ItemsAck):
+                        for item in answer.items:
+                            counts[item.change] = counts.get(item.change, 0) + 1
+                            if item.status == "pending":
+                                queued += 1
+                                images += sent[0].kind == "image"
+                    elif answer.status in (401, 403):  # the key, not the items: no other batch would pass
+                        raise SystemExit(f"memstore ingest: {answer}")
+                    else:
+                        counts["rejected"] += len(sent)
+                        rest = f" and {len(sent) - 1} more in its batch" if len(sent) > 1 else ""
+                        errors.append(f"{sent[0].external_id}{rest}: {answer}")
+                    bar.update(len(sent))
         bar.close()
         if plan.delete:
             deleted = client.delete(label, plan.delete)
@@ -570,6 +601,7 @@ def command(
         "ignored": len(ignored),
         "skipped": len(plan.unchanged),
         "sent": 0 if dry_run else len(todo),
+        "not_sent": not_sent,
         "new": len(plan.new),
         "changed": len(plan.changed),
         "adopted": len(plan.adopted),
@@ -609,7 +641,7 @@ def command(
             "tesseract-ocr tesseract-ocr-eng)? The server's log says why.",
             err=True,
         )
-    return 1 if counts["rejected"] or withheld else 0
+    return 1 if counts["rejected"] or not_sent > blank or withheld else 0
 
 
 def _report(summary: dict[str, Any], ignored: int) -> str:
@@ -626,6 +658,8 @@ def _report(summary: dict[str, Any], ignored: int) -> str:
         f"{summary['sent']} sent ({summary['created']} new, {summary['updated']} changed, "
         f"{summary['metadata']} metadata only, {summary['unchanged']} unchanged, {summary['rejected']} rejected)"
     )
+    if summary["not_sent"]:
+        sent += f", {summary['not_sent']} not sent (empty or unreadable)"
     if summary["sync"]:
         head = (
             f"{name}: sync of {summary['source']}: {summary['new']} new, {summary['changed']} changed, "
@@ -646,21 +680,28 @@ def _report(summary: dict[str, Any], ignored: int) -> str:
     )
 
 
-def _readable(todo: list[Source], errors: list[str]) -> list[Source]:
-    """The items to send, less the text files that are not UTF-8 (each said in ``errors``)."""
+def _sendable(todo: list[Source], errors: list[str]) -> tuple[list[Source], int]:
+    """The items to send, less the texts that cannot be items: files that cannot be read or are not
+    UTF-8, and blank texts, which the server refuses (each said in ``errors``); and how many were
+    blank (a placeholder file is no failure of the run)."""
     out = []
+    blank = 0
     for s in todo:
         if s.kind == "text":
             try:
-                s.load_text()
+                text = s.load_text()
             except UnicodeDecodeError:
-                errors.append(f"{s.external_id}: not UTF-8 text")
+                errors.append(f"{s.external_id}: not UTF-8 text, not sent")
                 continue
             except OSError as exc:
-                errors.append(f"{s.external_id}: {exc}")
+                errors.append(f"{s.external_id}: {exc}, not sent")
+                continue
+            if not text.strip():
+                errors.append(f"{s.external_id}: empty text, not sent")
+                blank += 1
                 continue
         out.append(s)
-    return out
+    return out, blank
 
 
 def _wait(client: Client, queued: int, images: int, quiet: bool) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 import psycopg
 
 from memstore.catalog import index_spec as compact_spec
-from memstore.catalog import segments
+from memstore.catalog import keywords, segments
 from memstore.catalog.collections import Collection, Space
 from memstore.errors import InvalidInputError
 from memstore.items.vectors import as_vector
@@ -56,8 +56,9 @@ def plan(
     is needed on a compact index only, to project the query vector."""
     where = q.filter.where if q.filter else None
     if q.mode == "keyword":
+        assert q.text is not None
         params: dict[str, Any] = {
-            "text": q.text,
+            **keywords.query_params(q.text),
             "k": q.k,
             "offset": q.offset,
             **(q.filter.params if q.filter else {}),
@@ -71,15 +72,15 @@ def plan(
     nearest = _vector_plan(c, q, depth, ef_search=ef_search, exact=exact, max_scan_tuples=max_scan_tuples, conn=conn)
     if q.mode == "vector":
         return nearest
+    assert q.text is not None
     params = {
         **nearest.params,
-        "text": q.text,
+        **keywords.query_params(q.text),
         "hits": q.k,
         "offset": q.offset,
         "wv": q.weights.vector,
         "wk": q.weights.keyword,
     }
-    assert q.text is not None
     statement = statements.hybrid_statement(c, q.text, nearest=nearest.statement, where=where, space=c.space(q.using))
     return SearchPlan(statement, nearest.settings, params, prepare=False if where is not None else None)
 

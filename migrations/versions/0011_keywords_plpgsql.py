@@ -49,7 +49,7 @@ _PARTS = (
 _NOTHING = "body IS NULL AND coalesce(cardinality(fields), 0) = 0 AND (metadata IS NULL OR NOT metadata ? 'filename')"
 
 
-def _function(arguments: str, nothing: str, parts: list[str], fields: str = _FIELDS) -> str:
+def _function(arguments: str, nothing: str, parts: list[str], fields: str = _FIELDS, inputs: str = "") -> str:
     return f"""
     CREATE OR REPLACE FUNCTION memstore_keywords({arguments})
     RETURNS tsvector LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
@@ -58,20 +58,31 @@ def _function(arguments: str, nothing: str, parts: list[str], fields: str = _FIE
     BEGIN
         IF {nothing} THEN
             RETURN ''::tsvector;
-        END IF;{fields}
+        END IF;{fields}{inputs}
         RETURN {" || ".join(parts)};
     END
     $$
     """
 
 
-def definitions(fields: str = _FIELDS) -> list[str]:
+def definitions(
+    fields: str = _FIELDS, inputs: str = "", seen_input: str = "", filename: str = "metadata ->> 'filename'"
+) -> list[str]:
     """The four-argument function and the five-argument one (with the text read in an image), their
-    listed fields read by ``fields`` (revision 0015 reads paths)."""
+    listed fields read by ``fields`` (revision 0015 reads paths); ``inputs``, ``seen_input``:
+    statements run on the inputs before the parts are made, and ``filename`` the file name's
+    expression in them (revision 0016 normalises the text)."""
     four = "body text, metadata jsonb, fields text[], config regconfig"
+    named, parts = (x.replace("metadata ->> 'filename'", filename) for x in (_NAMED, _PARTS))
     return [
-        _function(four, _NOTHING, [_NAMED, _BODY, _PARTS], fields),
-        _function(f"{four}, seen text", f"{_NOTHING} AND seen IS NULL", [_NAMED, _BODY, _SEEN, _PARTS], fields),
+        _function(four, _NOTHING, [named, _BODY, parts], fields, inputs),
+        _function(
+            f"{four}, seen text",
+            f"{_NOTHING} AND seen IS NULL",
+            [named, _BODY, _SEEN, parts],
+            fields,
+            inputs + seen_input,
+        ),
     ]
 
 
