@@ -20,17 +20,20 @@ from maintenance.sizing import estimate_index_bytes, fresh_bytes
 from maintenance.targets import Target, representation
 from memstore.db import sqlfiles
 
-COUNTERS = ("n_tup_ins", "n_tup_upd", "n_tup_hot_upd", "n_tup_del")
+COUNTERS = ("n_tup_ins", "n_tup_upd", "n_tup_hot_upd", "n_tup_del", "vector_fills")
 
 
 def index_entries_made(c: dict[str, Any]) -> int:
-    """Index entries ever added: inserts plus non-HOT updates (a HOT update adds no index entry)."""
-    return int(c["n_tup_ins"]) + int(c["n_tup_upd"]) - int(c["n_tup_hot_upd"])
+    """Index entries ever added: inserts plus non-HOT updates (a HOT update adds no index entry), less
+    the rows stored without a vector and given one later (``vector_fills``: the insert added no
+    element, the update its only one)."""
+    return int(c["n_tup_ins"]) + int(c["n_tup_upd"]) - int(c["n_tup_hot_upd"]) - int(c.get("vector_fills", 0))
 
 
 def index_entries_killed(c: dict[str, Any]) -> int:
-    """Index entries ever made dead: deletes plus non-HOT updates."""
-    return int(c["n_tup_del"]) + int(c["n_tup_upd"]) - int(c["n_tup_hot_upd"])
+    """Index entries ever made dead: deletes plus non-HOT updates, less the updates that gave a row
+    its first vector (the old version, without one, was never in the graph)."""
+    return int(c["n_tup_del"]) + int(c["n_tup_upd"]) - int(c["n_tup_hot_upd"]) - int(c.get("vector_fills", 0))
 
 
 @dataclass
@@ -128,7 +131,11 @@ def probe(
     last_compact = parse_json(history["last_compact"])
     last_recall = last_reading(parse_json(history["last_recall"]), last_clean, last_compact)
     recall_due = _recall_due(last_recall, counters, live, config)
-    dead_entries, dead_age = int(stats["n_dead_tup"]), None
+    # Before any clean: the dead heap tuples, which also count the old versions of rows given their
+    # first vector, and the entries killed since the counters began, which also count those cleaned
+    # since; both are bounds from above, the lower one is kept.
+    dead_entries = max(0, min(int(stats["n_dead_tup"]), index_entries_killed(counters)))
+    dead_age = None
     if last_clean is not None:
         after = last_clean.get("after") or {}
         base = after.get("counters")
@@ -140,7 +147,7 @@ def probe(
             # Counted from the clean's own figure, not n_dead_tup: after a rebuild n_dead_tup still
             # counts heap tuples the new index never held (a stale 0.34 caused a needless VACUUM).
             since = index_entries_killed(counters) - index_entries_killed(base)
-            dead_entries = int(after.get("dead_entries", 0)) + since
+            dead_entries = max(0, int(after.get("dead_entries", 0)) + since)
         dead_age = (datetime.now(UTC) - finished).total_seconds()
     churn = None
     correction = None

@@ -14,7 +14,10 @@ SELECT greatest(c.reltuples, 0)::bigint AS reltuples,
        (SELECT o.option_value FROM pg_options_to_table(c.reloptions) o
         WHERE o.option_name = 'vacuum_index_cleanup') AS index_cleanup,
        pg_table_size(c.oid) AS table_bytes,
-       coalesce(pg_relation_size(to_regclass(%(index)s)), 0) AS index_bytes
+       coalesce(pg_relation_size(to_regclass(%(index)s)), 0) AS index_bytes,
+       -- rows given their first vector by an UPDATE (migration 0017): no HNSW element died for them
+       coalesce((SELECT f.fills FROM memstore_vector_fills f WHERE f.table_name = c.oid::regclass::text), 0)
+           AS vector_fills
 FROM pg_class c
 LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
 WHERE c.oid = to_regclass(%(table)s)

@@ -10,6 +10,7 @@ or taken over meanwhile is never overwritten by a stale result.
 from __future__ import annotations
 
 import secrets
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -137,9 +138,24 @@ def complete(
     """Write the vectors (and the thumbnails of images, in the same row version) of still-held claims
     and drop their queue rows; returns the item ids written."""
     write = sql.SQL(
-        "UPDATE {} SET embedding = %s, thumbnail = %s, status = 'ready', error = NULL, updated_at = now() WHERE id = %s"
+        "UPDATE {} SET embedding = %s, thumbnail = %s, status = 'ready', error = NULL, updated_at = now() "
+        "WHERE id = %s RETURNING tableoid::regclass::text, old.embedding IS NULL"
     ).format(collection.table)
-    return _settle_held(db, collection, claims, write, lambda i: (vectors[i], (thumbnails or {}).get(i), i))
+    return _settle_held(
+        db, collection, claims, write, lambda i: (vectors[i], (thumbnails or {}).get(i), i), on_rows=_count_fills
+    )
+
+
+def _count_fills(conn: psycopg.Connection[Any], written: list[tuple[Any, ...]]) -> None:
+    """Count the rows whose first vector was just written, per table (a partition is one): their
+    update killed no element of the HNSW graph, which holds no NULL (migration 0017)."""
+    fills = Counter(table for table, was_null in written if was_null)
+    if fills:
+        conn.execute(
+            "INSERT INTO memstore_vector_fills (table_name, fills) SELECT * FROM unnest(%s::text[], %s::bigint[]) "
+            "ON CONFLICT (table_name) DO UPDATE SET fills = memstore_vector_fills.fills + EXCLUDED.fills",
+            (list(fills), list(fills.values())),
+        )
 
 
 def complete_space(
@@ -164,6 +180,7 @@ def _settle_held(
     claims: Sequence[Claim],
     write: sql.Composed,
     params: Callable[[int], Any],
+    on_rows: Callable[[psycopg.Connection[Any], list[tuple[Any, ...]]], None] | None = None,
 ) -> list[int]:
     """In one transaction: drop the queue rows of ``claims`` their claimer still holds, and run
     ``write`` with ``params(item_id)`` for each of their items; returns those item ids.
@@ -183,7 +200,14 @@ def _settle_held(
         items = [by_queue[int(r[0])].item_id for r in held]
         if items:
             with conn.cursor() as cur:
-                cur.executemany(write, [params(i) for i in items])
+                cur.executemany(write, [params(i) for i in items], returning=on_rows is not None)
+                if on_rows is not None:  # what ``write`` returned, in the same transaction
+                    rows: list[tuple[Any, ...]] = []
+                    while True:
+                        rows.extend(cur.fetchall())
+                        if not cur.nextset():
+                            break
+                    on_rows(conn, rows)
     return items
 
 

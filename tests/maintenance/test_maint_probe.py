@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -18,8 +19,16 @@ from maintenance.sizing import estimate_index_bytes
 from maintenance.targets import targets_for
 from memstore.catalog.collections import Collection
 from memstore.db.vector_copy import CopyFormatError, stream_vectors
+from memstore.models import ItemIn
+from memstore.queue import jobs
+from memstore.queue.jobs import PendingItem
 from memstore.search.exact_answers import STREAM_FROM, bounded_in_server, uses_found
 from memstore.search.statements import SearchSettings, apply
+from memstore.settings import IngestSettings
+from memstore.store import VectorStore
+from memstore.workers.ingest import IngestWorker
+from tests.api.api_helpers import FakeBackend
+from tests.maintenance.conftest import settle_live_count
 from tests.maintenance.maint_helpers import churn, clustered
 
 
@@ -293,3 +302,46 @@ def test_dead_entries_after_a_clean_are_counted_from_its_own_figure_not_stale_st
     assert probe(conn, target, config, max_scan_tuples=20_000, with_recall=False).dead_entries == 0
     churn(conn, c, delete=0.05)
     assert probe(conn, target, config, max_scan_tuples=20_000, with_recall=False).dead_entries == 50
+
+
+def _wait_for_counters(conn: psycopg.Connection[Any], c: Collection, updates: int, timeout_s: float = 30.0) -> None:
+    """Until the closed backends' updates are in the statistics (each reports as it exits)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = conn.execute(
+            "SELECT coalesce(sum(n_tup_upd), 0) FROM pg_stat_user_tables WHERE relid = ANY(%s::regclass[])",
+            (c.partition_tables(),),
+        ).fetchone()
+        if row is not None and int(row[0]) >= updates:
+            return
+        assert time.monotonic() < deadline, f"{row} updates counted after {timeout_s} s, {updates} made"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("partitions", [1, 2])
+def test_a_first_vector_written_into_a_stored_item_kills_no_graph_element(
+    dsn: str, conn: psycopg.Connection[Any], store: VectorStore, collection_name: str, partitions: int
+) -> None:
+    """Texts are stored without a vector and given one by the ingest worker's UPDATE; the graph never
+    held the old version, so a collection that only grew has no dead entries and no churn beyond its
+    rows (it was read as all dead, and rebuilt for nothing). A real update still counts."""
+    c = store.create_collection(name=collection_name, dimensions=64, partitions=partitions)
+    jobs.enqueue(store.db, c, [PendingItem(text=f"note {i}", external_id=f"n{i}") for i in range(40)])
+    worker = IngestWorker(store.db, FakeBackend(), settings=IngestSettings(batch_size=50))
+    assert worker.run(once=True) == 0
+    settle_live_count(dsn, store, c, 40)
+    _wait_for_counters(conn, c, 40)
+    config = MaintenanceConfig(_env_file=None)  # type: ignore[call-arg]
+    probes = [probe(conn, t, config, max_scan_tuples=20_000, with_recall=False) for t in targets_for(conn, c)]
+    assert sum(p.counters["vector_fills"] for p in probes) == 40
+    assert sum(p.dead_tuples for p in probes) == 40  # the heap's old versions, which the graph never held
+    assert [p.dead_entries for p in probes] == [0] * partitions
+    rng = np.random.default_rng(5)
+    store.upsert_items(
+        collection=collection_name, items=[ItemIn(vector=rng.normal(size=64), external_id=f"n{i}") for i in range(10)]
+    )
+    store.db.engine.dispose()
+    _wait_for_counters(conn, c, 50)
+    probes = [probe(conn, t, config, max_scan_tuples=20_000, with_recall=False) for t in targets_for(conn, c)]
+    assert sum(p.dead_entries for p in probes) == 10
