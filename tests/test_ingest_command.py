@@ -177,3 +177,37 @@ def test_a_batch_refused_for_one_item_is_sent_again_item_by_item() -> None:
         ("big.txt", 413),
         ("c.txt", "ok"),
     ]
+
+
+def test_a_folder_is_walked_without_its_hidden_files_or_links_out_of_it(tmp_path: Path) -> None:
+    root = tmp_path / "notes"
+    (root / "sub").mkdir(parents=True)
+    (root / ".git").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (root / "a.txt").write_bytes(b"a")
+    (root / "sub" / "b.md").write_bytes(b"b")
+    (root / ".hidden.txt").write_bytes(b"hidden")
+    (root / ".git" / "x.md").write_bytes(b"git's")
+    (tmp_path / "outside.txt").write_bytes(b"not the folder's")
+    (tmp_path / "elsewhere" / "c.txt").write_bytes(b"not the folder's either")
+    (root / "link_in.txt").symlink_to(root / "a.txt")
+    (root / "link_out.txt").symlink_to(tmp_path / "outside.txt")
+    (root / "dangling.txt").symlink_to(root / "missing.txt")
+    (root / "linked_folder").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    ignored: list[Path] = []
+    found = [s.external_id for s in ingest.walk(root, ignored)]
+    assert found == ["a.txt", "link_in.txt", "sub/b.md"]
+    assert sorted(p.name for p in ignored) == [".hidden.txt", "dangling.txt", "link_out.txt"]
+
+
+def test_a_file_that_cannot_be_opened_is_not_sent_and_the_run_goes_on(tmp_path: Path) -> None:
+    root = tmp_path / "pictures"
+    root.mkdir()
+    (root / "a.png").write_bytes(make_image(1, fmt="PNG"))
+    (root / "gone.png").write_bytes(make_image(2, fmt="PNG"))
+    sources = list(ingest.walk(root))
+    (root / "gone.png").unlink()  # between the folder's walk and its batch
+    errors: list[str] = []
+    sendable, blank = ingest._sendable(sources, errors)
+    assert [s.external_id for s in sendable] == ["a.png"] and blank == 0
+    assert errors == ["gone.png: No such file or directory, not sent"]

@@ -158,9 +158,7 @@ def walk(
     src = source or source_of(path)
     extra = dict(metadata or {})
     if path.is_dir():
-        for f in sorted(path.rglob("*")):
-            if not f.is_file():
-                continue
+        for f in _folder_files(path, ignored):
             rel = f.relative_to(path).as_posix()
             if f.suffix.lower() in IMAGE_SUFFIXES:
                 yield _file(rel, f, "image", src, extra)
@@ -177,6 +175,31 @@ def walk(
         item = _file(path.name, path, "text", src, extra)
         item.text = read_text(path, str(path))
         yield item
+
+
+def _folder_files(root: Path, ignored: list[Path] | None) -> list[Path]:
+    """The files under ``root``, in path order, less what a folder of one's own holds but is not its
+    content: hidden files and folders (``.git``, ``.DS_Store``; a hidden folder is not walked), links
+    to anything outside ``root`` and links to nothing. What is left out is added to ``ignored``; a
+    linked folder is not walked (its files are found where they are)."""
+    inside = root.resolve()
+    found: list[Path] = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for name in files:
+            f = Path(folder, name)
+            if name.startswith("."):
+                left_out = True
+            elif f.is_symlink():
+                target = f.resolve()
+                left_out = not target.is_file() or not target.is_relative_to(inside)
+            else:
+                left_out = not f.is_file()
+            if not left_out:
+                found.append(f)
+            elif ignored is not None:
+                ignored.append(f)
+    return sorted(found)
 
 
 def _jsonl(path: Path, extra: dict[str, Any]) -> Iterator[Source]:
@@ -681,8 +704,8 @@ def _report(summary: dict[str, Any], ignored: int) -> str:
 
 
 def _sendable(todo: list[Source], errors: list[str]) -> tuple[list[Source], int]:
-    """The items to send, less the texts that cannot be items: files that cannot be read or are not
-    UTF-8, and blank texts, which the server refuses (each said in ``errors``); and how many were
+    """The items to send, less those that cannot be items: files that cannot be read, texts that are
+    not UTF-8, and blank texts, which the server refuses (each said in ``errors``); and how many were
     blank (a placeholder file is no failure of the run)."""
     out = []
     blank = 0
@@ -699,6 +722,13 @@ def _sendable(todo: list[Source], errors: list[str]) -> tuple[list[Source], int]
             if not text.strip():
                 errors.append(f"{s.external_id}: empty text, not sent")
                 blank += 1
+                continue
+        elif s.path is not None:
+            try:  # read when its batch is sent; one that cannot be opened must not end the run then
+                with s.path.open("rb"):
+                    pass
+            except OSError as exc:
+                errors.append(f"{s.external_id}: {exc.strerror or exc}, not sent")
                 continue
         out.append(s)
     return out, blank
