@@ -11,6 +11,7 @@ migration that added the column made them for the items already there.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import logging
@@ -20,9 +21,10 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from PIL import Image
+from PIL import Image, ImageCms
 from psycopg import sql
 
+from encoder.decode_budget import ALLOWED_FORMATS
 from encoder.images import ImageOptions, decode_image
 from encoder.settings import stored_options
 from memstore.catalog.collections import Collection
@@ -47,7 +49,7 @@ def make(content: bytes, options: ImageOptions | None = None) -> bytes | None:
         # JPEG decodes at 1/2, 1/4 or 1/8 scale, the largest reduction that still covers the
         # thumbnail: a 1024 x 768 photo decodes at 256 x 192, a fraction of the work.
         decoded = decode_image(content, options or stored_options(MAX_PIXELS), min_size=box)
-        return encode(shrink(decoded))
+        return encode(in_srgb(shrink(decoded), content))
     except Exception as exc:  # a corrupt, exotic or too costly file: the item simply has no thumbnail
         log.info("no thumbnail: %s: %s", type(exc).__name__, exc)
         return None
@@ -70,13 +72,42 @@ def encode(small: Image.Image) -> bytes:
     return out.getvalue()
 
 
-def encode_or_none(small: Image.Image) -> bytes | None:
-    """``encode``, or None (logged) when the picture cannot be written: the item has no thumbnail."""
+def encode_or_none(small: Image.Image, content: bytes | None = None) -> bytes | None:
+    """``encode``, in sRGB where ``content`` (the original) carries a colour profile (``in_srgb``), or
+    None (logged) when the picture cannot be written: the item has no thumbnail."""
     try:
-        return encode(small)
+        return encode(small if content is None else in_srgb(small, content))
     except Exception as exc:
         log.info("no thumbnail: %s: %s", type(exc).__name__, exc)
         return None
+
+
+def in_srgb(small: Image.Image, content: bytes) -> Image.Image:
+    """``small`` converted to sRGB from the colour profile the original carries (a phone's Display P3,
+    a camera's Adobe RGB), as browsers show the original; the decoded pixels are the file's numbers,
+    which read as sRGB look washed out. Unchanged without a profile, or when it cannot be used."""
+    try:
+        # The profile is in the header: no pixel is decoded.
+        with Image.open(io.BytesIO(content), formats=ALLOWED_FORMATS) as header:
+            profile = header.info.get("icc_profile")
+        if not profile or small.mode not in ("RGB", "RGBA"):
+            return small
+        return ImageCms.applyTransform(small, _to_srgb(profile, small.mode)) or small
+    except Exception as exc:  # a broken profile: the pixels as they are
+        log.info("thumbnail colour profile not applied: %s: %s", type(exc).__name__, exc)
+        return small
+
+
+@functools.lru_cache(maxsize=16)
+def _to_srgb(profile: bytes, mode: str) -> ImageCms.ImageCmsTransform:
+    """A transform from ``profile`` to sRGB; one per profile and mode (a phone writes the same one
+    into every photo)."""
+    return ImageCms.buildTransform(
+        ImageCms.ImageCmsProfile(io.BytesIO(profile)), _SRGB, mode, mode, renderingIntent=ImageCms.Intent.PERCEPTUAL
+    )
+
+
+_SRGB = ImageCms.createProfile("sRGB")
 
 
 def box(width: int, height: int) -> tuple[int, int]:

@@ -139,7 +139,7 @@ class _Thumbnails:
     def _take(self, item_id: int, decoded: Image.Image) -> None:
         small = thumbnails.shrink(decoded)
         with self._lock:
-            self._made[item_id] = _THUMBNAILER.submit(thumbnails.encode_or_none, small)
+            self._made[item_id] = _THUMBNAILER.submit(thumbnails.encode_or_none, small, self._contents[item_id])
 
     def result(self) -> dict[int, bytes | None]:
         """Thumbnails by item id; call once the encoder has answered with the vectors (every shared

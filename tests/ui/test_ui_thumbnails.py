@@ -4,6 +4,7 @@ backfilled."""
 from __future__ import annotations
 
 import io
+import struct
 from collections.abc import Iterator
 
 import numpy as np
@@ -47,6 +48,48 @@ def test_transparency_is_kept_and_exif_rotation_applied() -> None:
     buf = io.BytesIO()
     wide.save(buf, format="JPEG", exif=exif)
     assert _decoded(thumbnails.make(buf.getvalue())).size == (128, 256)
+
+
+def _rgb_profile(red: tuple[float, ...], green: tuple[float, ...], blue: tuple[float, ...]) -> bytes:
+    """A minimal ICC v2 display profile: its primaries (XYZ, D50) and a 2.2 gamma curve."""
+
+    def s15(x: float) -> bytes:
+        return struct.pack(">i", round(x * 65536))
+
+    def xyz(v: tuple[float, ...]) -> bytes:
+        return b"XYZ " + b"\0" * 4 + b"".join(s15(x) for x in v)
+
+    curve = b"curv" + b"\0" * 4 + struct.pack(">IH", 1, round(2.2 * 256)) + b"\0\0"
+    white = (0.9642, 1.0, 0.8249)
+    tags = [(b"wtpt", xyz(white)), (b"rXYZ", xyz(red)), (b"gXYZ", xyz(green)), (b"bXYZ", xyz(blue))]
+    tags += [(b"rTRC", curve), (b"gTRC", curve), (b"bTRC", curve)]
+    table, body = struct.pack(">I", len(tags)), b""
+    for sig, data in tags:
+        table += sig + struct.pack(">II", 128 + 4 + 12 * len(tags) + len(body), len(data))
+        body += data
+    size = 128 + len(table) + len(body)
+    header = struct.pack(">I4sI", size, b"", 0x02100000) + b"mntrRGB XYZ " + b"\0" * 12 + b"acsp" + b"\0" * 28
+    header += b"".join(s15(x) for x in white) + b"\0" * 48
+    return header + table + body
+
+
+def test_a_thumbnail_shows_the_colours_of_the_originals_profile() -> None:
+    """A photo's colour profile (a phone's Display P3) is applied: a profile whose red primary is
+    sRGB's green makes a red-numbered picture green, as a browser shows it."""
+    srgb_red, srgb_green, srgb_blue = (0.4361, 0.2225, 0.0139), (0.3851, 0.7169, 0.0971), (0.1431, 0.0606, 0.7141)
+    swapped = _rgb_profile(srgb_green, srgb_red, srgb_blue)
+    for fmt in ("JPEG", "PNG"):
+        tagged, plain = io.BytesIO(), io.BytesIO()
+        Image.new("RGB", (64, 32), (255, 0, 0)).save(tagged, fmt, icc_profile=swapped)
+        Image.new("RGB", (64, 32), (255, 0, 0)).save(plain, fmt)
+        r, g, _ = _decoded(thumbnails.make(tagged.getvalue())).convert("RGB").getpixel((32, 16))
+        assert g > 200 and r < 60, (fmt, r, g)
+        r, g, _ = _decoded(thumbnails.make(plain.getvalue())).convert("RGB").getpixel((32, 16))
+        assert r > 200 and g < 60, (fmt, r, g)
+        broken = io.BytesIO()
+        Image.new("RGB", (64, 32), (255, 0, 0)).save(broken, fmt, icc_profile=b"not a profile")
+        r, g, _ = _decoded(thumbnails.make(broken.getvalue())).convert("RGB").getpixel((32, 16))
+        assert r > 200 and g < 60, (fmt, r, g)  # the pixels as they are
 
 
 def test_what_is_not_a_decodable_image_has_no_thumbnail() -> None:
