@@ -235,10 +235,10 @@ def operators_hold(actual: Any, ops: dict[str, Any]) -> bool:
 
 def names(key: str) -> tuple[str, ...]:
     """A filter key's names, as docs/search.md says: a dot separates nested fields, a backslash
-    makes the next character (a dot or a backslash) part of the name."""
+    makes the next character (a dot, a backslash or a $) part of the name."""
     out, current, i = [], "", 0
     while i < len(key):
-        if key[i] == "\\" and i + 1 < len(key) and key[i + 1] in ".\\":
+        if key[i] == "\\" and i + 1 < len(key) and key[i + 1] in ".\\$":
             current, i = current + key[i + 1], i + 2
         elif key[i] == ".":
             out, current, i = [*out, current], "", i + 1
@@ -329,6 +329,8 @@ def make_items(seed: int) -> list[dict[str, Any]]:
             metadata["o"] = rng.choice(SCALARS)
         if rng.random() < 0.5:  # a key holding a dot: one name, not a path
             metadata["k.v"] = rng.choice(NUMBERS)
+        if rng.random() < 0.5:  # a key starting with $: a field, written "\$ref" in a filter
+            metadata["$ref"] = rng.choice(NUMBERS)
         items.append(metadata)
     return items
 
@@ -352,6 +354,7 @@ FIELDS: dict[tuple[str, ...], str | None] = {
     ("o", "y"): "keyword",
     ("o",): None,
     ("k.v",): "number",
+    ("$ref",): "number",
     ("missing",): None,
 }
 ANY_SCALAR = st.sampled_from(SCALARS)
@@ -396,8 +399,9 @@ def operator_objects(draw: st.DrawFn, kind: str | None, depth: int = 0) -> dict[
 
 
 def escaped(name: str) -> str:
-    """``name`` written as one name of a filter key (its backslashes and dots escaped)."""
-    return name.replace("\\", "\\\\").replace(".", "\\.")
+    """``name`` written as one name of a filter key (its backslashes, dots and a leading $ escaped)."""
+    written = name.replace("\\", "\\\\").replace(".", "\\.")
+    return "\\" + written if written.startswith("$") else written
 
 
 def set_field(target: dict[str, Any], fields: tuple[str, ...], value: Any, *, dotted: bool = False) -> None:

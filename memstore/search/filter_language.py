@@ -264,7 +264,10 @@ class _Compiler:
             return _join(parts, "AND" if operator == "$and" else "OR")
         if operator in _FIELD_OPERATORS:
             raise InvalidInputError(f'{path}: {operator} applies to a field, as in {{"field": {{"{operator}": ...}}}}')
-        raise InvalidInputError(f"{path}: unknown operator {operator}; a filter takes {', '.join(_LOGICAL_OPERATORS)}")
+        raise InvalidInputError(
+            f"{path}: unknown operator {operator}; a filter takes {', '.join(_LOGICAL_OPERATORS)} "
+            f'(a field whose key starts with $ is written "\\{operator}")'
+        )
 
     def named(
         self,

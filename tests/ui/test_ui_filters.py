@@ -79,8 +79,8 @@ def test_a_refused_chip_is_explained_on_the_page(admin_page, ui_collection, note
     cases = {
         "taken>=2024/05/01": "looks like a date but is not ISO 8601",
         "price>=true": "compares numbers, dates and strings",
-        "$or=1": "takes a JSON array",
         "price>=10": None,  # a control: fine
+        "$or=1": None,  # a chip names a field: the key "$or", escaped for the filter, not the operator
     }
     for chip, message in cases.items():
         for params in ({}, {"q": "photo"}):
