@@ -250,3 +250,11 @@ def test_merge_never_overwrites_the_clients_metadata() -> None:
     assert photo_facts.merge(full, facts) is full
     not_an_object: Any = ["a"]
     assert photo_facts.merge(not_an_object, facts) is not_an_object
+
+
+def test_a_camera_written_in_utf8_reads_as_written() -> None:
+    """EXIF's text tags are ASCII by the standard, UTF-8 in practice; Pillow reads them as Latin-1."""
+    exif = Image.Exif()
+    exif[0x010F] = "Café Caméras".encode()
+    exif[0x0110] = b"\xff\xfeModel"  # not UTF-8: kept as read
+    assert photo_facts.read(picture(exif))["camera"] == {"make": "Café Caméras", "model": "ÿþModel"}

@@ -440,7 +440,15 @@ def _text(value: Any) -> str | None:
         value = value.decode("utf-8", "replace")
     if not isinstance(value, str):
         return None
-    return value.split("\x00", 1)[0]
+    value = value.split("\x00", 1)[0]
+    if not value.isascii():
+        # EXIF's ASCII tags, which Pillow reads as Latin-1: cameras and editors write UTF-8 there
+        # ("Café" read as "CafÃ©"). Text that is not UTF-8 stays as read.
+        try:
+            value = value.encode("latin-1").decode("utf-8")
+        except (UnicodeEncodeError, UnicodeDecodeError):
+            pass
+    return value
 
 
 def _clean(value: str | None) -> str | None:
