@@ -39,6 +39,7 @@ limits is stored as the client sent it.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import io
 import logging
@@ -444,10 +445,8 @@ def _text(value: Any) -> str | None:
     if not value.isascii():
         # EXIF's ASCII tags, which Pillow reads as Latin-1: cameras and editors write UTF-8 there
         # ("Café" read as "CafÃ©"). Text that is not UTF-8 stays as read.
-        try:
+        with contextlib.suppress(UnicodeEncodeError, UnicodeDecodeError):
             value = value.encode("latin-1").decode("utf-8")
-        except (UnicodeEncodeError, UnicodeDecodeError):
-            pass
     return value
 
 

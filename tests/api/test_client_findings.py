@@ -235,3 +235,18 @@ def test_what_cannot_apply_is_refused_and_named(client: httpx.Client, collection
     assert "group_by" in body["detail"]
     body = problem(client.post(f"{base}/search", json={"vector_b64": "%%%"}), 422, "invalid-input")
     assert body["detail"].startswith("vector_b64 is not valid base64"), body["detail"]
+
+
+def test_a_download_is_named_for_the_type_it_holds() -> None:
+    from memstore.api.routes.items import download_name
+
+    cases = {
+        ("png_as.jpg", "image/png"): "png_as.png",  # the stored type is read from the bytes
+        ("shot.png", "image/jpeg"): "shot.jpg",
+        ("IMG_0042.JPG", "image/jpeg"): "IMG_0042.JPG",
+        ("scan.tif", "image/tiff"): "scan.tif",
+        ("notes", "text/plain"): "notes.txt",
+        ("notes.md", "text/plain"): "notes.md",
+        ("folder/a.b.c", "image/png"): "a.b.c",
+    }
+    assert {k: download_name(*k) for k in cases} == cases

@@ -479,12 +479,25 @@ _EXTENSIONS = {
 }
 
 
+# Extensions that name an image type; a download of another type does not keep one of them.
+_SAME_TYPE = {".jpeg": "image/jpeg", ".jpe": "image/jpeg", ".tif": "image/tiff"}
+
+
 def download_name(name: str, media_type: str) -> str:
     """The name a download is saved under: the uploaded file's name when the metadata kept one, else
-    the external id's last path part; with the extension of its type when it has none."""
+    the external id's last path part; with the extension of its type when it has none, or when its
+    extension names another image type (PNG bytes uploaded as ``photo.jpg`` save as ``photo.png``:
+    the stored type is read from the bytes, and a viewer trusts the extension)."""
     base = name.rsplit("/", 1)[-1] or "original"
     extension = _EXTENSIONS.get(media_type, ".txt" if media_type.startswith("text/") else "")
-    return base if "." in base.lstrip(".") or not extension else base + extension
+    stem, dot, given = base.lstrip(".").rpartition(".")
+    if dot and stem:
+        given = "." + given.lower()
+        named = _SAME_TYPE.get(given) or next((t for t, e in _EXTENSIONS.items() if e == given), None)
+        if named is None or named == media_type or not extension:
+            return base
+        return base[: len(base) - len(given)] + extension
+    return base + extension if extension else base
 
 
 def download_headers(name: str, media_type: str) -> dict[str, str]:
