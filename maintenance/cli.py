@@ -27,10 +27,11 @@ from typing import Any
 import click
 import psycopg
 
-from encoder.cli_support import CONTEXT_SETTINGS, emit, json_option, run, stop_on_signals
+from encoder.cli_support import CONTEXT_SETTINGS, emit, json_option, print_json, run, stop_on_signals
 from maintenance.actions import index_density
 from maintenance.config import MaintenanceConfig
 from maintenance.display import Bars, fmt_bytes, table
+from maintenance.targets import Target
 from maintenance.worker import EXIT_FAILED, EXIT_OK, ActionOutcome, MaintenanceWorker
 from memstore.catalog import density
 from memstore.catalog.collections import Collection
@@ -39,6 +40,9 @@ from memstore.services.foreground_signal import ForegroundFollower
 from memstore.settings import Settings, get_settings
 
 log = logging.getLogger("memstore-maint")
+
+# --since-hours: a window of 0 hours or less holds nothing, so it is refused rather than run.
+HOURS = click.FloatRange(min=0, min_open=True)
 
 
 @dataclass(frozen=True)
@@ -189,10 +193,32 @@ def run_command(common: Common) -> int:
     when any action failed."""
 
     def one_pass(worker: MaintenanceWorker) -> int:
-        code = worker.run_once()
+        errors = _LoggedErrors()
+        worker_log = logging.getLogger("maintenance.worker")
+        worker_log.addHandler(errors)
+        try:
+            code = worker.run_once()
+        finally:
+            worker_log.removeHandler(errors)
+        if common.as_json and code != EXIT_OK and not worker.last_outcomes:
+            # A pass that failed before it started has no outcome to carry the error, and `[]` would
+            # read as a pass with nothing to do in a JSON Lines log.
+            print_json({"error": "; ".join(errors.messages) or "the maintenance pass failed"})
+            return code
         return max(code, _outcomes(common, worker.last_outcomes))
 
     return _run(common, one_pass, follow=True)
+
+
+class _LoggedErrors(logging.Handler):
+    """The error lines the worker logs during a pass (it keeps no exception of its own)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
 
 
 @cli.command(short_help="a pass every --interval seconds until SIGTERM")
@@ -205,8 +231,8 @@ def daemon(common: Common, interval: float | None) -> int:
 
 @cli.command(short_help="recorded actions (or probes)")
 @click.option("--probes", is_flag=True, help="list the recorded probes instead of the actions")
-@click.option("--limit", type=int, default=50, metavar="N", help="the most rows shown")
-@click.option("--since-hours", type=float, metavar="H", help="only the last H hours")
+@click.option("--limit", type=click.IntRange(min=1), default=50, metavar="N", help="the most rows shown")
+@click.option("--since-hours", type=HOURS, metavar="H", help="only the last H hours")
 @common_options
 def history(common: Common, probes: bool, limit: int, since_hours: float | None) -> int:
     """List the recorded actions (what was done, why, how long), or with --probes the probes."""
@@ -215,7 +241,7 @@ def history(common: Common, probes: bool, limit: int, since_hours: float | None)
 
 @cli.command(short_help="plot the history")
 @click.option("--plot", type=click.Path(path_type=Path), required=True, metavar="FILE.png", help="where to write it")
-@click.option("--since-hours", type=float, metavar="H", help="only the last H hours")
+@click.option("--since-hours", type=HOURS, metavar="H", help="only the last H hours")
 @common_options
 def report(common: Common, plot: Path, since_hours: float | None) -> int:
     """Plot recall, dead fraction and index size over time, with the actions marked."""
@@ -395,6 +421,8 @@ def _act(
     outcomes: list[ActionOutcome] = []
     with worker.connect() as conn:
         targets = worker.targets(conn)
+    if partition is not None:
+        _check_partition(targets, partition)
     for target in targets:
         if partition is not None and target.partition != partition:
             continue
@@ -404,8 +432,24 @@ def _act(
     return _outcomes(common, outcomes)
 
 
+def _check_partition(targets: Sequence[Target], partition: int) -> None:
+    """Refuse a partition none of the selected collections has: acting on nothing reads as success."""
+    counts = {t.collection.name: len(t.collection.partition_tables()) for t in targets if t.partition is not None}
+    if any(0 <= partition < n for n in counts.values()):
+        return
+    names = sorted({t.collection.name for t in targets})
+    if counts:
+        ranges = ", ".join(f"{name} has partitions 0 to {n - 1}" for name, n in sorted(counts.items()))
+        message = f"no partition {partition}: {ranges}"
+    elif len(names) == 1:
+        message = f"collection {names[0]} is not partitioned"
+    else:
+        message = "none of the collections is partitioned"
+    raise click.BadParameter(message, ctx=click.get_current_context(silent=True), param_hint="'--partition'")
+
+
 def _since(hours: float | None) -> datetime | None:
-    return datetime.now(UTC) - timedelta(hours=hours) if hours else None
+    return None if hours is None else datetime.now(UTC) - timedelta(hours=hours)
 
 
 def _one_collection(common: Common) -> str | None:

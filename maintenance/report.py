@@ -33,6 +33,29 @@ def ef_history(actions: list[dict[str, Any]]) -> dict[str, list[tuple[datetime, 
     return dict(steps)
 
 
+def after_points(actions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each successful vacuum's or rebuild's ``after`` figures as a probe row at its finish time: the
+    probes before an action show the index it found, these what it left (the next probe may be a pass
+    away)."""
+    points: list[dict[str, Any]] = []
+    for a in actions:
+        after = a.get("after") or {}
+        if a["outcome"] != "ok" or a.get("finished_at") is None or after.get("index_bytes") is None:
+            continue
+        points.append(
+            {
+                "taken_at": a["finished_at"],
+                "partition_table": a["partition_table"],
+                "live_rows": after.get("live_rows"),
+                "dead_rows": after.get("dead_entries"),
+                "index_bytes": after["index_bytes"],
+                "fresh_index_bytes": after.get("fresh_bytes"),
+                "recall": after.get("recall"),
+            }
+        )
+    return points
+
+
 def plot_history(probes: list[dict[str, Any]], actions: list[dict[str, Any]], path: Path, *, title: str = "") -> Path:
     import matplotlib
 
@@ -40,7 +63,7 @@ def plot_history(probes: list[dict[str, Any]], actions: list[dict[str, Any]], pa
     import matplotlib.pyplot as plt
 
     series: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for p in sorted(probes, key=lambda r: r["taken_at"]):
+    for p in sorted([*probes, *after_points(actions)], key=lambda r: r["taken_at"]):
         series[p["partition_table"]].append(p)
     # One colour per table in every panel (matplotlib's cycle would differ between panels).
     palette = plt.get_cmap("tab10")

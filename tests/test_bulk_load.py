@@ -286,3 +286,42 @@ def test_a_collection_dropped_during_its_load_ends_the_load_with_not_found(
     with pytest.raises(CollectionNotFoundError):
         bulk_store.bulk_load(collection=collection_name, items=items(), total=1500, batch_rows=500, connections=1)
     assert collection_name not in {c.name for c in bulk_store.list_collections()}
+
+
+def test_the_last_occurrence_wins_whatever_the_connections(bulk_store: VectorStore, collection_name: str) -> None:
+    """A stream that names one id again later: side by side, each id goes to one connection, which
+    writes its batches in the stream's order."""
+    bulk_store.create_collection(name=collection_name, dimensions=4, metric="l2")
+    rng = np.random.default_rng(3)
+    versions = [ItemIn(vector=rng.normal(size=4), external_id=f"doc{v % 3}", metadata={"v": v}) for v in range(60)]
+    for connections in (1, 4):
+        result = bulk_store.bulk_load(
+            collection=collection_name, items=iter(versions), batch_rows=1, connections=connections
+        )
+        assert result.rows == 60 and not result.deferred_index
+        for d in range(3):
+            assert bulk_store.get_item(collection=collection_name, external_id=f"doc{d}").metadata == {"v": 57 + d}
+
+
+def test_a_load_sent_again_keeps_the_indexes(bulk_store: VectorStore, engine: sa.Engine, collection_name: str) -> None:
+    """The same 600 rows again (a nightly sync of one file): they change nothing, so the indexes stay
+    and searches keep their graph; a load of new rows as large still builds afresh."""
+    c = bulk_store.create_collection(name=collection_name, dimensions=8)
+    vectors = np.random.default_rng(4).normal(size=(1200, 8)).astype(np.float32)
+    first = bulk_store.bulk_load(collection=collection_name, items=_items(vectors[:600]))
+    assert first.deferred_index and first.created == 600
+    before = _hnsw_indexes(engine, c.table_name)
+    again = bulk_store.bulk_load(collection=collection_name, items=iter(_items(vectors[:600])))
+    assert (again.deferred_index, again.unchanged) == (False, 600)
+    assert _hnsw_indexes(engine, c.table_name) == before
+    assert bulk_store.upsert_items(collection=collection_name, items=_items(vectors[:600]))[0].status != "created"
+    assert _hnsw_indexes(engine, c.table_name) == before
+    more = bulk_store.bulk_load(collection=collection_name, items=_items(vectors[600:], start=600))
+    assert more.deferred_index and more.created == 600
+
+
+def test_a_load_into_segments_builds_through_its_seals(bulk_store: VectorStore, collection_name: str) -> None:
+    bulk_store.create_collection(name=collection_name, dimensions=8, write_path="segments")
+    vectors = np.random.default_rng(5).normal(size=(600, 8)).astype(np.float32)
+    result = bulk_store.bulk_load(collection=collection_name, items=_items(vectors))
+    assert result.created == 600 and not result.deferred_index

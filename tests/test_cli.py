@@ -57,6 +57,62 @@ def test_bad_database_url_fails_with_a_message() -> None:
     assert "Traceback" not in out.stderr
 
 
+def test_db_upgrade_to_an_unknown_revision_is_one_line(server_url: str) -> None:
+    with scratch_database(server_url, "memstore_cli", migrated=False) as url:
+        out = subprocess.run(
+            [*MEMSTORE, "db", "upgrade", "--revision", "9999"],
+            env=_env(MEMSTORE_DATABASE_URL=url),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.splitlines() == [
+        "memstore: cannot upgrade to revision '9999': Can't locate revision identified by '9999'"
+    ], out.stderr
+    assert out.stdout == ""
+
+
+def test_db_url_warns_when_the_embedded_server_stops_with_the_command(tmp_path: Path) -> None:
+    """Started by `memstore db url` alone, the embedded server stops as it exits and the URL printed is
+    dead: stderr says so, and stdout stays the URL alone for `$(memstore db url)`."""
+    from memstore.db.embedded import start_embedded_server, stop_embedded_servers_under
+
+    env = _env(MEMSTORE_DATA_DIR=str(tmp_path / "data"))
+    alone = subprocess.run([*MEMSTORE, "db", "url"], env=env, capture_output=True, text=True, timeout=120)
+    assert alone.returncode == 0, alone.stderr
+    assert alone.stdout.startswith("postgresql://") and len(alone.stdout.splitlines()) == 1
+    assert "the embedded server stops when this command exits" in alone.stderr
+    start_embedded_server(tmp_path / "data", maintenance_work_mem="64MB", max_parallel_maintenance_workers=1)
+    try:  # held by this process, as `memstore serve` would hold it
+        held = subprocess.run([*MEMSTORE, "db", "url"], env=env, capture_output=True, text=True, timeout=120)
+        assert held.returncode == 0 and "stops when" not in held.stderr, held.stderr
+        with psycopg.connect(held.stdout.strip()) as conn:  # still up after the command exited
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        stop_embedded_servers_under(tmp_path)
+
+
+def test_serve_refuses_a_port_in_use_before_starting_anything(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run(
+            [*MEMSTORE, "serve", "--port", str(port)],
+            env=_env(MEMSTORE_DATA_DIR=str(tmp_path / "data")),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.splitlines() == [
+        f"memstore: port {port} on 127.0.0.1 is already in use; choose another with --port (MEMSTORE_PORT)"
+    ]
+    assert out.stdout == ""
+    assert not (tmp_path / "data").exists(), "the database started before the port was checked"
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

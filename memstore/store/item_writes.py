@@ -4,6 +4,7 @@ updates and deletes."""
 from __future__ import annotations
 
 import itertools
+import queue
 import threading
 import time
 import uuid
@@ -39,6 +40,8 @@ from memstore.store.item_reads import ItemReadsPart, storable_external_ids
 
 # Above this many items an upsert goes through COPY ... FORMAT BINARY into a staging table.
 COPY_THRESHOLD = 32
+# How many of a large load's first external ids are looked up to tell a new load from one sent again.
+NEW_SAMPLE = 1_000
 
 
 def _check_external_id(value: Any) -> str:
@@ -52,25 +55,46 @@ def _batches(items: Iterable[ItemIn], size: int) -> Iterator[list[ItemIn]]:
 
 
 def _side_by_side(batches: Iterator[list[ItemIn]], write: Callable[[list[ItemIn]], None], workers: int) -> None:
-    """``write`` every batch, ``workers`` at a time on their own connections (disjoint batches, so
-    they never wait on one another's rows; only on the index's pages)."""
+    """``write`` every batch, ``workers`` at a time on their own connections. Each batch is cut into
+    one part per worker by external id, and each worker writes its parts in the stream's order: an
+    id named again later in the stream goes to the same worker after its earlier occurrence, so the
+    last occurrence wins as in one batch, and the workers never wait on one another's rows."""
     if workers == 1:
         for batch in batches:
             write(batch)
         return
-    taking = threading.Lock()
+    lanes: list[queue.Queue[list[ItemIn] | None]] = [queue.Queue(maxsize=2) for _ in range(workers)]
+    failed = threading.Event()
 
-    def drain() -> None:
-        while True:
-            with taking:
-                batch = next(batches, None)
-            if batch is None:
-                return
-            write(batch)
+    def drain(lane: queue.Queue[list[ItemIn] | None]) -> None:
+        try:
+            while (part := lane.get()) is not None:
+                if not failed.is_set():  # another worker failed: the load stops, nothing more is written
+                    write(part)
+        except BaseException:
+            failed.set()
+            while lane.get() is not None:  # the reader never waits on a lane nobody takes from
+                pass
+            raise
 
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="memstore-load") as pool:
-        for done in [pool.submit(drain) for _ in range(workers)]:
-            done.result()
+        done = [pool.submit(drain, lane) for lane in lanes]
+        try:
+            for batch in batches:
+                if failed.is_set():
+                    break
+                parts: list[list[ItemIn]] = [[] for _ in range(workers)]
+                for i, item in enumerate(batch):
+                    # An item without an id gets a new one: any worker will do.
+                    parts[(i if item.external_id is None else hash(item.external_id)) % workers].append(item)
+                for lane, part in zip(lanes, parts, strict=True):
+                    if part:
+                        lane.put(part)
+        finally:
+            for lane in lanes:
+                lane.put(None)
+        for future in done:
+            future.result()
 
 
 class ItemWritesPart(ItemReadsPart):
@@ -108,13 +132,28 @@ class ItemWritesPart(ItemReadsPart):
         c = self._collection_for_write(collection)
         if len(items) >= self.settings.bulk_min_rows and not bulk_load.in_progress(c):
             rows_now = self.collection_stats(name=collection).items
-            if bulk_load.defers(c, len(items), rows_now, self.settings):
+            if bulk_load.defers(c, len(items), rows_now, self.settings) and self._mostly_new(c, items):
                 try:
                     with bulk_load.deferred_index(self.db, c, self.settings):
                         return self._write_items(c, items)
                 except bulk_load.BulkLoadBusyError:
                     pass  # a switch, a rebuild or another load holds the index: into the live graph
         return self._write_items(c, items, backpressure=backpressure)
+
+    def _mostly_new(self, c: Collection, items: Sequence[ItemIn]) -> bool:
+        """Whether most of a load's first items are new to the collection (read from up to
+        NEW_SAMPLE of their external ids): a load sent again (a nightly sync of the same file) changes
+        few rows, and must not take the collection's indexes away for it (its searches would be exact
+        scans until they are built again)."""
+        named = [it.external_id for it in items[:NEW_SAMPLE] if it.external_id is not None]
+        if not named:
+            return True  # ids made here: every row is new
+        with self.db.read() as conn:
+            row = conn.execute(
+                sql.SQL("SELECT count(*) FROM {} WHERE external_id = ANY(%s)").format(c.table),
+                (storable_external_ids(named),),
+            ).fetchone()
+        return row is not None and int(row[0]) * 2 <= len(named)
 
     def _write_items(self, c: Collection, items: Sequence[ItemIn], *, backpressure: bool = True) -> list[UpsertResult]:
         """One upsert transaction (COPY into a staging table above ``COPY_THRESHOLD`` items)."""
@@ -208,7 +247,9 @@ class ItemWritesPart(ItemReadsPart):
                     counts.update({r.external_id: r.status for r in written}.values())
                     bar.update(len(batch))
 
-            deferred = bulk_load.defers(c, size, rows_now, self.settings)
+            first = next(stream, None)  # the first batch tells a new load from one sent again
+            stream = itertools.chain([first] if first else [], stream)
+            deferred = bulk_load.defers(c, size, rows_now, self.settings) and self._mostly_new(c, first or [])
             if deferred:
                 try:
                     with bulk_load.deferred_index(
@@ -230,7 +271,7 @@ class ItemWritesPart(ItemReadsPart):
             created=counts["created"],
             updated=counts["updated"] + counts["metadata"],  # a load's answer counts every changed row
             unchanged=counts["unchanged"],
-            deferred_index=bool(build_s),
+            deferred_index=deferred,
             load_s=total_s - built,
             build_s=built,
         )

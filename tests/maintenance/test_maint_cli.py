@@ -19,6 +19,7 @@ import pytest
 from maintenance.cli import main
 from memstore.catalog.collections import Collection
 from memstore.settings import Settings, get_settings
+from memstore.store import VectorStore
 from tests.maintenance.maint_helpers import churn
 
 
@@ -184,3 +185,52 @@ def test_status_advises_a_denser_graph_when_even_a_fresh_build_misses_the_recall
     assert note is not None and "photos" in note and "0.858" in note and "hnsw_ef_construction" in note
     assert sparse_graph_note("photos", 0.97, 0.95) is None  # a rebuild restores what the graph can give
     assert sparse_graph_note("photos", None, 0.95) is None  # never rebuilt: nothing known yet
+
+
+def test_an_action_refuses_a_partition_that_does_not_exist(
+    cli_env: dict[str, str],
+    store: VectorStore,
+    make_collection: Callable[..., Collection],
+    collection_name: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Acting on no index would print an empty table and exit 0, like a success: a partition that does
+    not exist is a usage error naming the ones that do."""
+    c = make_collection(200, 8, partitions=2)
+    for n in ("2", "-1"):
+        assert main(["vacuum", "--json", "--collection", c.name, "--partition", n]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and f"no partition {n}: {c.name} has partitions 0 to 1" in captured.err, captured.err
+    plain = f"{collection_name}_plain"
+    store.create_collection(name=plain, dimensions=8)
+    assert main(["rebuild", "--collection", plain, "--partition", "0"]) == 2
+    assert f"collection {plain} is not partitioned" in capsys.readouterr().err
+
+    assert main(["vacuum", "--json", "--collection", c.name, "--partition", "1"]) == 0
+    [outcome] = _json_out(capsys)
+    assert outcome["table"] == c.partition_tables()[1] and outcome["outcome"] == "ok"
+
+
+def test_a_pass_that_fails_before_it_starts_says_so_in_its_json(capsys: pytest.CaptureFixture[str]) -> None:
+    """`[]` is also what a pass with nothing to do prints: a JSON Lines log must tell the two apart."""
+    unreachable = "postgresql://nobody@127.0.0.1:1/none"
+    assert main(["run", "--once", "--json", "--database-url", unreachable]) == 1
+    result = json.loads(capsys.readouterr().out)
+    assert isinstance(result, dict) and "failed before it started" in result["error"], result
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["history", "--since-hours", "0"],
+        ["history", "--since-hours", "-1"],
+        ["history", "--limit", "0"],
+        ["history", "--limit", "-5"],
+        ["report", "--plot", "history.png", "--since-hours", "0"],
+    ],
+)
+def test_history_refuses_an_empty_window_or_limit(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """0 hours read as no window at all (every row), and a window or limit of nothing has no use."""
+    option = args[-2]
+    assert main([*args, "--database-url", "postgresql://nobody@127.0.0.1:1/none"]) == 2
+    assert f"Invalid value for '{option}'" in capsys.readouterr().err
