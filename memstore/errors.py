@@ -56,6 +56,16 @@ class DatabaseUnavailableError(MemstoreError):
     """The database could not be reached or started."""
 
 
+class SchemaNotReadyError(DatabaseUnavailableError):
+    """The database has no memstore schema yet (its migrations have not run)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "the database has no memstore schema yet: run `memstore db upgrade`, or from Python "
+            "memstore.db.migrate.upgrade() (memstore serve does it at start)"
+        )
+
+
 class EncoderUnavailableError(MemstoreError):
     """A request needs the encoder, and this process has none ready (loading, failed or not run)."""
 

@@ -223,3 +223,28 @@ def test_a_fresh_database_gets_the_snapshot_schema(server_url: str) -> None:
     if os.environ.get(UPDATE_SNAPSHOT):
         SNAPSHOT.write_text(got)
     assert got == SNAPSHOT.read_text()
+
+
+def test_a_store_made_before_the_migrations_says_so_and_works_after_them(empty_database: str) -> None:
+    """The registry missing is memstore's own error naming the fix; a pooled connection opened before
+    the extension existed carries vectors once it does."""
+    import numpy as np
+
+    from memstore.db.core import create_engine
+    from memstore.errors import SchemaNotReadyError
+    from memstore.models import ItemIn
+    from memstore.store import VectorStore
+
+    engine = create_engine(empty_database, pool_size=1, max_overflow=0)
+    try:
+        store = VectorStore(engine)
+        with pytest.raises(SchemaNotReadyError, match="memstore db upgrade"):
+            store.create_collection(name="early", dimensions=4)
+        with pytest.raises(SchemaNotReadyError):
+            store.list_collections()
+        migrate.upgrade(empty_database)
+        store.create_collection(name="later", dimensions=4)
+        store.upsert_items(collection="later", items=[ItemIn(vector=np.ones(4), external_id="a")])
+        assert [h.external_id for h in store.search(collection="later", vector=np.ones(4), k=1)] == ["a"]
+    finally:
+        engine.dispose()

@@ -12,8 +12,10 @@ transaction, or a maintenance session); ``Registry`` reads through the ``Databas
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -25,7 +27,7 @@ from psycopg.types.json import Jsonb
 from memstore.catalog import segments
 from memstore.catalog.collections import Collection, validate_name
 from memstore.db.core import Database
-from memstore.errors import CollectionExistsError, CollectionNotFoundError
+from memstore.errors import CollectionExistsError, CollectionNotFoundError, SchemaNotReadyError
 
 # How long a process trusts its cached copy of a collection's registry row.
 CACHE_SECONDS = 5.0
@@ -161,6 +163,18 @@ def clear_option(conn: psycopg.Connection[Any], c: Collection, key: str) -> Coll
     return replace(c, options={k: v for k, v in c.options.items() if k != key})
 
 
+@contextlib.contextmanager
+def registry_schema() -> Iterator[None]:
+    """A registry read or write on a database whose migrations have not run says so, as memstore's
+    own error, instead of PostgreSQL's "relation memstore_collections does not exist"."""
+    try:
+        yield
+    except psycopg.errors.UndefinedTable as exc:
+        if "memstore_collections" in str(exc):
+            raise SchemaNotReadyError() from None
+        raise
+
+
 class Registry:
     """Registry rows by name or id through ``db``, cached for ``ttl`` seconds (a segmented
     collection's for ``layout_ttl`` at most)."""
@@ -194,7 +208,7 @@ class Registry:
             return None
 
     def all(self) -> list[Collection]:
-        with self.db.read_primary() as conn:
+        with registry_schema(), self.db.read_primary() as conn:
             every = read_collections(conn)
         now = time.monotonic()
         for c in every:
@@ -218,7 +232,7 @@ class Registry:
 
     def _read(self, *, name: str | None = None, id: int | None = None) -> Collection:
         now = time.monotonic()  # before the read: a row is never trusted past ttl from when it was read
-        with self.db.read_primary() as conn:
+        with registry_schema(), self.db.read_primary() as conn:
             c = read_collection(conn, name=name, id=id)
         self._keep(now, c)
         return c

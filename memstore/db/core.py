@@ -109,19 +109,29 @@ def register_json(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) 
     set_json_loads(load_json, conn)
 
 
-def _register_vector_types(dbapi_connection: Any, _record: Any) -> None:
+def _register_vector_types(dbapi_connection: Any, record: Any) -> None:
     conn: psycopg.Connection[Any] = dbapi_connection
     register_json(conn)
+    _register_vector(conn, record)
+
+
+def _register_vector(conn: psycopg.Connection[Any], record: Any) -> None:
     try:
         register_vector(conn)
     except psycopg.ProgrammingError:
-        # The extension does not exist yet (before the first migration); nothing to register.
+        # The extension does not exist yet (before the first migration): tried again when the
+        # connection is next taken from the pool, so one opened before the migrations can carry
+        # vectors after them.
         conn.rollback()
+        record.info[_VECTOR_UNREGISTERED] = True
     else:
         conn.commit()
 
 
-def _discard_dead_connections(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
+_VECTOR_UNREGISTERED = "memstore_vector_unregistered"
+
+
+def _discard_dead_connections(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
     """Refuse a pooled connection whose server end is gone, without a round trip.
 
     An idle connection has nothing to read; if its socket is readable the server has closed it
@@ -130,6 +140,8 @@ def _discard_dead_connections(dbapi_connection: Any, _record: Any, _proxy: Any) 
     """
     if server_went_away(dbapi_connection):
         raise sa.exc.DisconnectionError("the server closed this connection")
+    if record.info.pop(_VECTOR_UNREGISTERED, False):
+        _register_vector(dbapi_connection, record)
 
 
 def server_went_away(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:

@@ -26,6 +26,7 @@ from memstore.catalog.registry import (
     deregister,
     read_collection,
     register,
+    registry_schema,
     set_keywords,
     set_option,
 )
@@ -130,8 +131,8 @@ class CollectionsPart(StoreBase):
             options[RECALL_TARGET] = target
         # A graph the user chose is kept; a default one may be made denser for the size (memstore.catalog.density).
         options[density.HNSW_EXPLICIT] = hnsw_m is not None or hnsw_ef_construction is not None
-        fields = keywords.check_text_fields(list(text_fields))
-        with self.db.write() as conn:
+        fields = keywords.check_text_fields(text_fields)  # a str is refused there, not split into letters
+        with registry_schema(), self.db.write() as conn:
             keywords.check_language(conn, language)
             collection = register(
                 conn,
@@ -164,7 +165,7 @@ class CollectionsPart(StoreBase):
         text in its images on or off (``ocr``: part of its keywords, ``memstore.catalog.ocr_items``), online:
         searches go on while its keyword index is rebuilt (``memstore.catalog.keywords.change``); returns the
         collection."""
-        wanted_fields = None if text_fields is None else keywords.check_text_fields(list(text_fields))
+        wanted_fields = None if text_fields is None else keywords.check_text_fields(text_fields)
         c = self.get_collection(name=collection, fresh=True)
         busy = partial(ConflictError, f"another process is changing the indexes of collection {c.name!r}")
         with (
