@@ -318,6 +318,21 @@ def build_index(conn: psycopg.Connection[Any], c: Collection, space: Space, *, w
         conn.execute("SELECT pg_advisory_unlock(%s, %s)", (_BUILD_LOCK, space.id))
 
 
+def finish_filled(conn: psycopg.Connection[Any], c: Collection, space: Space) -> bool:
+    """Build the index of a filling space whose every item already has its vector (written by
+    ``put_vectors``) and nothing queued, here and now (autocommit ``conn``): there is nothing for an
+    ingest worker to embed, and a process with none (the library alone) would otherwise wait for
+    ever. False when there is work left, or another process is building it."""
+    if not space.side or space.state != "filling":
+        return False
+    p = progress(conn, c, space)
+    if p.vectors < p.total or p.without_original or p.pending:
+        return False
+    conn.execute("UPDATE memstore_spaces SET queued_at = coalesce(queued_at, now()) WHERE id = %s", (space.id,))
+    fresh = registry.read_collection(conn, id=c.id)
+    return build_index(conn, fresh, fresh.space(space.name))
+
+
 def activate(conn: psycopg.Connection[Any], c: Collection, name: str, *, force: bool = False) -> Collection:
     """Make ``name`` the space searches use by default. Refused while it is filling, or, unless
     ``force``, while items have no vector in it: those whose embedding failed, and those stored

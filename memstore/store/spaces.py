@@ -59,8 +59,14 @@ class SpacesPart(ItemWritesPart):
 
     def activate_space(self, *, collection: str, name: str, force: bool = False) -> Collection:
         """Make ``name`` the space searches use when they name none (``lifecycle.activate`` says when it
-        is refused); this process sees it at once, others within the registry's cache time."""
+        is refused); this process sees it at once, others within the registry's cache time. A space
+        filled by ``put_space_vectors`` alone (nothing to embed) gets its index built here first."""
         c = self.get_collection(name=collection, fresh=True)
+        if c.space(name).state == "filling":
+            # Every vector written by hand and nothing to embed: built here, no worker needed.
+            with self._ddl_connection("memstore-spaces") as conn:
+                if lifecycle.finish_filled(conn, c, c.space(name)):
+                    c = self.get_collection(name=collection, fresh=True)
         with self.db.write() as conn:
             lifecycle.activate(conn, c, name, force=force)
         self.forget_collection(collection)
