@@ -173,6 +173,21 @@ def uploads(form: FormData, name: str) -> list[UploadFile]:
     return files
 
 
+# What browsers percent-encode in a multipart file name (the WHATWG HTML form encoding): a quote, a
+# carriage return, a line feed. Only these three: a real "%41" in a name stays as it is.
+_FORM_ESCAPES = {"%22": '"', "%0D": "\r", "%0A": "\n"}
+
+
+def upload_filename(upload: UploadFile) -> str | None:
+    """The name of an uploaded file as its owner wrote it (``say "hi".png``, not ``say %22hi%22.png``)."""
+    name = upload.filename
+    if not name or "%" not in name:
+        return name
+    for escaped, char in _FORM_ESCAPES.items():
+        name = name.replace(escaped, char).replace(escaped.lower(), char)
+    return name
+
+
 async def read_image(upload: UploadFile, where: str, options: ImageOptions) -> tuple[bytes, str]:
     """The file's bytes and its real content type, after the header checks (nothing decoded yet)."""
     data = await upload.read(options.max_bytes + 1)

@@ -250,3 +250,16 @@ def test_a_download_is_named_for_the_type_it_holds() -> None:
         ("folder/a.b.c", "image/png"): "a.b.c",
     }
     assert {k: download_name(*k) for k in cases} == cases
+
+
+def test_an_uploaded_files_name_is_kept_as_written(client: httpx.Client, collection_name: str) -> None:
+    """Browsers and httpx write a quote in a multipart file name as %22 (the HTML form encoding)."""
+    from tests.api.api_helpers import make_image
+
+    assert client.post("/v1/collections", json={"name": collection_name}).status_code == 201
+    names = ['say "hi".png', "100%41 real.png"]
+    files = [("files", (name, make_image(i + 1, fmt="PNG"), "image/png")) for i, name in enumerate(names)]
+    r = client.post(f"/v1/collections/{collection_name}/items", files=files)
+    assert r.status_code in (201, 202), r.text
+    stored = [client.get(f"/v1/collections/{collection_name}/items/{a['id']}").json() for a in r.json()["items"]]
+    assert [s["metadata"]["filename"] for s in stored] == names

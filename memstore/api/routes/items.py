@@ -170,15 +170,16 @@ async def _uploaded_items(rt: Runtime, request: Request, c: Collection) -> list[
     check_encodable(rt, c)
     pending = []
     for i, upload in enumerate(files):
-        data, ctype = await bodies.read_image(upload, f"files[{i}] ({upload.filename})", rt.encoder.image_options)
+        filename = bodies.upload_filename(upload)
+        data, ctype = await bodies.read_image(upload, f"files[{i}] ({filename})", rt.encoder.image_options)
         meta = metas[0] if len(metas) == 1 else (metas[i] if metas else {})
         if not isinstance(meta, dict):
             raise Problem(
                 "invalid-input",
                 f"metadata for files[{i}] must be a JSON object (or send one JSON array with an object per file)",
             )
-        if upload.filename and "filename" not in meta:
-            meta = {**meta, "filename": upload.filename}
+        if filename and "filename" not in meta:
+            meta = {**meta, "filename": filename}
         pending.append(
             PendingItem(content=data, content_type=ctype, external_id=ids[i] if ids else None, metadata=meta)
         )
