@@ -287,6 +287,8 @@ def check_text_fields(value: Any) -> tuple[str, ...]:
     """Metadata field names whose values are keywords (at most MAX_TEXT_FIELDS, no duplicates)."""
     if value is None:
         return ()
+    if isinstance(value, str | bytes):
+        raise InvalidInputError("text_fields must be a list of metadata field names, not a string")
     if not isinstance(value, list | tuple):
         raise InvalidInputError(f"text_fields must be a list of metadata field names, not {type(value).__name__}")
     if len(value) > MAX_TEXT_FIELDS:

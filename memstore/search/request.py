@@ -140,6 +140,9 @@ def resolve_mode(mode: str | None, *, has_text: bool, has_vector: bool) -> Mode:
         raise InvalidInputError(f"a {mode} search needs a vector")
     if mode in ("keyword", "hybrid") and not has_text:
         raise InvalidInputError(f"a {mode} search needs a text")
+    if mode == "keyword" and has_vector:
+        # As the REST API answers it: a vector left unused would look like a search that used it.
+        raise InvalidInputError("a keyword search takes no vector: leave vector out, or ask for mode='hybrid'")
     return mode  # type: ignore[return-value]
 
 
@@ -180,7 +183,8 @@ def results(c: Collection, q: SearchQuery, rows: list[tuple[Any, ...]]) -> list[
     here and the score is the metric's similarity. Keyword and hybrid rows carry their score and both
     ranks before ``original`` (``statements.original_of``). A row whose distance is not a number (a
     zero vector stored in a cosine collection before such vectors were refused) is near nothing: a
-    vector search leaves it out."""
+    vector search leaves it out, as it does an infinite distance (only vectors stored before
+    ``vectors.MAX_SQUARED_LENGTH`` bounded their length can overflow one)."""
     out: list[SearchResult] = []
     if q.mode == "vector":
         spec = c.space(q.using).spec  # looked up once for every row; its score computed inline

@@ -23,6 +23,9 @@ from memstore.models import Item, Original
 from memstore.search.filter_language import compile_filter
 from memstore.store.collections import CollectionsPart
 
+# The statuses an item row can have (its table's CHECK, memstore.catalog.tables).
+STATUSES = ("pending", "ready", "failed")
+
 
 class ItemReadsPart(CollectionsPart):
     """Item reads."""
@@ -47,6 +50,8 @@ class ItemReadsPart(CollectionsPart):
         """The stored vectors of ``ids`` (those that have one) in the space ``using`` (default: the
         active one), by id: what a search's hits carry with ``with_vector``, read in one statement
         after the search rather than by every search."""
+        if isinstance(ids, str | bytes):
+            raise InvalidInputError("ids must be a list of integers, not a string")
         c = self.get_collection(name=collection)
         space = c.space(using)
         table = sql.Identifier(space.table_name) if space.side else c.table
@@ -121,6 +126,9 @@ class ItemReadsPart(CollectionsPart):
                 filter=filter,
             )
             return items, cursor is not None
+        if descending:
+            # As the REST API answers it: an ascending id order would pass for the newest-first page asked for.
+            raise InvalidInputError("descending orders by order_by; without it a listing is in id order, ascending")
         c = self.get_collection(name=collection)
         if not 1 <= limit <= MAX_K:
             raise InvalidInputError(f"limit must be between 1 and {MAX_K}, not {limit}")
@@ -246,6 +254,8 @@ class ItemReadsPart(CollectionsPart):
             clauses.append(sql.SQL("external_id = %(external_id)s"))
             params["external_id"] = external_id
         if status is not None:
+            if status not in STATUSES:
+                raise InvalidInputError(f"status must be one of {', '.join(STATUSES)}, not {status!r}")
             clauses.append(sql.SQL("status = %(status)s"))
             params["status"] = status
         if filter is not None:
@@ -300,4 +310,7 @@ class ItemReadsPart(CollectionsPart):
 def storable_external_ids(external_ids: Iterable[Any]) -> list[str]:
     """The external ids an item could have, of those asked for: one holding a NUL (which no stored
     text can, and which PostgreSQL refuses even in a comparison) names no item, so it is not sent."""
+    if isinstance(external_ids, str | bytes):
+        # Iterated, it would name one item per character.
+        raise InvalidInputError("external_ids must be a list of strings, not a string")
     return [e for e in map(str, external_ids) if "\x00" not in e]

@@ -342,6 +342,8 @@ class ItemWritesPart(ItemReadsPart):
                 raise InvalidInputError("this filter matches every item; to delete them all, drop the collection")
             clause, params = compiled.where, compiled.params
         elif ids is not None:
+            if isinstance(ids, str | bytes):  # not split into digits: "12" is not the items 1 and 2
+                raise InvalidInputError("ids must be a list of integers, not a string")
             clause, params = sql.SQL("id = ANY(%(ids)s)"), {"ids": [int(i) for i in ids]}
         else:
             clause, params = sql.SQL("external_id = ANY(%(ids)s)"), {"ids": storable_external_ids(external_ids or ())}

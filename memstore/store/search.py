@@ -37,6 +37,12 @@ def _check_k(k: int) -> int:
     return k
 
 
+def _is_id(example: Any) -> bool:
+    """Whether a recommendation's example is a stored item's id (an integer, numpy's too; not a bool)
+    rather than a vector."""
+    return isinstance(example, int | np.integer) and not isinstance(example, bool)
+
+
 class SearchPart(SpacesPart):
     """Searches."""
 
@@ -95,8 +101,13 @@ class SearchPart(SpacesPart):
         whose field is a list is in the group of each element), groups in the order of their best
         hit. Each group is a list of its hits with the value they share as ``.value``. ``search``
         takes ``search``'s other arguments (not k or offset)."""
-        if not 1 <= group_size <= request.MAX_GROUP_SIZE:
-            raise InvalidInputError(f"group_size must be between 1 and {request.MAX_GROUP_SIZE}")
+        if "k" in search:
+            raise InvalidInputError("k is not an argument of search_groups: give the number of groups as groups=")
+        if "offset" in search:
+            # As the REST API answers it: a grouped search reads the ranked list from its top.
+            raise InvalidInputError("offset pages hits, not groups: leave it out of search_groups")
+        request.check_count("groups", groups, 1, MAX_K)
+        request.check_count("group_size", group_size, 1, request.MAX_GROUP_SIZE)
         split_names(group_by, "group_by")  # a field's name or a dotted path, checked before searching
         window = request.group_window(groups, group_size)
         hits = self.search(collection=collection, k=window, **search)
@@ -117,6 +128,13 @@ class SearchPart(SpacesPart):
         the end). Approximate, as every index search is; bounded, so a large collection is walked
         page by page rather than compared all at once."""
         c = self.get_collection(name=collection)
+        if c.metric == "inner_product":
+            # Its "distance" is the negative inner product: no threshold >= 0 tells a near copy from
+            # any pair of vectors pointing the same way.
+            raise InvalidInputError(
+                f"collection {collection!r} has metric inner_product, which has no distance: near duplicates "
+                "need one (metric cosine or l2)"
+            )
         if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0 <= threshold < 1e30:
             raise InvalidInputError(f"threshold must be a non-negative distance, not {threshold!r}")
         request.check_count("scan", scan, 1, 5000)
@@ -156,7 +174,7 @@ class SearchPart(SpacesPart):
         items themselves are not answered. Examples and the search are in the collection's active space."""
         c = self.get_collection(name=collection)
         space = c.space()
-        ids = [e for e in [*positive, *negative] if isinstance(e, int) and not isinstance(e, bool)]
+        ids = [int(e) for e in [*positive, *negative] if _is_id(e)]
         stored = self.vectors(collection=collection, ids=ids) if ids else {}
         missing = [i for i in ids if i not in stored]
         if missing:
@@ -165,8 +183,8 @@ class SearchPart(SpacesPart):
             )
 
         def vector_of(example: int | Any, where: str) -> np.ndarray:
-            if isinstance(example, int) and not isinstance(example, bool):
-                return stored[example]
+            if _is_id(example):
+                return stored[int(example)]
             return as_vector(example, dimensions=space.dimensions, metric=space.metric, where=where)
 
         target = request.recommendation(
