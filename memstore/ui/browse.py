@@ -82,8 +82,10 @@ async def collections_page(request: Request) -> Response:
 async def collection_page(
     request: Request,
     name: str,
-    q: Annotated[str, Query(max_length=10_000)] = "",
-    like: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
+    # Unbounded here (the server bounds the request line): the search refuses a long query naming its
+    # limit, and the page says what ``like`` takes, where a validation error would be a bare 404.
+    q: str = "",
+    like: str | None = None,
     f: Annotated[list[str], Query(max_length=32)] = [],  # noqa: B006 (FastAPI copies defaults)
     after: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
     mode: Annotated[str, Query(max_length=16)] = "hybrid",
@@ -95,10 +97,16 @@ async def collection_page(
     chips = tuple(search.parse_chips(f, refused))
     chosen = mode if mode in search.MODES else "hybrid"
     order = sort if sort in search.SORTS else "added"
-    view = search.SearchView(base_path(request), c.name, q.strip(), like, chips, chosen, order)
+    like_id = _item_id(like)
+    # A typed query replaces "More like this": the search form of a "More like this" page keeps
+    # ``like`` (a filter added there narrows the same search), and text typed there is a new search.
+    query = q.strip()
+    view = search.SearchView(base_path(request), c.name, query, None if query else like_id, chips, chosen, order)
     if sort not in search.SORTS:  # the items in id order, and what the sorts are
         cursor = None
     context = await run_in_threadpool(_search_context, rt, c, view, after, cursor)
+    if like is not None and like_id is None and not query and "problem" not in context:  # the items, listed
+        context["problem"] = Problem("invalid-input", f"like: an item id (a whole number from 1), not {like[:32]!r}")
     if refused.message and "problem" not in context:
         context["problem"] = Problem("invalid-input", refused.message)
     if mode not in search.MODES and "problem" not in context:
@@ -106,6 +114,15 @@ async def collection_page(
     if sort not in search.SORTS and "problem" not in context:
         context["problem"] = Problem("invalid-input", f"sort is one of {', '.join(search.SORTS)}, not {sort[:32]!r}")
     return _collection_response(request, identity, c, view, context)
+
+
+def _item_id(text: str | None) -> int | None:
+    """``like``'s item id; None when there is none, or when it is no id (the page says so)."""
+    digits = (text or "").strip()
+    if not (digits.isascii() and digits.isdigit()):
+        return None
+    value = int(digits)
+    return value if 1 <= value < 2**63 else None
 
 
 def _collection_response(
@@ -139,7 +156,8 @@ def _search_context(
         search.check_chips(view.chips)
         if view.like is not None:
             vector = search.item_vector(rt, c, view.like)
-            results = search.nearest(rt, c, vector, k=k, chips=view.chips, sample=False)
+            hits = search.nearest(rt, c, vector, k=k + 1, chips=view.chips, sample=False)
+            results = [r for r in hits if r.id != view.like][:k]  # not the item itself
             context["mode"] = "like"
         elif view.query:
             results, context["mode"] = _typed_search(rt, c, view, k)
@@ -213,6 +231,7 @@ def _browse(
     rows = [(i.id, i.external_id, i.metadata, None) for i in items]
     context["cards"] = search.cards(rt, c, view, rows)
     context["next_url"] = following
+    context["paged"] = bool(after or cursor)  # an empty page past the last: "no more", not "none yet"
 
 
 @router.post("/c/{name}/search/image")

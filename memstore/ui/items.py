@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request
 from fastapi.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 from starlette.responses import RedirectResponse, Response
 
 from memstore.api.problems import Problem
@@ -30,7 +31,6 @@ ItemId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 # Thumbnails are private (behind a session) and change only when the item's content does: kept by
 # the browser for a few minutes, then revalidated with their ETag (304s cost no thumbnail bytes).
 THUMBNAIL_CACHE = "private, max-age=300"
-MAX_METADATA_FORM = 70_000  # characters: the metadata limit (64 KiB) with room for indentation
 
 
 def _item_context(rt: Runtime, c: Collection, view: search.SearchView, item_id: int) -> dict[str, Any]:
@@ -51,6 +51,7 @@ def _item_context(rt: Runtime, c: Collection, view: search.SearchView, item_id: 
         "error": item.error or (tries[1] if tries else None),
         "attempts": tries[0] if tries else None,
         "neighbours": neighbours,
+        "has_vector": vector is not None,  # "More like this" searches by it (a 409 without one)
     }
 
 
@@ -77,9 +78,14 @@ async def _render(
         view=view,
         can_write=identity.key.allows("write", c.name),
         form_error=form_error,
-        metadata_text=metadata_text if metadata_text is not None else json.dumps(item.metadata, indent=2),
+        metadata_text=metadata_text if metadata_text is not None else _editable(item.metadata),
         **context,
     )
+
+
+def _editable(metadata: dict[str, Any]) -> str:
+    """The metadata as the edit box shows it: indented, every character as itself (not ``\\uXXXX``)."""
+    return json.dumps(metadata, indent=2, ensure_ascii=False)
 
 
 @router.get("/{item_id}")
@@ -91,7 +97,16 @@ async def item_page(request: Request, name: str, item_id: ItemId) -> Response:
 @router.post("/{item_id}/metadata")
 async def edit_metadata(request: Request, name: str, item_id: ItemId) -> Response:
     rt, identity, c = await collection_for(request, name, "write")  # before the body is read
-    form = await request.form(max_files=0, max_fields=4, max_part_size=MAX_METADATA_FORM * 4)
+    # The field may fill the whole body the route takes: metadata within its 64 KiB, pretty-printed
+    # (up to 32 levels of indentation) and URL-encoded (%XX: three bytes for one), can be many times
+    # that size, and the body limit (MEMSTORE_API_MAX_JSON_BODY_BYTES) already bounds what is read.
+    try:
+        form = await request.form(max_files=0, max_fields=4, max_part_size=rt.api.max_json_body_bytes)
+    except HTTPException as exc:
+        if exc.status_code != 400:  # a body over the route's limit (413) is the error page
+            raise
+        message = f"the form could not be read: {exc.detail}"
+        return await _render(request, identity, c, item_id, status_code=422, form_error=message)
     check_csrf_field(request, identity, form.get(CSRF_FIELD))
     text = form.get("metadata")
     text = text if isinstance(text, str) else ""
@@ -102,9 +117,8 @@ async def edit_metadata(request: Request, name: str, item_id: ItemId) -> Respons
         check_metadata(metadata)
     except (ValueError, RecursionError, InvalidInputError) as exc:
         message = str(exc) if isinstance(exc, InvalidInputError) else f"not valid JSON: {exc}"
-        return await _render(
-            request, identity, c, item_id, status_code=422, form_error=message, metadata_text=text[:MAX_METADATA_FORM]
-        )
+        # What was sent, kept for correcting: the body limit already bounds its size.
+        return await _render(request, identity, c, item_id, status_code=422, form_error=message, metadata_text=text)
     await run_in_threadpool(lambda: rt.store.update_item(collection=c.name, id=item_id, metadata=metadata))
     return RedirectResponse(f"{base_path(request)}/c/{c.name}/items/{item_id}?notice=saved", status_code=303)
 

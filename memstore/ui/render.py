@@ -15,9 +15,11 @@ from typing import Any
 import jinja2
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
+from memstore.api.middleware import BodyTooLargeError, too_large_detail
 from memstore.api.problems import CATALOG, Problem, from_exception
 from memstore.ui.identity import Identity, current
 
@@ -37,6 +39,7 @@ NOTICES = {
     "deleted": "The item was deleted.",
     "signed-out": "You are signed out.",
     "probe": "A probe was requested: the maintenance worker takes it on its next pass.",
+    "session-ended": "Your session ended: sign in again.",
 }
 
 
@@ -108,6 +111,40 @@ def error_page(request: Request, problem: Problem) -> HTMLResponse:
     )
 
 
+def plain_page(
+    root_path: str, *, status: int, title: str, detail: str, link: str | None = None, link_text: str = ""
+) -> bytes:
+    """An error page for the front (``memstore.ui.gate``), which answers before any route, so without a
+    request or a session: no navigation, and ``link`` (an address of these pages) as its way on."""
+    extra = {"link": link, "link_text": link_text} if link is not None else {}
+    return (
+        ENV.get_template("error.html")
+        .render(
+            ui=root_path + "/ui",
+            identity=None,
+            csrf="",
+            notice=None,
+            encoder_state="off",
+            title=title,
+            detail=detail,
+            status=status,
+            **extra,
+        )
+        .encode()
+    )
+
+
+def http_problem(exc: HTTPException) -> Problem:
+    """Starlette's own refusals (a body over the route's limit read in chunks, a form it cannot parse)."""
+    if isinstance(exc, BodyTooLargeError):
+        return Problem("payload-too-large", too_large_detail(exc.limit, exc.kind))
+    if exc.status_code == 413:
+        slug = "payload-too-large"
+    else:
+        slug = "malformed-request" if exc.status_code < 500 else "internal-error"
+    return Problem(slug, str(exc.detail), status=exc.status_code)
+
+
 class PageRoute(APIRoute):
     """A route whose errors are pages (the API's mapping of exceptions to statuses, shown as HTML)."""
 
@@ -121,6 +158,8 @@ class PageRoute(APIRoute):
                 fields = ", ".join(str(e.get("loc", ("?",))[-1]) for e in exc.errors()[:3])
                 problem = Problem("not-found", f"no such page: {fields} is not valid here")
                 return error_page(request, problem)
+            except HTTPException as exc:
+                return error_page(request, http_problem(exc))
             except Exception as exc:
                 return error_page(request, from_exception(exc))
 

@@ -58,15 +58,27 @@ class Chip:
     def param(self) -> str:
         """As it travels in the query string (``f=key=value``, ``f=price>=10``): a string that would read
         as another JSON value (``2020``, ``true``) or lose its spaces is quoted, so it stays the same
-        string; a key holding an operator's character or a dot (one key, not a path) is quoted too."""
-        literal = not self.nested and (_needs_quotes(self.key) or "." in self.key)
-        key = json.dumps(self.key, ensure_ascii=False) if literal else self.key
-        return f"{key}{self.op}{_value_text(self.value)}"
+        string; a key holding an operator's character or a dot (one key, not a path), or no character
+        at all, is quoted too."""
+        return f"{self._key_text}{self.op}{_value_text(self.value)}"
 
     @property
     def label(self) -> str:
-        shown = self.value if isinstance(self.value, str) else json.dumps(self.value, ensure_ascii=False)
-        return f"{self.key}: {shown}" if self.op == "=" else f"{self.key} {_SHOWN_OPS[self.op]} {shown}"
+        """As the page shows it: quoted where the address quotes it, so two chips never read alike
+        (``year: 2020``, the number, and ``year: "2020"``, the string)."""
+        shown = _value_text(self.value)
+        return f"{self._key_text}: {shown}" if self.op == "=" else f"{self._key_text} {_SHOWN_OPS[self.op]} {shown}"
+
+    @property
+    def _key_text(self) -> str:
+        literal = not self.nested and (_needs_quotes(self.key) or "." in self.key)
+        return json.dumps(self.key, ensure_ascii=False) if literal else self.key
+
+    @property
+    def linkable(self) -> bool:
+        """Whether the chip survives the address: a link with a chip the page would refuse (a value
+        over MAX_CHIP_CHARS) is no link to offer."""
+        return parse_chip(self.param) == self
 
     @property
     def leaf(self) -> Any:
@@ -100,7 +112,7 @@ _SHOWN_OPS = {">=": "≥", ">": ">", "<=": "≤", "<": "<"}
 
 
 def _needs_quotes(key: str) -> bool:
-    return key.startswith('"') or key != key.strip() or any(ch in key for ch in "<>=")
+    return not key or key.startswith('"') or key != key.strip() or any(ch in key for ch in "<>=")
 
 
 def _value_text(value: Any) -> str:
@@ -115,16 +127,25 @@ def _value_text(value: Any) -> str:
 
 @dataclass
 class ChipErrors:
-    """What the address asked for that is not a chip, to say so on the page."""
+    """What the address asked for that is not a chip, or is a chip past the MAX_CHIPS first, to say so
+    on the page."""
 
     refused: list[str] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)
 
     @property
     def message(self) -> str | None:
-        if not self.refused:
-            return None
-        shown = ", ".join(f"“{_clip(text)}”" for text in self.refused[:3])
-        return f"Not a filter: {shown}; {CHIP_FORM} (at most {MAX_CHIPS} filters of {MAX_CHIP_CHARS} characters)."
+        parts = []
+        if self.refused:
+            shown = ", ".join(f"“{_clip(text)}”" for text in self.refused[:3])
+            parts.append(
+                f"Not a filter: {shown}; {CHIP_FORM} (at most {MAX_CHIPS} filters of {MAX_CHIP_CHARS} characters)."
+            )
+        if self.left_out:
+            shown = ", ".join(_clip(text) for text in self.left_out[:5])
+            more = f" and {len(self.left_out) - 5} more" if len(self.left_out) > 5 else ""
+            parts.append(f"At most {MAX_CHIPS} filters; left out: {shown}{more}.")
+        return " ".join(parts) or None
 
 
 def _clip(text: str, limit: int = 60) -> str:
@@ -155,7 +176,7 @@ def parse_chip(text: str) -> Chip | None:
             return None
         key, rest = stripped[:at].strip(), stripped[at:]
     op = next((o for o in (">=", "<=", ">", "<", "=") if rest.startswith(o)), None)
-    if op is None or not key:
+    if op is None or not (key or quoted):  # "" (quoted) names the empty key; =1 names none
         return None
     raw = rest[len(op) :].strip()
     try:
@@ -179,10 +200,10 @@ def _scalars(values: list[Any]) -> bool:
 
 
 def parse_chips(values: Iterable[str], errors: ChipErrors | None = None) -> list[Chip]:
-    """The chips of the address (``f=``), at most MAX_CHIPS; blank ones are ignored, others that are
-    not chips are counted in ``errors``."""
+    """The chips of the address (``f=``), the first MAX_CHIPS of them; blank ones are ignored, others
+    that are not chips, and chips past the limit, are counted in ``errors``."""
     chips: dict[tuple[str, bool, str, str], Chip] = {}
-    for text in list(values)[: MAX_CHIPS * 2]:
+    for text in values:
         if not text.strip():
             continue
         chip = parse_chip(text)
@@ -190,8 +211,12 @@ def parse_chips(values: Iterable[str], errors: ChipErrors | None = None) -> list
             if errors is not None:
                 errors.refused.append(text)
             continue
+        if chip.identity not in chips and len(chips) == MAX_CHIPS:
+            if errors is not None:
+                errors.left_out.append(text)
+            continue
         chips[chip.identity] = chip  # a later chip for the same bound replaces it, in its place
-    return list(chips.values())[:MAX_CHIPS]
+    return list(chips.values())
 
 
 def filter_of(chips: Sequence[Chip]) -> dict[str, Any] | None:
@@ -288,14 +313,21 @@ class SearchView:
     def without(self, chip: Chip) -> str:
         return self.url(like=self.like, chips=tuple(c for c in self.chips if c != chip))
 
-    def adding(self, key: str, value: Any) -> str:
-        """The filter ``key=value`` in place of the other values of ``key`` (a card's scalar field)."""
-        kept = tuple(c for c in self.chips if c.key != key or c.op != "=" or c.nested)
-        return self.url(like=self.like, chips=(*kept, Chip(key, value)))
-
-    def also(self, key: str, value: Any) -> str:
-        """The filter ``key=value`` besides the others (an element of a card's list: one more tag)."""
+    def adding(self, key: str, value: Any) -> str | None:
+        """The filter ``key=value`` in place of the other values of ``key`` (a card's scalar field);
+        None for a chip the page would refuse."""
         chip = Chip(key, value)
+        if not chip.linkable:
+            return None
+        kept = tuple(c for c in self.chips if c.key != key or c.op != "=" or c.nested)
+        return self.url(like=self.like, chips=(*kept, chip))
+
+    def also(self, key: str, value: Any) -> str | None:
+        """The filter ``key=value`` besides the others (an element of a card's list: one more tag);
+        None for a chip the page would refuse."""
+        chip = Chip(key, value)
+        if not chip.linkable:
+            return None
         kept = tuple(c for c in self.chips if c.identity != chip.identity)
         return self.url(like=self.like, chips=(*kept, chip))
 
@@ -386,8 +418,8 @@ class Card:
     thumbnail_url: str | None
     snippet: str | None
     status: str  # pending and failed images show their state instead of a picture
-    chips: tuple[tuple[str, str, str], ...]  # (key, shown value, link adding it as a filter)
-    tags: tuple[tuple[str, str, str], ...] = ()  # elements of list fields: (key, shown value, link)
+    chips: tuple[tuple[str, str, str | None], ...]  # (key, shown value, link adding it as a filter)
+    tags: tuple[tuple[str, str, str | None], ...] = ()  # elements of list fields: (key, shown value, link)
     found_by: str | None = None  # a hybrid hit: "both", "keyword" or "vector"
     ranks: str = ""  # where each list placed it, in words
     taken: str | None = None  # metadata.image.taken_at (a photo's date taken), as written

@@ -49,7 +49,8 @@ async def upload(request: Request, name: str) -> JSONResponse:
 
 
 async def _pending_item(rt: Runtime, upload: UploadFile, path: str | None) -> PendingItem:
-    filename = (upload.filename or "").rsplit("/", 1)[-1][:MAX_PATH_CHARS] or "unnamed"
+    # As written: browsers send a quote, CR and LF in a file's name as %22, %0D and %0A.
+    filename = (bodies.upload_filename(upload) or "").rsplit("/", 1)[-1][:MAX_PATH_CHARS] or "unnamed"
     metadata: dict[str, Any] = {"filename": filename}
     if path and "/" in path:
         metadata["path"] = path[:MAX_PATH_CHARS]

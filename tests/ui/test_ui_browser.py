@@ -185,3 +185,16 @@ def test_a_thumbnail_is_a_small_webp(site, server, api, ui_collection) -> None:
     r = httpx.get(f"{server.url}/ui/c/{ui_collection}/items/{item}/thumbnail", cookies=cookies)
     with Image.open(io.BytesIO(r.content)) as img:
         assert img.format == "WEBP" and img.size == (256, 144)
+
+
+def test_a_hidden_file_input_shows_where_the_keyboard_is(site, server, ui_collection) -> None:
+    """The file pickers are visually hidden behind their labels; tabbing onto one outlines its area."""
+    site.get(f"{server.url}/ui/c/{ui_collection}")
+    outline = "return getComputedStyle(document.getElementById(arguments[0])).outlineStyle"
+    for area, picker in (("image-search", "image-file"), ("dropzone", "upload-files")):
+        assert site.execute_script(outline, area) == "none"
+        site.execute_script("document.getElementById(arguments[0]).focus()", picker)
+        assert site.execute_script("return document.activeElement.id") == picker
+        assert site.execute_script(outline, area) == "solid", area
+        site.execute_script("document.activeElement.blur()")
+    assert _console_errors(site) == []

@@ -124,12 +124,76 @@ def test_chip_abuse_never_breaks_the_page(admin_page, ui_collection, notes) -> N
         assert page.status_code in (200, 422), (chip, page.status_code, page.text[-500:])
         assert "<script>alert(1)" not in page.text and "<img src=x" not in page.text
     many = _get(admin_page, ui_collection, *(f"k{i}=1" for i in range(32)))
-    assert many.status_code == 200 and many.text.count("Remove filter") == search.MAX_CHIPS
+    assert many.status_code == 422 and many.text.count("Remove filter") == search.MAX_CHIPS
+    assert "At most 8 filters; left out: k8=1, k9=1, k10=1, k11=1, k12=1 and 19 more." in many.text
     too_many = _get(admin_page, ui_collection, *(f"k{i}=1" for i in range(40)))
     assert too_many.status_code == 404 and "is not valid here" in too_many.text  # the address's own limit, a page
     evil_mode = _get(admin_page, ui_collection, q="photo", mode="<b>x</b>")
     assert evil_mode.status_code == 422 and "<b>x</b>" not in evil_mode.text
     assert "mode is one of hybrid, vector, keyword" in evil_mode.text
+
+
+def test_a_ninth_chip_is_named_not_dropped(admin_page, ui_collection, notes) -> None:
+    chips = [f"k{i}>=0" for i in range(7)] + ["kind=note", "tags=github", "kind=note"]
+    page = _get(admin_page, ui_collection, *chips)
+    assert page.status_code == 422
+    assert 'id="search-error"' in page.text and "At most 8 filters; left out: tags=github." in page.text
+    assert page.text.count("Remove filter") == search.MAX_CHIPS  # a chip given twice is one chip
+    hostile = _get(admin_page, ui_collection, *chips[:8], '"<b>x</b>"=1')
+    assert "left out: &#34;&lt;b&gt;x&lt;/b&gt;&#34;=1." in hostile.text and "<b>x</b>" not in hostile.text
+
+
+def test_chips_that_differ_read_differently(admin_page, ui_collection, notes) -> None:
+    labels = {
+        "year=2020": "year: 2020",
+        'year="2020"': 'year: "2020"',
+        'flag="true"': 'flag: "true"',
+        "flag=true": "flag: true",
+        '"a.b"=1': '"a.b": 1',
+        "a.b=1": "a.b: 1",
+        '"a=b">=2': '"a=b" ≥ 2',
+        "name=two words": "name: two words",
+        "taken>=2024-05-01": "taken ≥ 2024-05-01",
+    }
+    for text, label in labels.items():
+        chip = search.parse_chip(text)
+        assert chip is not None and chip.label == label, (text, chip)
+    assert len({search.parse_chip(t).label for t in labels}) == len(labels)  # type: ignore[union-attr]
+    page = _get(admin_page, ui_collection, "year=2020", 'year="2020"')
+    assert 'aria-label="Remove filter year: 2020"' in page.text
+    assert 'aria-label="Remove filter year: &#34;2020&#34;"' in page.text
+
+
+def test_card_values_link_only_to_chips_the_page_takes(admin_page, api, ui_collection) -> None:
+    long = "w" * 250
+    items = [
+        {"external_id": "long", "text": "long value", "metadata": {"note": long, "tags": [long, "short"]}},
+        {"external_id": "empty", "text": "empty key", "metadata": {"": "blank key"}},
+    ]
+    r = api.post(f"/v1/collections/{ui_collection}/items?wait=true", json={"items": items})
+    ids = {it["external_id"]: it["id"] for it in r.json()["items"]}
+    page = _get(admin_page, ui_collection)
+    links = [href.replace("&amp;", "&") for href in re.findall(r'<a class="chip(?: tag)?" href="([^"]+)"', page.text)]
+    assert links and all(admin_page.get(link).status_code == 200 for link in links)
+    assert not any("w" * 100 in link for link in links)  # the long value: shown, not a link
+    assert '<span class="chip" title="too long to filter on">note: ' in page.text
+    assert '<span class="chip tag" data-key="tags">' in page.text
+    blank = next(link for link in links if "blank+key" in link)
+    assert _shown(admin_page.get(blank)) == {ids["empty"]}
+    assert search.parse_chip('""=blank key') == search.Chip("", "blank key")
+    assert search.parse_chip("=blank key") is None
+
+
+def test_a_filter_added_to_more_like_this_keeps_it(admin_page, ui_collection, notes) -> None:
+    like = _get(admin_page, ui_collection, like=str(notes["gh"]))
+    assert f'<input type="hidden" name="like" value="{notes["gh"]}">' in like.text
+    narrowed = _get(admin_page, ui_collection, "kind=note", like=str(notes["gh"]), q="")
+    assert narrowed.status_code == 200 and "More like <a" in narrowed.text
+    assert _shown(narrowed) == {notes["bug"]}  # the other note; never the item itself
+    assert f'<input type="hidden" name="like" value="{notes["gh"]}">' in narrowed.text
+    typed = _get(admin_page, ui_collection, like=str(notes["gh"]), q="kettle", mode="keyword")
+    assert typed.status_code == 200 and "Results for “kettle”" in typed.text  # text typed there: a new search
+    assert _shown(typed) == {notes["bug"]} and 'name="like"' not in typed.text
 
 
 def test_the_mode_switch_searches_by_keyword_vector_or_both(admin_page, ui_collection, notes) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html
+import json
 import re
 
 import httpx
@@ -80,8 +82,13 @@ def test_more_like_this_searches_by_the_stored_item(admin_page, api, ui_collecti
     ids = _add_texts(api, ui_collection, {"a": "first", "b": "second"})
     page = admin_page.get(f"/ui/c/{ui_collection}", params={"like": ids["a"]})
     shown = [int(i) for i in re.findall(r'data-item="(\d+)"', page.text)]
-    assert shown[0] == ids["a"]
+    assert shown == [ids["b"]]  # its neighbours, never the item itself
     assert "More like" in page.text
+    for bad in ("abc", "0", "-3", "9" * 30):
+        refused = admin_page.get(f"/ui/c/{ui_collection}", params={"like": bad})
+        assert refused.status_code == 422 and "like: an item id (a whole number from 1)" in refused.text, bad
+    long = admin_page.get(f"/ui/c/{ui_collection}", params={"q": "word " * 3000})
+    assert long.status_code == 422 and 'id="search-error"' in long.text, long.text[-400:]
 
 
 def test_an_item_page_shows_the_original_metadata_and_neighbours(admin_page, api, ui_collection) -> None:
@@ -253,3 +260,73 @@ def test_a_long_text_file_is_refused_for_its_length_not_its_encoding(admin_page,
         headers={"X-CSRF-Token": csrf},
     )
     assert fits.status_code == 200 and fits.json()["status"] == "pending", fits.text
+
+
+def _browser_form(text: str) -> str:
+    """A textarea as a browser posts it: its line breaks as CR LF (each one %0D%0A once URL-encoded)."""
+    return text.replace("\r\n", "\n").replace("\n", "\r\n")
+
+
+def _deep(levels: int, leaf: dict) -> dict:
+    for _ in range(levels):
+        leaf = {"n": leaf}
+    return leaf
+
+
+def test_large_nested_metadata_saves_unchanged_and_an_oversized_form_is_explained(
+    admin_page, api, ui_collection
+) -> None:
+    """About 40 KB of nested metadata (the limit is 64 KiB) saved as the page shows it: pretty-printed
+    and URL-encoded, it is over 450 KB."""
+    nested = {
+        "albums": [
+            {"name": f"album {i}", "photos": [_deep(16, {"id": j, "xy": [1, 2, 3, 4, 5, 6]}) for j in range(16)]}
+            for i in range(16)
+        ]
+    }
+    ids = _add_texts(api, ui_collection, {"big": "large metadata"}, nested)
+    url = f"/ui/c/{ui_collection}/items/{ids['big']}"
+    page = admin_page.get(url)
+    shown = re.search(r'<textarea id="metadata-json" name="metadata"[^>]*>(.*?)</textarea>', page.text, re.S)
+    assert shown
+    text = html.unescape(shown[1])
+    assert json.loads(text) == nested
+    csrf = csrf_of(page.text)
+    saved = admin_page.post(f"{url}/metadata", data={"csrf": csrf, "metadata": _browser_form(text)})
+    assert saved.status_code == 303, saved.text[-500:]
+    assert saved.headers["location"].endswith("?notice=saved")
+    assert api.get(f"/v1/collections/{ui_collection}/items/{ids['big']}").json()["metadata"] == nested
+    # Over the metadata limit: the page's own message, with what was sent kept in the form.
+    big = admin_page.post(f"{url}/metadata", data={"csrf": csrf, "metadata": json.dumps({"x": "y" * 300_000})})
+    assert big.status_code == 422, big.text[-500:]
+    assert re.search(r'id="metadata-error">metadata is \d+ bytes; the limit is 65536<', big.text)
+    # A form the parser refuses (more fields than it has) is the same inline error, never a 500.
+    fields = {"csrf": csrf, "metadata": "{}", **{f"extra{i}": "x" for i in range(6)}}
+    odd = admin_page.post(f"{url}/metadata", data=fields)
+    assert odd.status_code == 422 and 'id="metadata-error"' in odd.text, odd.text[-500:]
+    # Over the route's body limit: refused before it is read, as a page.
+    huge = admin_page.post(
+        f"{url}/metadata",
+        data={"csrf": csrf, "metadata": "y" * 1_200_000},
+        headers={"Accept": "text/html,application/xhtml+xml"},
+    )
+    assert huge.status_code == 413 and huge.headers["content-type"].startswith("text/html"), huge.text[-500:]
+    assert "over the limit of" in huge.text and "<h1>Payload too large</h1>" in huge.text
+    assert api.get(f"/v1/collections/{ui_collection}/items/{ids['big']}").json()["metadata"] == nested
+
+
+def test_an_uploaded_files_name_is_kept_as_written(admin_page, api, ui_collection) -> None:
+    """Browsers send a quote, CR and LF in a multipart file name as %22, %0D and %0A; a % of the name's
+    own stays as it is."""
+    csrf = csrf_of(admin_page.get(f"/ui/c/{ui_collection}").text)
+    names = ['say "hi".txt', "100%41 real.txt", "two\r\nlines.txt"]
+    stored = []
+    for i, name in enumerate(names):
+        r = admin_page.post(
+            f"/ui/c/{ui_collection}/upload",
+            files={"file": (name, f"text number {i}".encode(), "text/plain")},
+            headers={"X-CSRF-Token": csrf},
+        )
+        assert r.status_code == 200, r.text
+        stored.append(api.get(f"/v1/collections/{ui_collection}/items/{r.json()['id']}").json()["metadata"])
+    assert [m["filename"] for m in stored] == names

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import socket
 from collections.abc import Iterator
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import httpx
 import pytest
@@ -32,13 +32,15 @@ def test_without_a_session_every_page_redirects_to_sign_in(server, path) -> None
     assert r.headers["location"].startswith("/ui/signin?next=%2Fui%2F")
 
 
-def test_without_a_session_a_change_is_refused_before_its_body_is_read(server) -> None:
-    """A 1 GB upload announced, no byte of it sent: the answer comes at once, on the headers."""
+@pytest.mark.parametrize("accept", [b"*/*", b"text/html,application/xhtml+xml"])
+def test_without_a_session_a_change_is_refused_before_its_body_is_read(server, accept) -> None:
+    """A 1 GB upload announced, no byte of it sent: the answer comes at once, on the headers (a page
+    for a browser's form, plain text for a script)."""
     host, port = urlsplit(server.url).hostname, urlsplit(server.url).port
     with socket.create_connection((host, port), timeout=5) as sock:
         sock.sendall(
             b"POST /ui/c/x/upload HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b\r\n"
-            b"Content-Length: 1000000000\r\n\r\n"
+            b"Accept: " + accept + b"\r\nContent-Length: 1000000000\r\n\r\n"
         )
         answer = sock.recv(4096)
     assert answer.startswith(b"HTTP/1.1 401"), answer
@@ -149,6 +151,71 @@ def test_revoking_the_key_ends_its_sessions_at_once(server, engine, new_key, ui_
         keys.revoke_key(Database(engine), name_or_id=str(key.id))
         after = client.get("/ui/")
         assert after.status_code == 303 and after.headers["location"].startswith("/ui/signin")
+
+
+PAGE_ACCEPT = {"Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"}
+
+
+def test_after_the_session_ends_pages_forms_and_scripts_are_told_so(
+    server, api, engine, new_key, ui_collection
+) -> None:
+    """A revoked key's session: a page leads to the sign-in form, which says the session ended; a form
+    posted is a page (not a bare 401) leading back, through sign-in, to the page it came from (its
+    Referer, only when that is a page of this site); a script's status poll gets JSON, not a redirect."""
+    item = _text_item(api, ui_collection, "keep me", {"k": "v"})
+    secret = new_key("admin")
+    page_url = f"/ui/c/{ui_collection}/items/{item}"
+    with httpx.Client(base_url=server.url) as client:
+        sign_in(client, secret)
+        csrf = csrf_of(client.get(page_url).text)
+        [key] = [
+            k for k in keys.list_keys(Database(engine)) if secret.startswith(k.prefix) and k.name.startswith("ui-")
+        ]
+        keys.revoke_key(Database(engine), name_or_id=str(key.id))
+
+        def post(referer: str, **headers: str) -> httpx.Response:
+            return client.post(
+                f"{page_url}/metadata",
+                data={"csrf": csrf, "metadata": '{"k": "changed"}'},
+                headers={"Referer": referer, **headers},
+            )
+
+        ended = post(server.url + page_url, **PAGE_ACCEPT)
+        assert ended.status_code == 401 and ended.headers["content-type"].startswith("text/html")
+        assert "Session ended" in ended.text and "this change was not made" in ended.text
+        back = f'href="/ui/signin?next={quote(page_url, safe="")}&amp;notice=session-ended"'
+        assert back in ended.text, ended.text
+        assert ended.headers["content-security-policy"].startswith("default-src 'none'")
+        home = 'href="/ui/signin?next=%2Fui%2F&amp;notice=session-ended"'
+        for referer in (
+            f"https://evil.example{page_url}",
+            server.url.replace("127.0.0.1", "localhost") + page_url,
+            server.url + "/v1/collections",
+            server.url + "/ui/../docs",
+            server.url + "/ui/%2e%2e/docs",
+            "javascript:alert(1)",
+            "http://[broken",
+            "",
+        ):
+            refused = post(referer, **PAGE_ACCEPT)
+            assert refused.status_code == 401 and home in refused.text, referer
+        hostile = post(server.url + '/ui/c/"><script>alert(1)</script>', **PAGE_ACCEPT)
+        assert hostile.status_code == 401 and "<script>alert" not in hostile.text
+        script = post(server.url + page_url, **{"X-CSRF-Token": csrf})
+        assert script.status_code == 401 and script.headers["content-type"].startswith("text/plain")
+        redirected = client.get(page_url)
+        assert redirected.status_code == 303
+        assert redirected.headers["location"] == f"/ui/signin?next={quote(page_url, safe='')}&notice=session-ended"
+        signin = client.get(redirected.headers["location"])
+        assert "Your session ended: sign in again." in signin.text
+        assert hidden_fields(signin.text)["next"] == page_url
+        poll = client.get(f"/ui/c/{ui_collection}/status", params={"ids": item}, headers={"Accept": "application/json"})
+        assert poll.status_code == 401 and poll.headers["content-type"] == "application/problem+json"
+        assert "sign in again" in poll.json()["detail"]
+    with httpx.Client(base_url=server.url) as stranger:  # never signed in: no notice
+        first = stranger.get(page_url)
+        assert first.status_code == 303 and "notice" not in first.headers["location"]
+    assert api.get(f"/v1/collections/{ui_collection}/items/{item}").json()["metadata"] == {"k": "v"}
 
 
 def test_signing_out_ends_the_session_on_the_server(server, admin_key) -> None:

@@ -7,6 +7,7 @@ const ACCEPTED = /\.(jpe?g|png|webp|gif|bmp|tiff?|txt|md)$/i;
 const PARALLEL = 3; // uploads at a time: enough to keep the queue fed, gentle on the server
 const POLL_MS = 700;
 const MAX_IDS = 400; // per status request
+const MAX_ODD_ANSWERS = 5; // answers in a row that are not a status (an error, a page) before polling stops
 
 if (zone) {
   const list = document.getElementById("uploads");
@@ -16,6 +17,7 @@ if (zone) {
   const rows = [];
   let active = 0;
   let timer = null;
+  let oddAnswers = 0;
 
   const setState = (row, state, reason) => {
     row.state = state;
@@ -54,26 +56,66 @@ if (zone) {
     return row;
   };
 
+  // Polling ends for good (the rows say why): the answer would be the same at every tick.
+  const stopPolling = (reason) => {
+    for (const found of pending.values()) {
+      for (const row of found) setState(row, "stopped", reason);
+    }
+    pending.clear();
+  };
+
   const poll = () => {
     if (timer || pending.size === 0) return;
     timer = setTimeout(async () => {
       timer = null;
       const ids = [...pending.keys()].slice(0, MAX_IDS);
+      let response;
       try {
-        const response = await fetch(`${zone.dataset.status}?ids=${ids.join(",")}`, { credentials: "same-origin" });
-        const body = await response.json();
-        for (const id of ids) {
-          const found = body.items?.[String(id)];
-          const state = found ? found.status : "failed";
-          if (state === "pending") continue;
-          for (const row of pending.get(id)) {
-            row.bar.value = 1;
-            setState(row, state, found ? found.error : "the item was deleted");
-          }
-          pending.delete(id);
-        }
+        response = await fetch(`${zone.dataset.status}?ids=${ids.join(",")}`, {
+          credentials: "same-origin",
+          headers: { Accept: "application/json" }, // no session: a 401, not the sign-in page
+        });
       } catch {
-        // A missed poll is retried at the next tick.
+        poll(); // the server did not answer: retried at the next tick
+        return;
+      }
+      if (response.status === 401) {
+        stopPolling("session ended: sign in again");
+        return;
+      }
+      if (response.status === 403) {
+        const type = response.headers.get("content-type") || "";
+        const text = await response.text().catch(() => "");
+        stopPolling(errorText(text, type, "refused: sign in again"));
+        return;
+      }
+      let body = null;
+      if (response.ok) {
+        try {
+          body = await response.json();
+        } catch {
+          body = null; // a page, not the status: counted below
+        }
+      }
+      if (typeof body?.items !== "object" || body.items === null) {
+        oddAnswers += 1;
+        if (oddAnswers >= MAX_ODD_ANSWERS) {
+          stopPolling(`no status from the server (${response.status}): reload the page to see where they stand`);
+        } else {
+          poll();
+        }
+        return;
+      }
+      oddAnswers = 0;
+      for (const id of ids) {
+        const found = body.items?.[String(id)];
+        const state = found ? found.status : "failed";
+        if (state === "pending") continue;
+        for (const row of pending.get(id)) {
+          row.bar.value = 1;
+          setState(row, state, found ? found.error : "the item was deleted");
+        }
+        pending.delete(id);
       }
       poll();
     }, POLL_MS);
