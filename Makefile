@@ -25,7 +25,7 @@ run: $(STAMP)
 	$(BIN)/memstore serve
 
 # TEST_WORKERS=2: two pytest processes (pytest-xdist), each with its own embedded server, a test file
-# to a process, in about 14 minutes instead of 22. Not the default: tests that race the other
+# to a process, in about 14 minutes instead of 16 to 29. Not the default: tests that race the other
 # process's load have failed there now and then.
 TEST_WORKERS ?= 0
 

@@ -507,3 +507,25 @@ def test_a_word_matches_however_its_characters_are_written(store: VectorStore, c
     assert found("cafe\u0301") == {"nfd", "file"}  # and as the file name writes it
     assert found("fish") == {"lig"} and found("\ufb01sh") == {"lig"}
     assert found("SKU-12") == {"wide"}
+
+
+def test_an_excluded_word_keeps_its_rows_out(store: VectorStore, collection_name: str) -> None:
+    """``-word`` excludes, whatever the word looks like: an identifier (whose parts would otherwise be
+    matched as a phrase) or a word typed in another Unicode form (full-width letters)."""
+    rng = np.random.default_rng(23)
+    store.create_collection(name=collection_name, dimensions=4)
+    texts = {"draft": "plan draft one", "final": "plan final two", "sku": "plan SKU-88121-B kettle"}
+    store.upsert_items(
+        collection=collection_name,
+        items=[ItemIn(vector=rng.normal(size=4), external_id=k, text=t) for k, t in texts.items()],
+    )
+
+    def found(text: str) -> set[str]:
+        return {r.external_id for r in store.search(collection=collection_name, text=text, mode="keyword", k=5)}
+
+    assert found("plan -draft") == {"final", "sku"}
+    assert found("-draft plan") == {"final", "sku"}
+    assert found("plan -SKU-88121-B") == {"draft", "final"}
+    assert found("plan -\uff33\uff2b\uff35") == {"draft", "final"}  # -ＳＫＵ, full width
+    assert found("plan-draft") == {"draft"}  # a dash inside a word is no exclusion
+    assert found("-draft") == {"final", "sku"}

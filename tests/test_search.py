@@ -164,3 +164,44 @@ def test_plans_use_the_hnsw_index_unless_exact(store: VectorStore, collection_na
                 cur.execute(sql.SQL("EXPLAIN ") + statement, params)
                 plan = "\n".join(r[0] for r in cur.fetchall())
             assert ("_hnsw" in plan) is not exact, plan
+
+
+@pytest.mark.parametrize("filtered", [False, True])
+def test_pages_of_equal_distances_neither_repeat_nor_skip(
+    store: VectorStore, collection_name: str, filtered: bool
+) -> None:
+    """Items at one distance (the same picture stored many times) come in id order: an exact search's
+    pages tile, and an index search's page lists the ties it found in that order too (which of them
+    a graph walk meets first is the graph's)."""
+    store.create_collection(name=collection_name, dimensions=4)
+    same = [0.3, 0.1, 0.5, 0.2]
+    store.upsert_items(
+        collection=collection_name,
+        items=[ItemIn(vector=same, external_id=f"d{i:02d}", metadata={"kind": "dup"}) for i in range(30)],
+    )
+    flt = {"kind": "dup"} if filtered else None
+
+    def page(offset: int, *, exact: bool) -> list[int]:
+        hits = store.search(collection=collection_name, vector=same, k=10, offset=offset, filter=flt, exact=exact)
+        return [h.id for h in hits]
+
+    exact_order = page(0, exact=True) + page(10, exact=True) + page(20, exact=True)
+    assert exact_order == sorted(exact_order) and len(set(exact_order)) == 30
+    for offset in (0, 10):
+        found = page(offset, exact=False)
+        assert found == sorted(found) and len(found) == 10
+
+
+def test_groups_of_equal_objects_are_one_group(store: VectorStore, collection_name: str) -> None:
+    """``{"a": 1}`` and ``{"a": 1.0}`` are equal JSONB (a filter matches both): one group."""
+    store.create_collection(name=collection_name, dimensions=2)
+    store.upsert_items(
+        collection=collection_name,
+        items=[
+            ItemIn(vector=[1, 0.1], external_id="int", metadata={"g": {"a": 1, "b": [2]}}),
+            ItemIn(vector=[1, 0.2], external_id="float", metadata={"g": {"b": [2.0], "a": 1.0}}),
+            ItemIn(vector=[1, 0.3], external_id="other", metadata={"g": {"a": 1.5}}),
+        ],
+    )
+    groups = store.search_groups(collection=collection_name, group_by="g", group_size=5, vector=[1, 0], exact=True)
+    assert [[h.external_id for h in g] for g in groups] == [["int", "float"], ["other"]]

@@ -240,6 +240,9 @@ def test_rows_are_found_in_every_state(seg_store: VectorStore, collection_name: 
     three = store.get_collection(name=collection_name)
     plan = store.plain_search(three, vector=x[0], k=10, filter=None, ef_search=None, exact=False, alone=True)
     assert plan.settings.ef_search == segments.walk_ef(three, s.default_ef_search, 10) == 56
+    # Each graph's walk keeps pgvector's iterative scan: a walk thinned by dead rows would otherwise
+    # have its place filled by the other graphs' farther rows, complete but worse.
+    assert plan.settings.iterative and plan.fallback is None
     # A layout read before the merge still finds every row once its indexes are gone.
     stale = store.get_collection(name=collection_name, fresh=True)
     merged = sealing.merge(store.db, c, s, quiet=True, everything=True)

@@ -107,6 +107,8 @@ def function_field(name: str) -> str:
 
 
 _IDENTIFIER = re.compile(r"\S*[^\w\s]\S*")
+# A word websearch_to_tsquery reads as excluded: "-" at the start of the text or after a space.
+_EXCLUSION = re.compile(r"(?:^|\s)-")
 
 
 def query(c: Collection, text: str) -> sql.Composed:
@@ -115,9 +117,16 @@ def query(c: Collection, text: str) -> sql.Composed:
     single token with punctuation (an identifier: ``SKU-88121-B``, ``shutil.copytree``) also matches
     as the phrase of its parts, which is how the lowest-weight keywords hold it wherever the parser
     splits it differently (``sku-88121-b.jpg`` is one file-name token, ``SKU-88121-B`` three). A text
-    whose form differs also matches as typed: the rows stored before keywords were normalised."""
+    whose form differs also matches as typed: the rows stored before keywords were normalised.
+
+    Neither alternative is added to a text that excludes a word (``plan -draft``): OR-ed with a query
+    that does not exclude it (the identifier's phrase of ``-draft`` is ``draft`` itself; the typed form
+    of ``-ＳＫＵ`` excludes a word no stored keyword holds), it would let back in the very rows the
+    exclusion keeps out."""
     cfg = sql.Literal(c.language)
     typed = sql.SQL("websearch_to_tsquery({cfg}::regconfig, %(text_nfkc)s)").format(cfg=cfg)
+    if _EXCLUSION.search(text):
+        return typed
     if normal_form(text) != text:
         typed = sql.SQL("({} || websearch_to_tsquery({cfg}::regconfig, %(text)s))").format(typed, cfg=cfg)
     if not _IDENTIFIER.fullmatch(text.strip()):

@@ -154,10 +154,12 @@ def plain_plan(
     rows the search cannot see (deleted or replaced and not vacuumed yet, not committed) can leave
     it short, or a collection with fewer than ``k`` rows with vectors; the plan's ``fallback``
     runs it again with the scan then (``SearchPlan.second_walk``). A partitioned collection keeps the
-    scan: the merge of its partitions' walks would fill a short walk's place with another
-    partition's farther rows, and the answer would come back complete but worse."""
+    scan, and so does a segmented one (its graphs are merged as partitions are): the merge of the
+    walks would fill a short walk's place with another walk's farther rows, and the answer would come
+    back complete but worse."""
     efs = segments.walk_ef(c, ef_search_of(c, ef_search), k)
-    walk_once = alone and filter is None and not exact and k <= efs and c.partitions == 1
+    graphs = segments.search_ranges(c)
+    walk_once = alone and filter is None and not exact and k <= efs and c.partitions == 1 and graphs is None
     settings = statements.search_settings(
         ef_search=efs, exact=exact, max_scan_tuples=max_scan_tuples, iterative=not walk_once
     )
@@ -168,7 +170,7 @@ def plain_plan(
             exact=exact,
             where=filter.where if filter else None,
             limit=None if filter else k,
-            graphs=segments.search_ranges(c),
+            graphs=graphs,
         ),
         settings,
         search_params(c, vector, k, filter),

@@ -189,10 +189,11 @@ def results(c: Collection, q: SearchQuery, rows: list[tuple[Any, ...]]) -> list[
     if q.mode == "vector":
         spec = c.space(q.using).spec  # looked up once for every row; its score computed inline
         sign, offset, finite = spec.score_sign, spec.score_offset, math.isfinite
-        for rank, r in enumerate(rows[q.offset : q.window], start=q.offset + 1):
+        # Rows near nothing are left out before the page is cut, so ranks stay contiguous.
+        near = [r for r in rows if finite(float(r[3]))]
+        for rank, r in enumerate(near[q.offset : q.window], start=q.offset + 1):
             d = float(r[3])
-            if finite(d):
-                out.append(SearchResult(r[0], r[1], d, sign * d + offset, r[2], rank, None, r[4]))
+            out.append(SearchResult(r[0], r[1], d, sign * d + offset, r[2], rank, None, r[4]))
     else:
         for r in rows:
             distance = None if r[3] is None or not math.isfinite(r[3]) else float(r[3])
@@ -246,12 +247,24 @@ def group_values(metadata: dict[str, Any], names: tuple[str, ...]) -> list[Any]:
 
 def _group_key(value: Any) -> tuple[str, Any]:
     """One key per value as a filter tells values apart: 1 and 1.0 are one number (an equality
-    filter matches both), true is not 1, an object or a list is its JSON with sorted keys."""
+    filter matches both), true is not 1, an object or a list is its JSON with sorted keys, its numbers
+    written one way (``{"a": 1}`` and ``{"a": 1.0}`` are equal JSONB)."""
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return type(value).__name__, value
     if isinstance(value, int | float):
         return "number", value
-    return "json", json.dumps(value, sort_keys=True, ensure_ascii=False)
+    return "json", json.dumps(_same_numbers(value), sort_keys=True, ensure_ascii=False)
+
+
+def _same_numbers(value: Any) -> Any:
+    """``value`` with every whole float as its integer, so equal numbers serialise alike."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [_same_numbers(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _same_numbers(v) for k, v in value.items()}
+    return value
 
 
 def group_window(groups: int, size: int) -> int:

@@ -172,7 +172,8 @@ def search_statement(
     parameters the caller binds). The MATERIALIZED CTE restores strict order after a relaxed
     iterative scan: sorted by ``distance + 0``, since PostgreSQL 17 takes a CTE's sort order from its
     ORDER BY and would drop a sort by ``distance`` itself as done, leaving the scan's relaxed order
-    (pgvector's README; seen as distances out of order under load). ``ids_only``: id and distance
+    (pgvector's README; seen as distances out of order under load); ties go by id, so items at one
+    distance (the same picture stored twice) keep their order from one page to the next. ``ids_only``: id and distance
     alone (what the recall probes compare).
 
     ``limit``: the ``limit`` nearest instead, with the number in the statement's text, which makes
@@ -218,9 +219,11 @@ def _build(
     columns = sql.SQL("id" if ids_only else "id, external_id, metadata")
     # A hit's own columns after its distance: whether it has an original to download.
     flag, flagged = (sql.SQL(""), sql.SQL("")) if ids_only else (sql.SQL(", " + ORIGINAL), sql.SQL(", original"))
+    # An exact search reads every row anyway: ties go by id there too, so its pages tile. (An index
+    # scan's order is the graph's: an id there would stop pgvector from serving the ORDER BY.)
     nearest = sql.SQL(
         "SELECT {columns}, embedding {op} %(q)s AS distance{flag} FROM {t} WHERE {where} "
-        "ORDER BY embedding {op} %(q)s LIMIT {limit}"
+        "ORDER BY embedding {op} %(q)s" + (", id" if exact else "") + " LIMIT {limit}"
     )
     t = sql.Identifier(table)
     count = sql.SQL("%(k)s") if limit is None else sql.Literal(limit)
@@ -229,7 +232,7 @@ def _build(
         if exact:
             return inner
         return sql.SQL(
-            "WITH c AS MATERIALIZED ({inner}) SELECT {columns}, distance{flagged} FROM c ORDER BY distance + 0"
+            "WITH c AS MATERIALIZED ({inner}) SELECT {columns}, distance{flagged} FROM c ORDER BY distance + 0, id"
         ).format(inner=inner, columns=columns, flagged=flagged)
     # One branch per graph and one for the tail (pgvector's scan of a partial index, then the
     # primary key's range and a sort): the k nearest of the union are among their k nearest each.
@@ -248,7 +251,7 @@ def _build(
     ]
     return sql.SQL(
         "WITH c AS MATERIALIZED ({union}) SELECT {columns}, distance{flagged} FROM c "
-        "ORDER BY distance + 0 LIMIT {limit}"
+        "ORDER BY distance + 0, id LIMIT {limit}"
     ).format(union=sql.SQL(" UNION ALL ").join(branches), columns=columns, limit=count, flagged=flagged)
 
 
@@ -273,7 +276,7 @@ def space_search_statement(
         return inner
     return sql.SQL(
         "WITH c AS MATERIALIZED ({inner}) SELECT id, external_id, metadata, distance, original FROM c "
-        "ORDER BY distance + 0"
+        "ORDER BY distance + 0, id"
     ).format(inner=inner)
 
 

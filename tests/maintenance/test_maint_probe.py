@@ -14,7 +14,14 @@ from pgvector.psycopg import register_vector
 import memstore.search.exact_answers as exact_answers_module
 from maintenance.config import MaintenanceConfig
 from maintenance.probes import probe
-from maintenance.recall import exact_answers, exact_settings, index_search, index_settings, measure_recall
+from maintenance.recall import (
+    exact_answers,
+    exact_settings,
+    index_search,
+    index_settings,
+    measure_recall,
+    sample_queries,
+)
 from maintenance.sizing import estimate_index_bytes
 from maintenance.targets import targets_for
 from memstore.catalog.collections import Collection
@@ -198,7 +205,7 @@ def test_recall_probe_prefers_sampled_real_queries(
     c = make_collection(800, 8)
     [target] = targets_for(conn, c)
     stored = measure_recall(conn, target, k=5, sample=7, budget_s=10, ef_search=40, max_scan_tuples=20_000)
-    assert stored.source == "stored" and stored.queries == 7 and stored.recall is not None
+    assert stored.source == "stand_ins" and stored.queries == 7 and stored.recall is not None
     for v in clustered(3, 8, seed=5):
         conn.execute("INSERT INTO memstore_query_samples (collection_id, embedding) VALUES (%s, %s)", (c.id, v))
     sampled = measure_recall(conn, target, k=5, sample=7, budget_s=10, ef_search=40, max_scan_tuples=20_000)
@@ -211,7 +218,21 @@ def test_recall_probe_prefers_sampled_real_queries(
     past = measure_recall(
         conn, target, k=5, sample=7, budget_s=10, ef_search=40, max_scan_tuples=20_000, exclude=sampled.sample_ids
     )
-    assert past.source == "stored" and past.queries == 7 and past.sample_ids == ()
+    assert past.source == "stand_ins" and past.queries == 7 and past.sample_ids == ()
+
+
+def test_without_query_samples_the_probe_asks_stand_ins_not_stored_rows(
+    conn: psycopg.Connection[Any], make_collection: Callable[..., Collection]
+) -> None:
+    """A stored row is a node of the graph, its neighbour list its answer: as a query it reads recall
+    near 1.0 whatever the graph. With no API samples the probe asks stand-ins, as the tuning does."""
+    c = make_collection(800, 8)
+    [target] = targets_for(conn, c)
+    queries, source, ids = sample_queries(conn, target, 10, max_scan_tuples=20_000)
+    _, vectors = _all_vectors(conn, c)
+    assert source == "stand_ins" and ids == () and len(queries) == 10
+    nearest = np.linalg.norm(np.stack(queries)[:, None, :] - vectors[None, :, :], axis=2).min(axis=1)
+    assert (nearest > 1e-4).all(), nearest
 
 
 def test_probe_counts_dead_entries_and_size(
@@ -335,7 +356,9 @@ def test_a_first_vector_written_into_a_stored_item_kills_no_graph_element(
     config = MaintenanceConfig(_env_file=None)  # type: ignore[call-arg]
     probes = [probe(conn, t, config, max_scan_tuples=20_000, with_recall=False) for t in targets_for(conn, c)]
     assert sum(p.counters["vector_fills"] for p in probes) == 40
-    assert sum(p.dead_tuples for p in probes) == 40  # the heap's old versions, which the graph never held
+    # The heap holds the old versions (at least one per fill; other writes of the run may add some),
+    # which the graph never held.
+    assert sum(p.dead_tuples for p in probes) >= 40
     assert [p.dead_entries for p in probes] == [0] * partitions
     rng = np.random.default_rng(5)
     store.upsert_items(

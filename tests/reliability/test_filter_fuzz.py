@@ -38,8 +38,9 @@ json_values = st.recursive(
 )
 json_objects = st.dictionaries(texts, json_values, max_size=4)
 # Filters of plain JSON: a key that starts with "$" is an operator of the filter language
-# (memstore.search.filter_language, checked against its own oracle in tests/test_filter_language.py).
-field_names = texts.filter(lambda t: not t.startswith("$"))
+# (memstore.search.filter_language, checked against its own oracle in tests/test_filter_language.py);
+# a dot or a backslash in a key writes a path (tests/test_filter_oracle.py checks those).
+field_names = texts.filter(lambda t: not t.startswith("$") and "." not in t and "\\" not in t)
 plain_values = st.recursive(
     scalars,
     lambda children: st.lists(children, max_size=3) | st.dictionaries(field_names, children, max_size=3),
