@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .errors import (
+    DecodeUnavailableError,
     DecompressionBombError,
     EncoderError,
     ImageRejectedError,
@@ -36,6 +37,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "DecodeUnavailableError",
     "DecompressionBombError",
     "EmbeddingBackend",
     "EmbeddingEngine",

@@ -11,6 +11,7 @@ import httpx
 import numpy as np
 
 from .errors import (
+    DecodeUnavailableError,
     DecompressionBombError,
     EncoderError,
     EncoderNoAnswerError,
@@ -21,6 +22,7 @@ from .errors import (
     RequestTooLargeError,
     UnknownModelError,
 )
+from .tenancy import TENANT
 from .types import EncoderInfo, ImageEmbedding, Priority
 
 _PROBLEM = "urn:memstore:encoder:problem:"
@@ -31,6 +33,7 @@ _ERRORS: dict[str, type[EncoderError]] = {
     "cancelled": RequestCancelledError,
     "model-not-found": UnknownModelError,
 }
+_RETRIED = {"decode-unavailable": DecodeUnavailableError}  # raised with the service's Retry-After
 
 
 def _vector(value: list[float] | str) -> np.ndarray:
@@ -102,11 +105,14 @@ class RemoteEncoder:
             body = {}
         detail = str(body.get("detail") or resp.text or resp.reason_phrase)
         kind = str(body.get("type", "")).removeprefix(_PROBLEM)
+        header = resp.headers.get("Retry-After", "")
+        retry = float(body.get("retry_after") or (header if header.replace(".", "", 1).isdigit() else 1.0))
         if resp.status_code == 429:
-            header = resp.headers.get("Retry-After", "")
-            retry = float(body.get("retry_after") or (header if header.replace(".", "", 1).isdigit() else 1.0))
             raise QueueFullError(detail, retry_after=retry)
-        raise _ERRORS.get(kind, EncoderError)(f"encoder service answered {resp.status_code}: {detail}")
+        message = f"encoder service answered {resp.status_code}: {detail}"
+        if kind in _RETRIED:
+            raise _RETRIED[kind](message, retry_after=retry)
+        raise _ERRORS.get(kind, EncoderError)(message)
 
     def _post(self, payload: dict[str, Any]) -> list[dict[str, Any]]:
         resp = self._send("POST", "/v1/embeddings", json=payload)
@@ -145,6 +151,9 @@ class RemoteEncoder:
             payload["deadline_ms"] = deadline_s * 1000.0
         if model is not None:
             payload["model"] = model
+        tenant = TENANT.get()
+        if tenant:  # the service decodes its images for the same tenant (encoder.tenancy)
+            payload["user"] = tenant
         return payload
 
     def embed_texts(

@@ -43,7 +43,7 @@ from typing import IO, Any
 
 from PIL import Image, PngImagePlugin
 
-from .errors import DecodeTimeoutError, DecompressionBombError, ImageRejectedError
+from .errors import DecodeTimeoutError, DecodeUnavailableError, DecompressionBombError, EncoderError, ImageRejectedError
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +67,14 @@ _ALPHA_MODES = frozenset({"RGBA", "LA", "PA", "RGBa", "La"})
 MAX_JPEG_SEGMENTS = 4096
 # PNG chunks: a 32 MiB PNG written in libpng's 8 KiB IDAT chunks has 4,096.
 MAX_PNG_CHUNKS = 65_536
-# GIF blocks walked while counting frames; past this the count stops (frame 0 alone is decoded).
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# GIF blocks (extensions' and frames' sub-blocks): a 32 MiB GIF in 255-byte sub-blocks has 130,000.
+# Pillow reads those before the first frame one Python call each when it opens the file.
 _MAX_GIF_BLOCKS = 500_000
+# Bytes between a JPEG's marker segments before its first scan (junk, fill bytes): libjpeg skips them
+# in C, but Pillow's own walk to the frame header reads them one Python step a byte. A real file has a
+# few at most; this bounds Pillow's walk to milliseconds.
+MAX_JPEG_JUNK_BYTES = 65_536
 
 SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # DHT, JPG and DAC share the range
 _PROGRESSIVE_SOF = frozenset({0xC2, 0xC6, 0xCA, 0xCE})
@@ -94,16 +100,25 @@ class JpegLayout:
 
 def jpeg_layout(data: bytes, *, max_scans: int) -> JpegLayout:
     """Walk a JPEG's marker segments, skipping entropy-coded data (0xFF00 stuffing and RST markers
-    included), the way libjpeg reads them. Raises DecompressionBombError past ``max_scans`` scans or
-    MAX_JPEG_SEGMENTS segments, at the first one over: the walk itself stays short."""
+    included), the way libjpeg reads them. Raises DecompressionBombError past ``max_scans`` scans,
+    MAX_JPEG_SEGMENTS segments or MAX_JPEG_JUNK_BYTES bytes between segments before the first scan,
+    at the first one over: the walk itself stays short."""
     n = len(data)
     pos = 2  # after SOI
-    scans = segments = frames = components = 0
+    scans = segments = frames = components = junk = 0
     progressive = False
     while True:
         found = _NEXT_MARKER.search(data, pos)
         if found is None:
             break  # truncated: the decoder reports it
+        if not scans:  # what Pillow steps over, a byte at a time, before the marker's last 0xFF
+            junk += found.end() - 2 - pos
+            if junk > MAX_JPEG_JUNK_BYTES:
+                raise DecompressionBombError(
+                    f"JPEG has more than {MAX_JPEG_JUNK_BYTES} bytes of junk between its marker segments; "
+                    f"the limit is {MAX_JPEG_JUNK_BYTES}: re-encode it",
+                    limit=MAX_JPEG_JUNK_BYTES,
+                )
         pos = found.end()
         code = data[pos - 1]
         if code == 0xD9:  # EOI: libjpeg stops here (an MPO's further pictures are never read)
@@ -142,6 +157,24 @@ def jpeg_layout(data: bytes, *, max_scans: int) -> JpegLayout:
     return JpegLayout(progressive, scans, components, segments, frames)
 
 
+def png_chunks(data: bytes) -> int:
+    """How many chunks a PNG holds, counted by walking every chunk header (pixel data skipped by its
+    length) to IEND or the end of the data. Raises DecompressionBombError past MAX_PNG_CHUNKS: Pillow
+    reads each chunk with Python calls, those before the pixel data when it opens the file and those
+    after it when it decodes, so the whole list is counted before Pillow sees any of it."""
+    pos, chunks, n = len(PNG_SIGNATURE), 0, len(data)
+    while pos + 8 <= n:
+        chunks += 1
+        if chunks > MAX_PNG_CHUNKS:
+            raise DecompressionBombError(
+                f"PNG has more than {MAX_PNG_CHUNKS} chunks; the limit is {MAX_PNG_CHUNKS}", limit=MAX_PNG_CHUNKS
+            )
+        if data[pos + 4 : pos + 8] == b"IEND":
+            break
+        pos += 12 + int.from_bytes(data[pos : pos + 4], "big")
+    return chunks
+
+
 def png_exif(data: bytes) -> bytes | None:
     """The body of a PNG's eXIf chunk, found by walking chunk headers (IDAT skipped by its length).
     Pillow's own getexif decodes the whole picture to look past IDAT. Raises DecompressionBombError
@@ -164,7 +197,9 @@ def png_exif(data: bytes) -> bytes | None:
 
 
 def gif_frames(data: bytes, stop: int) -> int:
-    """Image descriptors in a GIF, counted up to ``stop`` + 1 (or until _MAX_GIF_BLOCKS blocks)."""
+    """Image descriptors in a GIF, counted up to ``stop`` + 1. Raises DecompressionBombError past
+    _MAX_GIF_BLOCKS blocks: a file that holds more is refused, not counted short (Pillow would walk
+    them, and a count cut short would let any number of frames through)."""
     n = len(data)
     if n < 13:
         return 1
@@ -174,15 +209,20 @@ def gif_frames(data: bytes, stop: int) -> int:
 
     def skip_sub_blocks(at: int) -> int:
         nonlocal blocks
-        while at < n and blocks < _MAX_GIF_BLOCKS:
+        while at < n:
             blocks += 1
+            if blocks > _MAX_GIF_BLOCKS:
+                raise DecompressionBombError(
+                    f"GIF has more than {_MAX_GIF_BLOCKS} data blocks; the limit is {_MAX_GIF_BLOCKS}",
+                    limit=_MAX_GIF_BLOCKS,
+                )
             size = data[at]
             at += 1 + size
             if size == 0:
                 break
         return at
 
-    while pos < n and frames <= stop and blocks < _MAX_GIF_BLOCKS:
+    while pos < n and frames <= stop:
         kind = data[pos]
         if kind == 0x21:  # extension: label, then sub-blocks
             pos = skip_sub_blocks(pos + 2)
@@ -390,9 +430,26 @@ def worker_main() -> None:
             img = decode_here(data, job)
             pixels = img.tobytes()
             _send(stdout, {"mode": img.mode, "size": list(img.size)}, pixels)
-        except Exception as exc:  # reported to the caller, which raises it as ImageRejectedError
-            rejected = as_rejection(exc)
-            _send(stdout, {"error": str(rejected), "bomb": isinstance(rejected, DecompressionBombError)})
+        except Exception as exc:  # reported to the caller, which raises it again
+            error = decode_error(exc)
+            _send(
+                stdout,
+                {
+                    "error": str(error),
+                    "bomb": isinstance(error, DecompressionBombError),
+                    "transient": isinstance(error, DecodeUnavailableError),
+                },
+            )
+
+
+def decode_error(exc: Exception) -> EncoderError:
+    """What a failed decode is reported as: running out of memory is the process's state, not the
+    image's (DecodeUnavailableError, retried later); anything else is the image's (``as_rejection``)."""
+    if isinstance(exc, DecodeUnavailableError):
+        return exc
+    if isinstance(exc, MemoryError):
+        return DecodeUnavailableError("out of memory while decoding the image; retry shortly")
+    return as_rejection(exc)
 
 
 def as_rejection(exc: Exception) -> ImageRejectedError:
@@ -404,6 +461,9 @@ def as_rejection(exc: Exception) -> ImageRejectedError:
     if isinstance(exc, (OSError, SyntaxError, ValueError, EOFError)):
         return ImageRejectedError(f"corrupt or truncated image data: {exc}")
     return ImageRejectedError(f"cannot decode image: {type(exc).__name__}: {exc}")
+
+
+_START_TIMEOUT_S = 60.0  # a decode worker that has not said it is ready by then is given up
 
 
 class _Worker:
@@ -421,9 +481,13 @@ class _Worker:
         self.stdin: IO[bytes] = self.proc.stdin
         self.stdout: IO[bytes] = self.proc.stdout
         self._buffer = b""
-        self._deadline = time.monotonic() + 60.0
-        if self._recv(1) != b"R":
-            raise EOFError
+        self._deadline = time.monotonic() + _START_TIMEOUT_S
+        try:
+            if self._recv(1) != b"R":
+                raise EOFError
+        except BaseException:
+            self.kill()  # never left running, half started
+            raise
 
     def _recv(self, size: int) -> bytes:
         """``size`` bytes from the worker, or TimeoutError once the deadline passes."""
@@ -452,6 +516,8 @@ class _Worker:
         answer = json.loads(self._recv(head_len))
         payload = self._recv(payload_len) if payload_len else b""
         if "error" in answer:
+            if answer.get("transient"):
+                raise DecodeUnavailableError(str(answer["error"]))
             raise (DecompressionBombError if answer.get("bomb") else ImageRejectedError)(str(answer["error"]))
         return Image.frombytes(answer["mode"], tuple(answer["size"]), payload)
 
@@ -475,15 +541,19 @@ class DecodePool:
         self.killed = 0  # workers killed for running past the limit (or dying)
 
     def decode(self, data: bytes, job: DecodeJob, timeout_s: float) -> Image.Image:
+        """The decoded picture. The image's faults raise ImageRejectedError (DecodeTimeoutError past
+        the time limit); the pool's own (a worker that does not start, or dies under the image: the
+        machine out of memory, a killed process) raise DecodeUnavailableError, to be retried."""
         worker = self._slots.get()  # waiting for a free worker is not charged to the time limit
         try:
             if worker is None or worker.proc.poll() is not None:
                 if worker is not None:
                     worker.kill()
-                worker = _Worker()
+                worker = None  # a start that fails leaves the slot empty, for the next call to try again
+                worker = self._start()
             return worker.run(data, job, timeout_s)
-        except ImageRejectedError:
-            raise  # the worker answered with the reason: it is fit for the next image
+        except (ImageRejectedError, DecodeUnavailableError):
+            raise  # the worker answered with the reason (it is fit for the next image), or none started
         except TimeoutError:
             self._discard(worker)
             worker = None
@@ -493,15 +563,29 @@ class DecodePool:
                 limit=timeout_s,
             ) from None
         except (EOFError, OSError, ValueError) as exc:
+            # The worker died or its answer broke off: nothing says the image is bad (the kernel's
+            # out-of-memory killer, a signal, a broken pipe), so the caller retries; an image that
+            # itself brings the decoder down fails once its retries are spent.
             self._discard(worker)
             worker = None
-            raise ImageRejectedError(f"the image decoder stopped on this image ({type(exc).__name__})") from None
+            raise DecodeUnavailableError(
+                f"the image decoder process stopped while decoding ({type(exc).__name__}); retry shortly"
+            ) from None
         except BaseException:
             self._discard(worker)
             worker = None
             raise
         finally:
             self._slots.put(worker)
+
+    @staticmethod
+    def _start() -> _Worker:
+        try:
+            return _Worker()
+        except (TimeoutError, EOFError, OSError, ValueError) as exc:
+            raise DecodeUnavailableError(
+                f"no image decoder process could be started ({type(exc).__name__}: {exc}); retry shortly"
+            ) from None
 
     def _discard(self, worker: _Worker | None) -> None:
         if worker is not None:

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from .errors import (
+    DecodeUnavailableError,
     ImageRejectedError,
     QueueFullError,
     RequestCancelledError,
@@ -332,7 +333,13 @@ class EmbeddingEngine:
             # The shared use's ``take`` runs in here, before the views are queued: before the vectors.
             views = load_views(blob, probe, plan, self.encoders[req.model].spec, share=share)
         except Exception as exc:
-            error = exc if isinstance(exc, ImageRejectedError) else ImageRejectedError(f"cannot decode image: {exc}")
+            # Only the decode's own verdicts blame the image: memory running out is retried later
+            # (DecodeUnavailableError), and any other error is a fault here, reported as itself.
+            error: Exception = exc
+            if isinstance(exc, MemoryError):
+                error = DecodeUnavailableError("out of memory while preparing the image's views; retry shortly")
+            elif not isinstance(exc, ImageRejectedError | DecodeUnavailableError):
+                log.exception("preparing an image's views failed")
             with self._lock:
                 self._remove(req)
             fail_future(req.future, error)

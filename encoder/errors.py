@@ -32,6 +32,16 @@ class DecodeTimeoutError(DecompressionBombError):
     """Decoding the image ran past the decode time limit (``limit``, in seconds) and was stopped."""
 
 
+class DecodeUnavailableError(EncoderError):
+    """The image could not be decoded for a reason not known to be its own: a decode worker died or did
+    not start, or memory ran out. Not a ValueError, so nothing treats it as a verdict on the image:
+    retry after ``retry_after`` seconds (an image that keeps bringing workers down spends its retries)."""
+
+    def __init__(self, message: str, retry_after: float = 5.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class RequestTooLargeError(EncoderError, ValueError):
     """The request alone needs more queue room than its class has; it can never be admitted."""
 

@@ -1,12 +1,12 @@
 """Image decoding and view extraction with Pillow (no torch).
 
-Order of checks: byte size, the JPEG marker walk (scans, segments), format allow-list, pixel count,
-mode and frames from the header (nothing decoded yet), then the decode itself, under the decode
-budget (``encoder.decode_budget``: in this process when the checks prove it cheap, else in a worker
-process killed past the time limit). ``decode_image`` is the one way memstore decodes an image: the
-encoder's views, thumbnails and OCR all go through it. Views are returned as uint8 HWC arrays: a
-quarter of the memory of float tensors while they wait in the queue; normalisation happens per
-micro-batch on the device.
+Order of checks: byte size, the structure walks (a JPEG's markers: scans, segments, junk; a PNG's
+chunks; a GIF's blocks and frames), format allow-list, pixel count, mode and frames from the header
+(nothing decoded yet), then the decode itself, under the decode budget (``encoder.decode_budget``:
+in this process when the checks prove it cheap, else in a worker process killed past the time
+limit). ``decode_image`` is the one way memstore decodes an image: the encoder's views, thumbnails
+and OCR all go through it. Views are returned as uint8 HWC arrays: a quarter of the memory of float
+tensors while they wait in the queue; normalisation happens per micro-batch on the device.
 
 Decoded once per ingest: ``load_views`` takes an optional ``SharedDecode``, another use of the same
 picture (the ingest worker's thumbnail, when the encoder runs in its process). The decode is sized
@@ -32,12 +32,14 @@ from .decode_budget import (
     ALLOWED_FORMATS,
     ALLOWED_MODES,
     HIGH_BIT_MODES,
+    PNG_SIGNATURE,
     DecodeJob,
     JpegLayout,
-    as_rejection,
+    decode_error,
     decode_here,
     gif_frames,
     jpeg_layout,
+    png_chunks,
     png_exif,
     pool,
     tiff_pages,
@@ -130,11 +132,12 @@ def _open(data: bytes) -> Image.Image:
         raise ImageRejectedError(f"corrupt image header: {exc}") from None
 
 
-def _frames(data: bytes, img: Image.Image, limit: int) -> int:
+def _frames(data: bytes, img: Image.Image, limit: int, gif: int | None) -> int:
     """How many frames the file holds (GIF and TIFF counted up to limit + 1 by a bounded walk, never
-    with Pillow's n_frames, which walks them all in Python); others declare it in their header."""
+    with Pillow's n_frames, which walks them all in Python; ``gif``: the GIF's, counted before it was
+    opened); others declare it in their header."""
     if img.format == "GIF":
-        return gif_frames(data, limit)
+        return gif if gif is not None else gif_frames(data, limit)
     if img.format == "TIFF":
         return tiff_pages(data, limit)
     if img.format in ("WEBP", "MPO", "PNG"):
@@ -189,8 +192,12 @@ def probe_image(data: bytes, options: ImageOptions) -> ImageProbe:
             f"image is {len(data)} bytes; the limit is {options.max_bytes} "
             "(MEMSTORE_ENCODER_MAX_IMAGE_BYTES): re-encode or downscale it"
         )
-    # Before Pillow reads it: Pillow's own walk to the frame header is as long as the file.
+    # Before Pillow reads it: Pillow's own walk to the frame header is as long as the file, and so are
+    # its walks over a PNG's chunks and over the blocks before a GIF's first frame.
     jpeg = jpeg_layout(data, max_scans=options.max_jpeg_scans) if data[:3] == b"\xff\xd8\xff" else None
+    if data[: len(PNG_SIGNATURE)] == PNG_SIGNATURE:
+        png_chunks(data)
+    gif = gif_frames(data, options.max_frames) if data[:6] in (b"GIF87a", b"GIF89a") else None
     with _open(data) as img:
         width, height = img.size
         fmt = img.format or "unknown"
@@ -205,7 +212,7 @@ def probe_image(data: bytes, options: ImageOptions) -> ImageProbe:
                 f"image mode {img.mode} is not supported; send greyscale (8 or 16 bits, or float), RGB(A), "
                 "palette or CMYK"
             )
-        frames = _frames(data, img, options.max_frames)
+        frames = _frames(data, img, options.max_frames, gif)
         if frames > options.max_frames:
             raise DecompressionBombError(
                 f"image has more than {options.max_frames} frames; the limit is {options.max_frames} "
@@ -274,7 +281,7 @@ def _decode(data: bytes, probe: ImageProbe, job: DecodeJob, opts: ImageOptions) 
         try:
             return decode_here(data, job)
         except Exception as exc:
-            raise as_rejection(exc) from None
+            raise decode_error(exc) from None
     return pool(opts.decode_workers).decode(data, job, opts.decode_timeout_s)
 
 
@@ -295,6 +302,12 @@ def _to_rgb(img: Image.Image) -> Image.Image:
     return img.convert("RGB")
 
 
+# The "shortest" view resizes the whole picture and crops it (as open_clip does) while that resized
+# picture holds at most this many views' pixels; past it (a 1 x 20000 strip would resize to 224 x
+# 4,480,000, gigabytes), only the crop is resampled.
+_RESIZED_VIEWS = 16
+
+
 def _global_view(img: Image.Image, spec: ImageSpec) -> Image.Image:
     """The model's standard preprocessing, mirroring open_clip/torchvision sizes and rounding."""
     s, interp = spec.size, _INTERPOLATION.get(spec.interpolation, Image.Resampling.BICUBIC)
@@ -309,9 +322,17 @@ def _global_view(img: Image.Image, spec: ImageSpec) -> Image.Image:
         return canvas
     # "shortest": shorter side to s (torchvision's int() rounding), then centre crop.
     nw, nh = (s, int(s * h / w)) if w <= h else (int(s * w / h), s)
-    resized = img.resize((nw, nh), interp) if (nw, nh) != (w, h) else img
     left, top = round((nw - s) / 2.0), round((nh - s) / 2.0)
-    return resized.crop((left, top, left + s, top + s))
+    if (nw, nh) == (w, h):
+        return img.crop((left, top, left + s, top + s))
+    if nw * nh > _RESIZED_VIEWS * s * s:
+        # The crop's rectangle in source pixels, resampled alone: Pillow maps each output pixel's
+        # centre through the box as through resize-then-crop, with the same filter; only the order of
+        # its two passes may differ, and with it the rounding between them (a level or so on a photo).
+        sx, sy = w / nw, h / nh
+        box = (left * sx, top * sy, min(w, (left + s) * sx), min(h, (top + s) * sy))
+        return img.resize((s, s), interp, box=box)
+    return img.resize((nw, nh), interp).crop((left, top, left + s, top + s))
 
 
 def _needed_size(probe: ImageProbe, plan: TilePlan, spec: ImageSpec) -> tuple[int, int]:

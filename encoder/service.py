@@ -30,12 +30,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .addresses import route_path
 from .engine import EmbeddingEngine
 from .errors import (
+    DecodeUnavailableError,
     DecompressionBombError,
     ImageRejectedError,
     QueueFullError,
     RequestCancelledError,
     RequestTooLargeError,
 )
+from .tenancy import TENANT
 from .types import ImageEmbedding, Priority
 
 PROBLEM = "urn:memstore:encoder:problem:"
@@ -45,6 +47,7 @@ _STATUS = {  # exception -> (status, problem type suffix, title); most specific 
     RequestTooLargeError: (413, "request-too-large", "Request too large"),
     ImageRejectedError: (422, "image-rejected", "Image rejected"),
     RequestCancelledError: (503, "cancelled", "Request cancelled"),
+    DecodeUnavailableError: (503, "decode-unavailable", "Image decoder unavailable"),
 }
 
 
@@ -57,7 +60,9 @@ class EmbeddingRequest(BaseModel):
     deadline_ms: float | None = Field(default=None, gt=0)
     return_tiles: bool = False  # images: also return per-tile vectors, boxes and weights
     dimensions: int | None = None
-    user: str | None = None
+    # OpenAI's end-user id; here the tenant the images are decoded for (encoder.tenancy), which the
+    # remote client sends, so one tenant's slow images queue behind its own here as in process.
+    user: str | None = Field(default=None, max_length=256)
 
 
 def problem(
@@ -206,7 +211,7 @@ def create_app(
             request: Request, exc: Exception, status: int = status, kind: str = kind, title: str = title
         ) -> JSONResponse:
             headers, extra = None, {}
-            if isinstance(exc, QueueFullError):
+            if isinstance(exc, QueueFullError | DecodeUnavailableError):
                 headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
                 extra = {"retry_after": exc.retry_after}
             return problem(status, kind, title, str(exc), headers, **extra)
@@ -238,21 +243,27 @@ def create_app(
             return problem(422, "invalid-request", "Empty input", "`input` must hold at least one item")
         priority = Priority.parse(body.priority)
         deadline_s = None if body.deadline_ms is None else body.deadline_ms / 1000.0
+        tenant = body.user or ""
+
+        def submit_images() -> Future[Any]:
+            # Up to the body limit of base64 (64 MiB) decoded here, in the threadpool: on the event
+            # loop it held every other request (and /health) for the whole decode.
+            blobs = [decode_image_input(v, i) for i, v in enumerate(items)]
+            token = TENANT.set(tenant)  # read by the engine in this thread, as it submits
+            try:
+                return engine.submit_images(
+                    blobs, priority=priority, deadline_s=deadline_s, return_tiles=True, model=model.model
+                )
+            finally:
+                TENANT.reset(token)
+
         # Submission tokenises or reads image headers: off the event loop, like any blocking call.
         if body.modality == "text":
             fut = await run_in_threadpool(
                 engine.submit_texts, items, priority=priority, deadline_s=deadline_s, model=model.model
             )
         else:
-            blobs = [decode_image_input(v, i) for i, v in enumerate(items)]
-            fut = await run_in_threadpool(
-                engine.submit_images,
-                blobs,
-                priority=priority,
-                deadline_s=deadline_s,
-                return_tiles=True,
-                model=model.model,
-            )
+            fut = await run_in_threadpool(submit_images)
         result = await _await(fut, request)
         data: list[dict[str, Any]] = []
         units = len(items)

@@ -10,8 +10,9 @@ queries flowing while one sends slow ones; the pool's light lane keeps one tenan
 flowing past its own huge ones.
 
 The tenant is whatever the caller sets in ``TENANT`` before it submits (the engine reads it in the
-calling thread): the API sets the request's key, the ingest worker the collection. Unset, every
-caller is one tenant, as before.
+calling thread): the API sets the request's key, the ingest worker the collection. A remote encoder
+(``encoder.client``) sends it as the request's ``user``, and the service sets it from that. Unset,
+every caller is one tenant, as before.
 """
 
 from __future__ import annotations

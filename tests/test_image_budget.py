@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import io
 import json
+import struct
 import subprocess
 import sys
 import textwrap
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -284,3 +286,135 @@ def test_the_decode_budget_is_configured_from_the_environment(monkeypatch: pytes
     options = EncoderSettings().image_options()
     assert (options.max_jpeg_scans, options.max_frames, options.decode_timeout_s) == (12, 3, 1.5)
     assert (options.decode_workers, options.inline_max_pixels) == (0, 1000)
+
+
+# -- structure walks before Pillow reads the file ------------------------------------------------------
+
+
+def _chunk(kind: bytes, body: bytes = b"") -> bytes:
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+
+def _refused_before_pillow_opens(monkeypatch: pytest.MonkeyPatch, data: bytes, match: str) -> None:
+    """``data`` is refused by the walk over its structure, Pillow never asked to open it."""
+    import encoder.images as images
+
+    def never(_: bytes) -> Image.Image:
+        raise AssertionError("Pillow was asked to open the file")
+
+    monkeypatch.setattr(images, "_open", never)
+    with pytest.raises(DecompressionBombError, match=match):
+        probe_image(data, ImageOptions())
+
+
+def test_every_chunk_of_a_png_is_counted_before_it_is_opened(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pillow reads a PNG's chunks one Python call each, those after the pixel data as it decodes;
+    the count stopped at an eXIf chunk (and was not made when Pillow had found the EXIF itself), so
+    hundreds of thousands of empty chunks after the pixels went through."""
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(buf, "PNG", exif=exif)
+    picture = buf.getvalue()
+    assert picture.index(b"eXIf") < picture.index(b"IDAT")
+    end = picture.index(b"IEND") - 4
+    padded = picture[:end] + _chunk(b"zzZz") * (decode_budget.MAX_PNG_CHUNKS + 1) + picture[end:]
+    assert len(padded) < 1_000_000
+    assert probe_image(picture, ImageOptions()).orientation == 6  # the picture alone is fine
+    _refused_before_pillow_opens(monkeypatch, padded, "more than 65536 chunks")
+    # Chunks before the pixel data, without any EXIF: refused before Pillow walks them too.
+    plain = png_of(Image.new("RGB", (8, 8)))
+    idat = plain.index(b"IDAT") - 4
+    _refused_before_pillow_opens(
+        monkeypatch, plain[:idat] + _chunk(b"zzZz") * (decode_budget.MAX_PNG_CHUNKS + 1) + plain[idat:], "chunks"
+    )
+
+
+def _gif_with_comment(sub_blocks: int) -> bytes:
+    """A one-frame GIF whose comment, before the frame, is ``sub_blocks`` one-byte sub-blocks."""
+    buf = io.BytesIO()
+    Image.new("P", (4, 4), 1).save(buf, "GIF")
+    data = buf.getvalue()
+    flags = data[10]
+    frame_at = 13 + (3 * (2 << (flags & 7)) if flags & 0x80 else 0)
+    comment = b"\x21\xfe" + b"\x01x" * sub_blocks + b"\x00"
+    return data[:frame_at] + comment + data[frame_at:]
+
+
+def test_a_gif_with_more_blocks_than_the_walk_allows_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The walk counting frames stopped at _MAX_GIF_BLOCKS and answered one frame: any number of
+    frames, or of blocks Pillow then walks in Python, went through."""
+    monkeypatch.setattr(decode_budget, "_MAX_GIF_BLOCKS", 200)
+    assert probe_image(_gif_with_comment(100), ImageOptions()).frames == 1
+    _refused_before_pillow_opens(monkeypatch, _gif_with_comment(300), "more than 200 data blocks")
+
+
+def test_junk_between_a_jpegs_segments_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pillow's walk to the frame header reads junk between segments a byte per Python step (the
+    marker walk skipped it uncounted): seconds for a file of junk."""
+    buf = io.BytesIO()
+    Image.new("RGB", (16, 16), (200, 10, 10)).save(buf, "JPEG")
+    data = buf.getvalue()
+    after_app0 = 4 + int.from_bytes(data[4:6], "big")  # SOI, then the JFIF segment
+    assert data[2:4] == b"\xff\xe0" and data[after_app0] == 0xFF
+
+    def with_junk(n: int) -> bytes:
+        return data[:after_app0] + b"\x00" * n + data[after_app0:]
+
+    assert probe_image(with_junk(100), ImageOptions()).format == "JPEG"  # a few stray bytes are tolerated
+    limit = decode_budget.MAX_JPEG_JUNK_BYTES
+    _refused_before_pillow_opens(monkeypatch, with_junk(limit + 1), f"more than {limit} bytes of junk")
+
+
+# -- the decoder's own failures are not the image's -----------------------------------------------------
+
+
+def test_a_decode_worker_that_dies_or_never_starts_is_the_decoders_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both were reported as the image's fault (ImageRejectedError, or a DecodeTimeoutError for a
+    worker slow to start), which ingest fails for good: they are DecodeUnavailableError, retried."""
+    from encoder.errors import DecodeUnavailableError
+
+    whole = png_of(Image.new("RGB", (300, 300), (1, 2, 3)))
+    options = ImageOptions(decode_workers=1, inline_max_pixels=0)  # through the pool
+    from encoder import images
+
+    pool = decode_budget.DecodePool(1)
+    monkeypatch.setattr(images, "pool", lambda size: pool)
+    try:
+        run = decode_budget._Worker.run
+
+        def killed_first(self, data, job, timeout_s):  # the worker dies as the job is handed over
+            self.proc.kill()
+            self.proc.wait()
+            return run(self, data, job, timeout_s)
+
+        monkeypatch.setattr(decode_budget._Worker, "run", killed_first)
+        with pytest.raises(DecodeUnavailableError, match="stopped while decoding") as died:
+            decode_image(whole, options)
+        assert not isinstance(died.value, ImageRejectedError) and pool.killed == 1
+        monkeypatch.setattr(decode_budget._Worker, "run", run)
+
+        monkeypatch.setattr(decode_budget, "_START_TIMEOUT_S", 0.0)  # no worker is ready in no time
+        with pytest.raises(DecodeUnavailableError, match="could be started") as slow:
+            decode_image(whole, options)
+        assert not isinstance(slow.value, ImageRejectedError)
+        monkeypatch.setattr(decode_budget, "_START_TIMEOUT_S", 60.0)
+        assert decode_image(whole, options).getpixel((0, 0)) == (1, 2, 3)  # the pool recovers
+    finally:
+        pool.close()
+
+
+def test_running_out_of_memory_while_decoding_is_not_the_images_fault(monkeypatch: pytest.MonkeyPatch) -> None:
+    from encoder import images
+    from encoder.errors import DecodeUnavailableError
+
+    def exhausted(data: bytes, job: decode_budget.DecodeJob) -> Image.Image:
+        raise MemoryError
+
+    monkeypatch.setattr(images, "decode_here", exhausted)
+    with pytest.raises(DecodeUnavailableError, match="out of memory") as info:
+        decode_image(png_of(Image.new("RGB", (8, 8))), ImageOptions())
+    assert not isinstance(info.value, ImageRejectedError)
+    # The same verdict from a worker's answer; a real decoder error stays the image's.
+    assert isinstance(decode_budget.decode_error(MemoryError()), DecodeUnavailableError)
+    assert isinstance(decode_budget.decode_error(OSError("broken data stream")), ImageRejectedError)

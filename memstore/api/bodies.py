@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 from python_multipart.multipart import parse_options_header
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData, UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
@@ -189,12 +190,15 @@ def upload_filename(upload: UploadFile) -> str | None:
 
 
 async def read_image(upload: UploadFile, where: str, options: ImageOptions) -> tuple[bytes, str]:
-    """The file's bytes and its real content type, after the header checks (nothing decoded yet)."""
+    """The file's bytes and its real content type, after the header checks (nothing decoded yet).
+    The checks run in the threadpool: they walk the file's structure, and Pillow parses its header
+    in Python, seconds of work for a crafted file, which on the event loop would hold every request."""
     data = await upload.read(options.max_bytes + 1)
-    return check_image(data, where, options)
+    return await run_in_threadpool(check_image, data, where, options)
 
 
 def check_image(data: bytes, where: str, options: ImageOptions) -> tuple[bytes, str]:
+    """Blocking (``probe_image``): call it off the event loop."""
     if len(data) > options.max_bytes:
         raise Problem(
             "payload-too-large",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from typing import Any
 
 import psycopg
@@ -144,6 +145,9 @@ def from_exception(exc: BaseException) -> Problem:
         return Problem("payload-too-large", str(exc))
     if isinstance(exc, enc.ImageRejectedError):
         return Problem("image-rejected", str(exc))
+    if isinstance(exc, enc.DecodeUnavailableError):  # the decoder's trouble, not the image's
+        headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
+        return Problem("service-unavailable", str(exc), headers=headers, retry_after=exc.retry_after)
     if isinstance(exc, enc.EncoderUnreachableError | enc.EncoderNoAnswerError):
         return Problem("service-unavailable", f"{exc}; retry shortly", headers={"Retry-After": "5"})
     if isinstance(exc, enc.RequestCancelledError):

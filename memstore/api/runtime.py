@@ -13,11 +13,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from encoder.types import EmbeddingBackend
+import numpy as np
+
+from encoder.requests import wait_future
+from encoder.types import EmbeddingBackend, Priority
 from memstore.access.keys import KeyVerifier
 from memstore.db.core import Database
 from memstore.db.search_pool import CANCEL, Cancel
@@ -36,6 +39,73 @@ from memstore.workers.ingest import Processor
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
+
+
+# The longest a request waits for the encoder to embed its query (a text or an image at query
+# priority, normally milliseconds): past it the encoder's work is cancelled and the request answers
+# 503, instead of holding its thread for as long as the encoder is stuck.
+QUERY_EMBED_TIMEOUT_S = 30.0
+
+
+class EncoderWork:
+    """The encoder requests one API request has in flight (in ``ENCODER_WORK``, a context variable
+    ``Runtime.off_loop`` sets): when the request is cancelled (its client went away), they are
+    cancelled too, and the engine drops what it has not run of them. One added after that is
+    cancelled at once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._futures: set[Future[Any]] = set()
+        self.cancelled = False
+
+    def add(self, fut: Future[Any]) -> None:
+        with self._lock:
+            cancelled = self.cancelled
+            if not cancelled:
+                self._futures.add(fut)
+        if cancelled:
+            fut.cancel()
+        else:  # outside the lock: a future already done runs the callback at once, in this thread
+            fut.add_done_callback(self._forget)
+
+    def _forget(self, fut: Future[Any]) -> None:
+        with self._lock:
+            self._futures.discard(fut)
+
+    def cancel(self) -> None:
+        """Non-blocking (a future's cancel takes its lock for a moment): safe on the event loop."""
+        with self._lock:
+            self.cancelled = True
+            futures = list(self._futures)
+        for fut in futures:
+            fut.cancel()
+
+
+ENCODER_WORK: contextvars.ContextVar[EncoderWork | None] = contextvars.ContextVar("memstore_encoder_work", default=None)
+
+
+def embed_query(
+    backend: EmbeddingBackend,
+    *,
+    text: str | None = None,
+    image: bytes | None = None,
+    timeout_s: float | None = None,
+    **how: Any,
+) -> np.ndarray:
+    """The vector of one query text or image at query priority (``how``: the model, as
+    ``memstore.spaces.model_choice`` gives it). An encoder in this process is waited for at most
+    ``timeout_s`` (QUERY_EMBED_TIMEOUT_S), and its work is cancelled on a timeout or when the request
+    is (``EncoderWork``); a remote encoder's one HTTP call is bounded by its client's timeout."""
+    kind = "texts" if text is not None else "images"
+    inputs: list[Any] = [text] if text is not None else [image]
+    submit = getattr(backend, f"submit_{kind}", None)
+    if submit is None:
+        return np.asarray(getattr(backend, f"embed_{kind}")(inputs, priority=Priority.QUERY, **how))[0]
+    fut: Future[Any] = submit(inputs, priority=Priority.QUERY, **how)
+    work = ENCODER_WORK.get()
+    if work is not None:
+        work.add(fut)
+    return np.asarray(wait_future(fut, QUERY_EMBED_TIMEOUT_S if timeout_s is None else timeout_s))[0]
 
 
 @dataclass
@@ -115,14 +185,18 @@ class Runtime:
         """``fn(*args)`` in the executor, in a copy of the request's context (a read's ``min_lsn``
         travels in a context variable; ``run_in_executor`` alone would drop it). When the request is
         cancelled (its client went away), a search ``fn`` runs is cancelled on the server too
-        (``memstore.db.search_pool.Cancel``), so its connection is free at once."""
+        (``memstore.db.search_pool.Cancel``), so its connection is free at once, and so is the
+        encoder work it waits for (``EncoderWork``: a query's vector, ``embed_query``)."""
         context = contextvars.copy_context()
         scope = Cancel()
+        work = EncoderWork()
         context.run(CANCEL.set, scope)
+        context.run(ENCODER_WORK.set, work)
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self.executor, context.run, fn, *args)
         except asyncio.CancelledError:
+            work.cancel()
             loop.run_in_executor(self.executor, scope.cancel)  # a round trip: not on the event loop
             raise
 

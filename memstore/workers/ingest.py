@@ -22,7 +22,13 @@ import numpy as np
 from PIL import Image
 from psycopg import sql
 
-from encoder.errors import EncoderUnreachableError, ImageRejectedError, QueueFullError, RequestTooLargeError
+from encoder.errors import (
+    DecodeUnavailableError,
+    EncoderUnreachableError,
+    ImageRejectedError,
+    QueueFullError,
+    RequestTooLargeError,
+)
 from encoder.images import SharedDecode
 from encoder.tenancy import TENANT
 from encoder.types import EmbeddingBackend, Priority
@@ -43,6 +49,13 @@ log = logging.getLogger(__name__)
 
 # Errors that another attempt cannot fix: the item is marked failed at once.
 PERMANENT_ERRORS: tuple[type[BaseException], ...] = (ImageRejectedError, RequestTooLargeError, ValueError)
+# The decoder's trouble, not the item's (a decode worker that died or did not start, memory run out):
+# retried later like any other failure, never failed at once, whatever classes it comes to share.
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (DecodeUnavailableError,)
+
+
+def is_permanent(exc: BaseException) -> bool:
+    return isinstance(exc, PERMANENT_ERRORS) and not isinstance(exc, TRANSIENT_ERRORS)
 
 
 @dataclass(frozen=True)
@@ -271,9 +284,7 @@ class Processor:
             raise
         except Exception as exc:
             if len(group.items) == 1:
-                return self._settle_failure(
-                    claims, _describe(exc), permanent=isinstance(exc, PERMANENT_ERRORS), collection=collection
-                )
+                return self._settle_failure(claims, _describe(exc), permanent=is_permanent(exc), collection=collection)
             # One bad item fails the whole call; encode one by one to find it and keep the rest.
             for it in group.items:
                 one = EncodeGroup(group.collection_id, group.modality, (it,), group.space_id)
@@ -309,7 +320,7 @@ class Processor:
 
 def _describe(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
-    return text if isinstance(exc, PERMANENT_ERRORS) else f"{type(exc).__name__}: {text}"
+    return text if is_permanent(exc) else f"{type(exc).__name__}: {text}"
 
 
 class IngestWorker:

@@ -376,3 +376,26 @@ def test_failing_claims_locks_items_in_id_order_so_an_enqueue_cannot_deadlock_wi
     finally:
         other.close()
         claimer.close()
+
+
+def test_a_decoder_failure_is_retried_and_a_rejected_input_fails_at_once(worker_engine, tiny_collection) -> None:
+    """A decode worker that died (or memory run out) says nothing against the item: it goes back
+    with its attempt counted, and is embedded on the next try. A real verdict on the input fails it."""
+    from encoder.errors import DecodeUnavailableError, ImageRejectedError
+
+    backend = FakeBackend()
+    settings = IngestSettings(batch_size=100, max_attempts=3, backoff_base_s=0)
+    worker = IngestWorker(Database(worker_engine), backend, settings=settings)
+    [flaky] = enqueue_texts(worker_engine, tiny_collection, 1, prefix="flaky")
+    backend.fail("flaky 0", 1, DecodeUnavailableError("the image decoder process stopped"))
+    report = worker.run_batch()
+    assert (report.retried, report.failed) == (1, 0)
+    assert item_states(worker_engine, tiny_collection)[flaky] == "pending"
+    assert worker.run(once=True) == 0
+    assert item_states(worker_engine, tiny_collection)[flaky] == "ready"
+
+    [bad] = enqueue_texts(worker_engine, tiny_collection, 1, prefix="bad")
+    backend.fail("bad 0", 1, ImageRejectedError("corrupt image data"))
+    report = worker.run_batch()
+    assert (report.retried, report.failed) == (0, 1)
+    assert item_states(worker_engine, tiny_collection)[bad] == "failed"

@@ -251,3 +251,30 @@ def test_one_tenants_images_do_not_hold_every_preprocessing_thread(fake, monkeyp
             assert fut.result(timeout=30).shape == (1, 8)
     assert order.index("B") <= 2, order
     assert len(order) == 7
+
+
+def test_only_the_decodes_verdicts_blame_the_image(fake, monkeypatch):
+    """Every failure while preparing the views was reported as ImageRejectedError ("cannot decode
+    image"), which ingest fails for good: memory running out is DecodeUnavailableError (retried), a
+    fault in this code is itself, and the decode's own verdicts stay as they are."""
+    import encoder.engine as engine_module
+    from encoder.errors import DecodeUnavailableError
+
+    engine = engine_for(fake)
+    for raised, expected in [
+        (MemoryError(), DecodeUnavailableError),
+        (RuntimeError("a bug"), RuntimeError),
+        (DecodeUnavailableError("a decode worker died"), DecodeUnavailableError),
+        (ImageRejectedError("corrupt"), ImageRejectedError),
+    ]:
+
+        def failing(*args, raised=raised, **kwargs):
+            raise raised
+
+        monkeypatch.setattr(engine_module, "load_views", failing)
+        fut = engine.submit_images([SMALL])
+        error = fut.exception(timeout=5)
+        assert type(error) is expected, (raised, error)
+        if expected is not ImageRejectedError:
+            assert not isinstance(error, ImageRejectedError)
+        assert engine.stats()["queues"]["query"]["units"] == 0

@@ -194,3 +194,50 @@ def test_large_jpeg_decodes_at_reduced_size_with_the_same_picture():
     a, b = views_of(jpeg.getvalue(), opts=opts), views_of(png.getvalue(), opts=opts)
     assert a.shape == b.shape
     assert np.abs(a.astype(int) - b.astype(int)).mean() < 4
+
+
+def smooth_strip(width: int, height: int) -> bytes:
+    """A picture whose colour changes smoothly along its long side (as a photo's would)."""
+    yy, xx = np.mgrid[0:height, 0:width]
+    t = yy / height if height > width else xx / width
+    pixels = np.stack([127 + 100 * np.sin(t * 40), 127 + 100 * np.cos(t * 23), 255 * t], axis=-1)
+    buf = io.BytesIO()
+    Image.fromarray(pixels.astype(np.uint8)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("size", [(1, 20_000), (20_000, 1)])
+def test_a_one_pixel_strip_gets_its_view_without_resizing_all_of_it(monkeypatch, size):
+    """A 1 x 20000 PNG is a few hundred bytes and 20,000 pixels, inside every limit; resizing its
+    short side to 224 before cropping wrote a 224 x 4,480,000 picture (4 GB) first. Only the view's
+    pixels may be written: any resize to more than a few views' size fails the test at once."""
+    spec = ImageSpec(224, open_clip.OPENAI_DATASET_MEAN, open_clip.OPENAI_DATASET_STD)
+    opts = ImageOptions(max_tiles=0)
+    data = smooth_strip(*size)
+    assert len(data) < 100_000
+    resize = Image.Image.resize
+    written: list[tuple[int, int]] = []
+
+    def bounded(self, out_size, *args, **kwargs):
+        written.append(tuple(out_size))
+        assert out_size[0] * out_size[1] <= 4 * 224 * 224, f"resizing to {out_size}"
+        return resize(self, out_size, *args, **kwargs)
+
+    monkeypatch.setattr(Image.Image, "resize", bounded)
+    probe = probe_image(data, opts)
+    views = load_views(data, probe, plan_for(probe, spec, opts), spec)
+    assert views.shape == (1, 224, 224, 3) and written == [(224, 224)]
+    # The view is the middle of the strip, stretched: the colour of its middle pixel everywhere.
+    middle = np.asarray(Image.open(io.BytesIO(data)).convert("RGB")).reshape(-1, 3)[max(size) // 2]
+    assert np.abs(views[0].astype(int) - middle.astype(int)).max() <= 2
+
+
+@pytest.mark.parametrize("size", [(3, 3000), (3000, 3), (5, 2000), (2000, 7)])
+def test_a_long_strips_view_is_open_clips_own(size):
+    """Past 16 views' pixels the crop alone is resampled; the pixels are still open_clip's."""
+    spec = ImageSpec(64, open_clip.OPENAI_DATASET_MEAN, open_clip.OPENAI_DATASET_STD)
+    data = smooth_strip(*size)
+    ours = torch.as_tensor(views_of(data, spec, ImageOptions(max_tiles=0))[0]).float()
+    reference = open_clip.image_transform(64, is_train=False)(Image.open(io.BytesIO(data)))
+    pixels = (reference * torch.tensor(spec.std).view(3, 1, 1) + torch.tensor(spec.mean).view(3, 1, 1)) * 255
+    assert torch.allclose(ours, pixels.permute(1, 2, 0), atol=1.01)

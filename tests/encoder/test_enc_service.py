@@ -294,3 +294,81 @@ def test_cli_refuses_an_open_address_without_a_key(capsys, monkeypatch):
     monkeypatch.delenv("MEMSTORE_ENCODER_API_KEY", raising=False)
     assert main(["--model", "memstore-tiny", "--pretrained", "none", "--host", "0.0.0.0"]) == 2
     assert "MEMSTORE_ENCODER_API_KEY" in capsys.readouterr().err
+
+
+def _served_fake(monkeypatch, submit_images):
+    """A service around a fake model's engine (not started) whose submit_images is ``submit_images``."""
+    engine = EmbeddingEngine(FakeEncoder(), settings_for())
+    monkeypatch.setattr(engine, "submit_images", submit_images)
+    return TestClient(create_app(engine))  # no lifespan: nothing else runs
+
+
+def test_a_decoder_failure_is_503_with_retry_after_and_the_client_raises_it(monkeypatch):
+    """A dead decode worker is the service's trouble, not the image's: not a 422 image-rejected."""
+    from concurrent.futures import Future
+
+    from encoder.errors import DecodeUnavailableError
+
+    def failed(*args, **kwargs):
+        fut = Future()
+        fut.set_exception(DecodeUnavailableError("the image decoder process stopped", retry_after=7))
+        return fut
+
+    http = _served_fake(monkeypatch, failed)
+    resp = post(http, input=b64(PNG), modality="image")
+    assert_problem(resp, 503, "decode-unavailable")
+    assert resp.headers["Retry-After"] == "7"
+    with pytest.raises(DecodeUnavailableError, match="decoder process stopped") as info:
+        RemoteEncoder("http://testserver", client=http).embed_images([PNG])
+    assert info.value.retry_after == 7 and not isinstance(info.value, ImageRejectedError)
+
+
+def test_base64_images_are_decoded_off_the_event_loop(monkeypatch):
+    """Up to 64 MiB of base64 a request: decoded on the event loop, it held every other request."""
+    import asyncio
+
+    import encoder.service as service
+
+    on_loop: list[bool] = []
+    decode = service.decode_image_input
+
+    def watched(value, index):
+        try:
+            asyncio.get_running_loop()
+            on_loop.append(True)
+        except RuntimeError:
+            on_loop.append(False)
+        return decode(value, index)
+
+    monkeypatch.setattr(service, "decode_image_input", watched)
+    engine = EmbeddingEngine(FakeEncoder(), settings_for())
+    with TestClient(create_app(engine)) as http:
+        assert post(http, input=[b64(PNG), b64(PNG)], modality="image").status_code == 200
+    assert on_loop == [False, False]
+
+
+def test_the_remote_client_carries_the_tenant_to_the_service(monkeypatch):
+    """The service decoded every remote caller's images as one tenant: one collection's slow images
+    held the decoding threads for all of them (encoder.tenancy)."""
+    from concurrent.futures import Future
+
+    from encoder.tenancy import TENANT
+
+    seen: list[str] = []
+
+    def submit_images(images, **kwargs):
+        seen.append(TENANT.get())
+        fut = Future()
+        fut.set_exception(ImageRejectedError("not needed"))
+        return fut
+
+    remote = RemoteEncoder("http://testserver", client=_served_fake(monkeypatch, submit_images))
+    token = TENANT.set("collection:7")
+    try:
+        with pytest.raises(ImageRejectedError):
+            remote.embed_images([PNG])
+    finally:
+        TENANT.reset(token)
+    with pytest.raises(ImageRejectedError):
+        remote.embed_images([PNG])  # no tenant set: the one shared tenant, as before
+    assert seen == ["collection:7", ""]

@@ -8,20 +8,18 @@ import time
 from dataclasses import replace
 from typing import Any
 
-import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from encoder.images import ImageOptions
-from encoder.types import Priority
 from memstore.access.keys import ApiKey
 from memstore.api import bodies
 from memstore.api.auth import SECURITY_DOC, key_from_header, require, runtime
 from memstore.api.ingest import check_encodable, check_text
 from memstore.api.problems import ERROR_RESPONSES, Problem, from_exception, validation_problem
 from memstore.api.routes.items import content_url
-from memstore.api.runtime import Runtime
+from memstore.api.runtime import Runtime, embed_query
 from memstore.api.schemas import (
     DuplicatesOut,
     DuplicatesRequest,
@@ -108,10 +106,10 @@ def _embed_query(
     backend = rt.encoder.require("search by vector or item_id instead")
     if text is not None:
         check_text(rt, text, label)
-        return np.asarray(backend.embed_texts([text], priority=Priority.QUERY, **how))[0]
+        return embed_query(backend, text=text, **how)
     assert image is not None
     data, _ = bodies.check_image(image, label, query_image_options(rt))
-    return np.asarray(backend.embed_images([data], priority=Priority.QUERY, **how))[0]
+    return embed_query(backend, image=data, **how)
 
 
 async def _parse(request: Request, rt: Runtime) -> tuple[SearchRequest, bytes | None]:
