@@ -19,12 +19,11 @@ from urllib.parse import quote, urlencode
 
 import numpy as np
 
-from encoder.types import Priority
 from memstore.api import bodies
 from memstore.api.ingest import check_encodable, check_text
 from memstore.api.problems import Problem
 from memstore.api.routes.search import query_image_options
-from memstore.api.runtime import Runtime
+from memstore.api.runtime import Runtime, embed_query
 from memstore.catalog.collections import Collection
 from memstore.catalog.field_paths import escape_name
 from memstore.media import thumbnails
@@ -357,14 +356,14 @@ def text_vector(rt: Runtime, c: Collection, text: str) -> np.ndarray | None:
         how = check_encodable(rt, c, c.space())
     except Problem:
         return None
-    return np.asarray(rt.encoder.backend.embed_texts([text], priority=Priority.QUERY, **how))[0]
+    return embed_query(rt.encoder.backend, text=text, **how)  # bounded in time, as the API's
 
 
 def image_vector(rt: Runtime, c: Collection, data: bytes) -> np.ndarray:
     backend = rt.encoder.require("search by a stored item instead ('more like this')")
     how = check_encodable(rt, c, c.space())
     checked, _ = bodies.check_image(data, "the query image", query_image_options(rt))
-    return np.asarray(backend.embed_images([checked], priority=Priority.QUERY, **how))[0]
+    return embed_query(backend, image=checked, **how)
 
 
 def item_vector(rt: Runtime, c: Collection, item_id: int) -> np.ndarray:
