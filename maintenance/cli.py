@@ -11,6 +11,11 @@ memstore-maint report --plot FILE.png                   recall, dead fraction, s
 memstore-maint handback                                 give index cleanup back to autovacuum
 
 Every subcommand takes --collection (repeatable), --json, --database-url and -v after its name.
+
+Exit codes of vacuum, rebuild and handback: 0 done; 1 failed; 2 usage error; 3 skipped (another worker
+holds the index, or searches stayed over the latency SLO: try later); 4 interrupted (SIGTERM or SIGINT
+cancelled it). The worst of them where several indexes were selected (1, then 4, then 3); a rebuild
+whose VACUUM after it did not run counts as that VACUUM's outcome.
 """
 
 from __future__ import annotations
@@ -32,7 +37,15 @@ from maintenance.actions import index_density
 from maintenance.config import MaintenanceConfig
 from maintenance.display import Bars, fmt_bytes, table
 from maintenance.targets import Target
-from maintenance.worker import EXIT_FAILED, EXIT_OK, ActionOutcome, MaintenanceWorker
+from maintenance.worker import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_SKIPPED,
+    ActionOutcome,
+    MaintenanceWorker,
+    exit_code,
+)
 from memstore.catalog import density
 from memstore.catalog.collections import Collection
 from memstore.db.core import get_database
@@ -166,11 +179,19 @@ def _index_action(
     return command
 
 
+EXIT_CODES = (
+    "\n\n\b\nExit codes: 0 done; 1 failed; 2 usage error; 3 skipped (another worker holds the index, or\n"
+    "searches stayed over the latency SLO: try later); 4 interrupted (SIGTERM or SIGINT cancelled it).\n"
+    "With several indexes, the worst (1, then 4, then 3)."
+)
 REBUILD_DETAILS = (
-    "Rebuild every selected index now: REINDEX INDEX CONCURRENTLY (searches and writes go on meanwhile), then VACUUM."
+    "Rebuild every selected index now: REINDEX INDEX CONCURRENTLY (searches and writes go on meanwhile), then "
+    "VACUUM (its outcome is the rebuild's follow_up; one not done sets the exit code)." + EXIT_CODES
 )
 cli.add_command(
-    _index_action("vacuum", "vacuum", "VACUUM every selected index now", "VACUUM every selected index now.")
+    _index_action(
+        "vacuum", "vacuum", "VACUUM every selected index now", "VACUUM every selected index now." + EXIT_CODES
+    )
 )
 cli.add_command(_index_action("rebuild", "rebuild", "rebuild every selected index concurrently", REBUILD_DETAILS))
 cli.add_command(
@@ -251,7 +272,12 @@ def report(common: Common, plot: Path, since_hours: float | None) -> int:
 @cli.command(short_help="give index cleanup back to autovacuum")
 @common_options
 def handback(common: Common) -> int:
-    """Give index cleanup back to autovacuum (do this if you stop running the maintenance worker)."""
+    """Give index cleanup back to autovacuum (do this if you stop running the maintenance worker).
+
+    \b
+    Exit codes: 0 done; 1 failed; 2 usage error; 3 skipped (another worker holds the index: try
+    later); 4 interrupted (SIGTERM or SIGINT cancelled it). With several indexes, the worst (1, then
+    4, then 3)."""
     return _run(common, lambda worker: _act(worker, common, "hand_back", requested="handback"))
 
 
@@ -409,27 +435,33 @@ def _last_sql() -> str:
 
 
 def _outcomes(common: Common, outcomes: list[ActionOutcome]) -> int:
+    """Print the outcomes; EXIT_FAILED when any failed (a pass's code: a skip there is no failure)."""
     payload = [o.__dict__ for o in outcomes]
     columns = ["collection", "table", "decision", "outcome", "duration_s", "reason", "error"]
     emit(common.as_json, payload, lambda: table(payload, columns))
-    return EXIT_FAILED if any(o.outcome == "failed" for o in outcomes) else EXIT_OK
+    return EXIT_FAILED if any(o.state == "failed" for o in outcomes) else EXIT_OK
 
 
 def _act(
     worker: MaintenanceWorker, common: Common, action: str, *, requested: str, partition: int | None = None
 ) -> int:
+    """The action on every selected target: the exit code says whether all of it was done (``exit_code``)."""
     outcomes: list[ActionOutcome] = []
     with worker.connect() as conn:
         targets = worker.targets(conn)
     if partition is not None:
         _check_partition(targets, partition)
+    stopped = False
     for target in targets:
         if partition is not None and target.partition != partition:
             continue
         if worker.stop.is_set():
+            stopped = True  # the targets left were not acted on
             break
         outcomes.append(worker.act(target, action, reason=f"requested: memstore-maint {requested}"))
-    return _outcomes(common, outcomes)
+    _outcomes(common, outcomes)
+    code = exit_code(outcomes)
+    return EXIT_INTERRUPTED if stopped and code in (EXIT_OK, EXIT_SKIPPED) else code
 
 
 def _check_partition(targets: Sequence[Target], partition: int) -> None:

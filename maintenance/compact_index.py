@@ -7,7 +7,8 @@ pending one). It
 1. makes a pending low-rank representation once the collection has enough vectors to fit on;
 2. otherwise measures recall@k of the compact search (candidates re-ranked exactly) against exact
    full-precision search, on a random draw of the real queries the API kept
-   (``memstore.search.query_samples``, the same draw as the maintenance worker's probes) or stored vectors;
+   (``memstore.search.query_samples``, the same draw as the maintenance worker's probes) or stand-ins
+   made from stored vectors;
 3. when recall is below ``min_recall``: refits the projection on a fresh sample and builds its index
    online when the projection itself has become lossy (low-rank, judged by the same search made
    exhaustive on the projected rows), or else rebuilds the compact index with
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from dataclasses import asdict, dataclass, replace
 from functools import partial
@@ -30,6 +32,10 @@ import numpy as np
 import psycopg
 from psycopg import sql
 
+from maintenance.actions import Executor, Interrupted
+from maintenance.config import MaintenanceConfig
+from maintenance.recall import limit_statements, moved_apart
+from maintenance.targets import Target
 from memstore import action_log
 from memstore.catalog import index_spec as specs
 from memstore.catalog.registry import read_collection
@@ -57,7 +63,8 @@ DEFAULT_RETRY_AFTER_S = 24 * 3600.0
 @dataclass(frozen=True)
 class CompactUpkeep:
     """What ``maintain_compact_index`` saw and did. ``action``: None, ``make_pending``,
-    ``refit_projection`` or ``rebuild_compact_index``; ``outcome``: ok, skipped or failed."""
+    ``refit_projection`` or ``rebuild_compact_index``; ``outcome``: ok, skipped, failed or interrupted
+    (a stop request cancelled the rebuild)."""
 
     collection: str
     outcome: str = "ok"
@@ -83,20 +90,27 @@ class CompactProbe:
     k: int
     queries: int
     pool: int
-    source: str  # "query_samples" or "stored"
+    source: str  # "query_samples" or "stand_ins"
     seconds: float
 
 
-def _queries(conn: psycopg.Connection[Any], c: Any, n: int) -> tuple[list[np.ndarray], str]:
+def _queries(conn: psycopg.Connection[Any], store: VectorStore, c: Any, n: int) -> tuple[list[np.ndarray], str]:
     """A random draw of the API's kept query samples (the same draw as the maintenance worker's
-    probes), else random stored vectors."""
+    probes), else stand-ins made from random stored vectors (``maintenance.recall.stand_ins``: a
+    stored vector is no fair query, the graph holds it as a node), their nearest rows found by the
+    collection's own search."""
     kept = query_samples.draw(conn, c.id, n, dimensions=c.dimensions)
     if kept:
         return [v for _, v in kept], "query_samples"
     rows = conn.execute(
         sql.SQL("SELECT embedding FROM {} WHERE embedding IS NOT NULL ORDER BY random() LIMIT %s").format(c.table), (n,)
     ).fetchall()
-    return [r[0].to_numpy() for r in rows], "stored"
+    stored = [r[0].to_numpy() for r in rows]
+    near = [
+        [(r.id, r.distance) for r in store.search(collection=c.name, vector=v, k=4) if r.distance is not None]
+        for v in stored
+    ]
+    return moved_apart(conn, c.table_name, stored, near), "stand_ins"
 
 
 def _exhaustive(conn: psycopg.Connection[Any], c: Any, spec: specs.IndexSpec, v: np.ndarray, k: int) -> list:
@@ -129,7 +143,7 @@ def probe_compact_recall(
     c = store.get_collection(name=collection, fresh=True)
     spec = specs.index_spec(c)
     with ddl.connect(store.db) as conn:
-        vectors, source = _queries(conn, c, queries)
+        vectors, source = _queries(conn, store, c, queries)
         vectors = [v for v in vectors if v.shape == (c.dimensions,) and np.isfinite(v).all()]
         # The compact search's answers (the index as configured, re-ranked on full vectors), then the
         # true answers of every query from one scan bounded by them, as the maintenance probes do.
@@ -138,6 +152,7 @@ def probe_compact_recall(
             for v in vectors
         ]
         with conn.transaction(), conn.cursor() as cur:
+            limit_statements(conn, MaintenanceConfig().probe_timeout_s)  # the exact scan, bounded
             apply(
                 cur,
                 SearchSettings(
@@ -215,16 +230,36 @@ def _index_name(c: Any, spec: specs.IndexSpec) -> str:
     return str(c.index_name)
 
 
-def _reindex(conn: psycopg.Connection[Any], c: Any, spec: specs.IndexSpec) -> None:
+def _reindex(conn: psycopg.Connection[Any], c: Any, spec: specs.IndexSpec, executor: Executor) -> None:
+    """``REINDEX CONCURRENTLY`` of the compact index (each partition's), by the maintenance worker's
+    own executor: without a lock timeout, leftovers of an earlier try dropped first and those of a
+    failed one at once, cancelled by the executor's stop."""
     if spec.representation == "lowrank":
-        names = [_index_name(c, spec)]
+        assert spec.version is not None
+        names = [(_index_name(c, spec), specs.side_table(c.id, spec.version))]
+    elif c.partitions == 1:
+        names = [(str(c.index_name), str(c.table_name))]
     else:
-        names = [c.index_name] if c.partitions == 1 else [f"{part}_hnsw" for part in c.partition_tables()]
-    for name in names:
+        names = [(f"{part}_hnsw", part) for part in c.partition_tables()]
+    for name, table in names:
+        target = Target(collection=c, table=table, index=name)
         # The maintenance worker's own lock on this index: never two rebuilds of one index at once.
         busy = partial(ddl.CompactBusyError, f"the maintenance worker holds {name}")
-        with locks.session_lock(conn, locks.index_key(name), busy=busy):
-            online_ddl.execute(conn, sql.SQL("REINDEX INDEX CONCURRENTLY {}").format(sql.Identifier(name)))
+        with locks.session_lock(conn, target.lock_key, busy=busy):
+            executor.drop_leftovers(conn, target)
+            executor.rebuild(conn, target)
+
+
+def default_executor(db: Database) -> Executor:
+    """The executor of an upkeep run on its own (not by the worker): the worker's configuration, its
+    connections' lock timeout, and no stop request."""
+
+    def connect() -> psycopg.Connection[Any]:
+        conn = db.dedicated(application_name="memstore-compact")
+        online_ddl.set_lock_timeout(conn)
+        return conn
+
+    return Executor(connect, MaintenanceConfig(), stop=threading.Event())
 
 
 def maintain_compact_index(
@@ -237,8 +272,10 @@ def maintain_compact_index(
     grace_s: float = DEFAULT_GRACE_S,
     retry_after_s: float = DEFAULT_RETRY_AFTER_S,
     settings: Settings | None = None,
+    executor: Executor | None = None,
 ) -> CompactUpkeep:
-    """Check one collection's compact index and act when needed; returns what was seen and done."""
+    """Check one collection's compact index and act when needed; returns what was seen and done.
+    ``executor``: what runs a rebuild (the maintenance worker passes its own; else ``default_executor``)."""
     store = VectorStore(db, settings=settings or get_settings())
     with ddl.connect(db) as conn:
         c = read_collection(conn, name=collection)
@@ -277,8 +314,11 @@ def maintain_compact_index(
                     db, collection=collection, representation="lowrank", refit=True, grace_s=grace_s
                 )
             else:
-                _reindex(conn, c, spec)
+                _reindex(conn, c, spec, executor or default_executor(db))
                 new = spec
+        except Interrupted as exc:  # a stop request cancelled it; what it left is dropped
+            _finish(conn, action_id, started, "interrupted", {}, str(exc))
+            return replace(out, action=action, outcome="interrupted", error=str(exc))
         except Exception as exc:
             _finish(conn, action_id, started, "failed", {}, f"{type(exc).__name__}: {exc}")
             log.exception("%s of %s failed", action, collection)

@@ -77,6 +77,12 @@ class MaintenanceConfig(BaseSettings):
     recall_budget_s: float = Field(
         default=10.0, gt=0, description="Stop adding queries to a probe past this many seconds (min 5 queries)."
     )
+    probe_timeout_s: float = Field(
+        default=600.0,
+        ge=0,
+        description="statement_timeout of the reads of a recall probe or a tuning (their exact scans; 0: none): "
+        "a scan that outgrew every budget is cancelled and the pass goes on, where it would run unbounded.",
+    )
 
     # --- recall target (see maintenance.tuning) ---
     tune_sample: int = Field(

@@ -9,6 +9,7 @@ from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 
 from maintenance.targets import Target
 from memstore import action_log as core_history
@@ -30,6 +31,17 @@ def start_action(
 
 
 finish_action = core_history.finish_action
+
+
+def record_follow_up(conn: psycopg.Connection[Any], action_id: int, follow_up: dict[str, Any]) -> None:
+    """Add the outcome of what followed a finished action (a rebuild's VACUUM) to its row. One that
+    was done moves the row's finished_at to its end: the probes trust the counters a clean recorded
+    only while no VACUUM ran after it (``maintenance.probes``), and this one is the worker's own."""
+    conn.execute(
+        "UPDATE memstore_maintenance_actions SET after = coalesce(after, '{}'::jsonb) || %s, "
+        "finished_at = CASE WHEN %s THEN now() ELSE finished_at END WHERE id = %s",
+        (Jsonb({"follow_up": core_history.plain(follow_up)}), follow_up.get("outcome") == "ok", action_id),
+    )
 
 
 def list_actions(

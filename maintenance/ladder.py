@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 import psycopg
-from psycopg import sql
 
 from maintenance.recall import (
     _index_answers,
@@ -29,6 +28,7 @@ from maintenance.recall import (
     index_search,
     index_settings,
     snapshot,
+    stand_ins,
 )
 from maintenance.targets import Target
 from maintenance.tuning import (
@@ -50,8 +50,6 @@ from memstore.search.statements import apply
 # distances are close to the true ones (a tight bound returns few rows), shallow enough to cost
 # little on a large graph.
 REFERENCE_EF = 240
-# How far a stand-in query is moved from its stored vector, in nearest-neighbour distances (see stand_ins).
-STAND_IN_STRETCH = 2.0
 
 
 @dataclass(frozen=True)
@@ -81,7 +79,7 @@ def tuning_queries(
     """``n`` queries, their source and the ids of the API's kept samples among them: a random draw
     of those samples other than ``exclude`` (an earlier round's), topped up with stand-ins made from
     random stored vectors when fewer are left (a side space's: stand-ins only, the API keeps the
-    default space's), see ``stand_ins``."""
+    default space's), see ``maintenance.recall.stand_ins``."""
     c = target.collection
     kept = [] if target.space else query_samples.draw(conn, c.id, n, dimensions=c.dimensions, exclude=exclude)
     vectors = [v for _, v in kept]
@@ -96,50 +94,6 @@ def tuning_queries(
     stored = stand_ins(conn, target, [query_samples.as_numpy(r[0]) for r in rows], max_scan_tuples=max_scan_tuples)
     source = "query_samples+stand_ins" if vectors and stored else ("query_samples" if vectors else "stand_ins")
     return vectors + stored, source, ids
-
-
-def stand_ins(
-    conn: psycopg.Connection[Any], target: Target, stored: Sequence[np.ndarray], *, max_scan_tuples: int
-) -> list[np.ndarray]:
-    """Queries that stand in for real ones: each stored vector moved, in a random direction, by the
-    distance to its nearest other row. A stored vector itself is no fair query: the graph holds it
-    as a node whose neighbour list *is* its answer, so any walk that reaches it scores 1.0 (measured
-    on 3,000 clustered rows: recall 1.0 at ef_search 10 on stored vectors, 0.74 on fresh queries from
-    the same distribution). Moved by ``STAND_IN_STRETCH`` nearest-neighbour distances in a random
-    direction within the span of its nearest rows, a query lies between rows as a new one does
-    (figures: docs/maintenance.md, "Recall target"). Real queries (the API's samples) are better
-    still, and are used first."""
-    if not stored:
-        return []
-    statement = index_search(target)
-    with snapshot(conn), conn.cursor() as cur:
-        apply(cur, index_settings(target, ef_search=40, k=4, max_scan_tuples=max_scan_tuples))
-        near = _index_answers(conn, statement, list(stored), 4)
-    # The nearest rows at a distance (the vector's own row, and duplicates of it, are at about 0).
-    others = [[i for i, d in answer if d > 1e-6] for answer in near]
-    ids = sorted({i for o in others for i in o})
-    rows = (
-        conn.cursor(binary=True)
-        .execute(
-            sql.SQL("SELECT id, embedding FROM {} WHERE id = ANY(%s)").format(sql.Identifier(target.table)), (ids,)
-        )
-        .fetchall()
-    )
-    vectors = {int(i): query_samples.as_numpy(v) for i, v in rows}
-    rng = np.random.default_rng()
-    out = []
-    for v, near_ids in zip(stored, others, strict=True):
-        neighbours = [vectors[i] for i in near_ids if i in vectors]
-        if not neighbours:
-            continue
-        # A random direction in the span of the offsets to its neighbours: it stays on the data's own
-        # surface (embeddings fill few of their dimensions), where a fully random one would leave it.
-        offsets = np.stack([n - v for n in neighbours])
-        direction = rng.normal(size=len(neighbours)) @ offsets
-        direction /= np.linalg.norm(direction) or 1.0
-        d1 = float(np.linalg.norm(offsets[0]))
-        out.append((v + STAND_IN_STRETCH * d1 * direction).astype(np.float32))
-    return out
 
 
 @dataclass(frozen=True)

@@ -226,6 +226,7 @@ def attach_recall(
         ef_search=target.vectors.default_ef_search,
         max_scan_tuples=max_scan_tuples,
         exclude=() if first is None else first.sample_ids,  # the API's samples the first one did not use
+        statement_timeout_s=config.probe_timeout_s,
     )
     p.recall = measured if first is None else first.combined(measured)
     p.duration_s += time.perf_counter() - t0

@@ -61,6 +61,12 @@ def representation(c: Collection) -> str:
     return str(spec.index_spec(c).representation)
 
 
+def leftovers_of(conn: psycopg.Connection[Any], table: str) -> list[Leftover]:
+    """The INVALID indexes of one table (a collection's, a partition's, a space's or a compact index's side table)."""
+    rows = conn.cursor(row_factory=dict_row).execute(sqlfiles.text("indexes"), {"table": table}).fetchall()
+    return [Leftover(r["index_name"], int(r["bytes"]), bool(r["build_running"])) for r in rows if not r["valid"]]
+
+
 def targets_for(conn: psycopg.Connection[Any], collection: Collection) -> list[Target]:
     return every_target(conn, [collection])
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -26,7 +27,7 @@ from maintenance.ladder import REFERENCE_EF, Ladder, Sample, draw, measure_ladde
 from maintenance.policy import Decision, decide
 from maintenance.probes import Probe, attach_recall, probe, record_probe
 from maintenance.progress import ProgressCallback
-from maintenance.recall import snapshot
+from maintenance.recall import limit_statements, snapshot
 from maintenance.targets import Target, every_target, representation, targets_for
 from maintenance.tuning import Tuning, choose_ef, ladder_for, recheck, told_below, unmeasured_above
 from memstore import action_log as core_history
@@ -41,7 +42,7 @@ from memstore.catalog.registry import (
     set_hnsw_density,
     set_option,
 )
-from memstore.db import online_ddl
+from memstore.db import locks, online_ddl
 from memstore.db.core import Database, get_database
 from memstore.items import bulk_load, sealing
 from memstore.settings import Settings, get_settings
@@ -51,6 +52,12 @@ log = logging.getLogger(__name__)
 
 EXIT_OK = 0
 EXIT_FAILED = 1
+# 2 is a usage error (encoder.cli_support). An action asked for by name (memstore-maint rebuild,
+# vacuum, handback) that was not done exits with one of these, so a script can tell "try later" from
+# a failure: skipped (another worker holds the index, or searches stayed over the latency SLO), and
+# interrupted (a stop request cancelled it).
+EXIT_SKIPPED = 3
+EXIT_INTERRUPTED = 4
 REQUEST_POLL_S = 2.0  # how soon a requested pass starts (one small DELETE per look)
 
 LatencySource = Callable[[], float | None]
@@ -70,6 +77,31 @@ class ActionOutcome:
     dropped: list[str] = field(default_factory=list)
     before: dict[str, Any] = field(default_factory=dict)
     after: dict[str, Any] = field(default_factory=dict)
+    # The VACUUM after a rebuild, reported on its own: {"action", "outcome", "error", "duration_s"}.
+    follow_up: dict[str, Any] | None = None
+
+    @property
+    def state(self) -> str:
+        """The outcome that counts for an exit code: the action's, else its follow-up's where that
+        was not done."""
+        if self.outcome == "ok" and self.follow_up is not None and self.follow_up.get("outcome") != "ok":
+            return str(self.follow_up["outcome"])
+        return self.outcome
+
+
+def exit_code(outcomes: Sequence[ActionOutcome]) -> int:
+    """The exit code of actions asked for by name: a failure first, then an interruption, then a skip."""
+    states = {o.state for o in outcomes}
+    for state, code in (("failed", EXIT_FAILED), ("interrupted", EXIT_INTERRUPTED), ("skipped", EXIT_SKIPPED)):
+        if state in states:
+            return code
+    return EXIT_OK
+
+
+def tune_key(collection_id: int) -> str:
+    """The advisory lock of a collection's recall-target tuning (``memstore.db.locks``' keys are
+    ``memstore.maint.<index>`` and ``memstore.compact.<id>``: none is spelt like it)."""
+    return f"memstore.tune.{collection_id}"
 
 
 class MaintenanceWorker:
@@ -202,7 +234,13 @@ class MaintenanceWorker:
         before: Probe | None = None,
     ) -> ActionOutcome:
         """Run ``action`` (vacuum, rebuild, cleanup, own_index_cleanup, hand_back) on one target, recorded.
-        ``before``: the probe the decision was taken on, when there is one (else the target is probed)."""
+        ``before``: the probe the decision was taken on, when there is one (else the target is probed).
+
+        The history row is finished whatever happens (an unexpected exception is recorded as a
+        failure, then raised), and before the index's lock is let go, so a second worker never takes
+        the index while the row still says the action runs. A rebuild is recorded as done, with the
+        figures the next probes count from, as soon as its REINDEX returns; the VACUUM after it is
+        its follow-up (``ActionOutcome.follow_up``, and ``follow_up`` in the row's after figures)."""
         ex = self.executor(stop)
         conn = self.session()
         if before is None:
@@ -220,47 +258,117 @@ class MaintenanceWorker:
         out = ActionOutcome(target.collection.name, target.table, action, reason, "running", before=before.summary())
         action_id = history.start_action(conn, target, action, reason, out.before)
         t0 = time.perf_counter()
+        recorded = False
+
+        def record(on: psycopg.Connection[Any]) -> None:
+            nonlocal recorded
+            out.duration_s = out.duration_s or time.perf_counter() - t0
+            history.finish_action(
+                on, action_id, outcome=out.outcome, duration_s=out.duration_s, after=out.after, error=out.error
+            )
+            recorded = True
+
         try:
             with ex.index_lock(conn, target):
-                out.dropped = ex.drop_leftovers(conn, target)
-                self._run(ex, conn, target, action, graph=None if graph is None else graph[1])
-            out.outcome = "ok"
-        except Busy as exc:
+                try:
+                    out.dropped = ex.drop_leftovers(conn, target)
+                    self._run(ex, conn, target, action, graph=None if graph is None else graph[1])
+                    out.outcome = "ok"
+                except (Busy, Interrupted, psycopg.Error, LookupError) as exc:
+                    self._not_done(out, exc, target)
+                except BaseException as exc:
+                    out.outcome, out.error = "failed", f"{type(exc).__name__}: {exc}".strip()
+                    raise
+                finally:
+                    out.duration_s = time.perf_counter() - t0  # the action's own: not the probe after it
+                    conn = self.session()  # a new one if the old backend died (its lock went with it)
+                    if out.outcome == "ok":
+                        target = self._after(conn, target, action, out, graph, reason)
+                    record(conn)
+                if out.outcome == "ok" and action == "rebuild":
+                    self._follow_up(ex, conn, target, action_id, out)
+        except Busy as exc:  # the index's lock: another worker holds it
             out.outcome, out.error = "skipped", str(exc)
-        except Interrupted as exc:
-            out.outcome, out.error = "interrupted", str(exc)
-        except (psycopg.Error, LookupError) as exc:
-            out.outcome, out.error = "failed", f"{type(exc).__name__}: {exc}".strip()
-            log.error("%s %s failed: %s", action, target.label, out.error)
-        out.duration_s = time.perf_counter() - t0
-        conn = self.session()  # a new one if the old backend died
-        if out.outcome == "ok" and graph is not None:
-            target = replace(target, collection=self._record_density(conn, target.collection, graph, reason))
-        if out.outcome == "ok":
-            out.after = {"dropped": out.dropped}
-        if out.outcome == "ok" and action in ("vacuum", "rebuild"):
-            after = probe(
-                conn,
-                target,
-                self.config,
-                max_scan_tuples=self.settings.max_scan_tuples,
-                with_recall=action == "rebuild",
-            )
-            out.after = after.summary() | {
-                # What the next probes count dead entries from. A rebuilt index never held the heap's
-                # dead tuples: none (n_dead_tup may still show the old figure then: seen 0.341 just
-                # after a rebuild, and a needless VACUUM followed). After a VACUUM, what it could not
-                # remove (tuples an old snapshot still sees), as its own report counts them.
-                "dead_entries": 0 if action == "rebuild" else after.dead_tuples,
-                "dropped": out.dropped,
-            }
-            if graph is not None:
-                out.after |= {"hnsw_m": graph[1].m, "hnsw_ef_construction": graph[1].ef_construction}
-        history.finish_action(
-            conn, action_id, outcome=out.outcome, duration_s=out.duration_s, after=out.after, error=out.error
-        )
+        finally:
+            if not recorded:
+                record(self.session())
         log.info("%s %s: %s in %.1fs (%s)", action, target.label, out.outcome, out.duration_s, reason)
         return out
+
+    @staticmethod
+    def _not_done(out: ActionOutcome, exc: BaseException, target: Target) -> None:
+        if isinstance(exc, Busy):
+            out.outcome, out.error = "skipped", str(exc)
+        elif isinstance(exc, Interrupted):
+            out.outcome, out.error = "interrupted", str(exc)
+        else:
+            out.outcome, out.error = "failed", f"{type(exc).__name__}: {exc}".strip()
+            log.error("%s %s failed: %s", out.decision, target.label, out.error)
+
+    def _after(
+        self,
+        conn: psycopg.Connection[Any],
+        target: Target,
+        action: str,
+        out: ActionOutcome,
+        graph: tuple[Density, Density] | None,
+        reason: str,
+    ) -> Target:
+        """What a done action records: the registry's graph after a rebuild into a denser one, and
+        the figures after it. A failure here leaves the action done, with the error said."""
+        out.after = {"dropped": out.dropped}
+        try:
+            if graph is not None:
+                target = replace(target, collection=self._record_density(conn, target.collection, graph, reason))
+            if action in ("vacuum", "rebuild"):
+                after = probe(
+                    conn,
+                    target,
+                    self.config,
+                    max_scan_tuples=self.settings.max_scan_tuples,
+                    with_recall=action == "rebuild",
+                )
+                out.after = after.summary() | {
+                    # What the next probes count dead entries from. A rebuilt index never held the heap's
+                    # dead tuples: none (n_dead_tup may still show the old figure then: seen 0.341 just
+                    # after a rebuild, and a needless VACUUM followed). After a VACUUM, what it could not
+                    # remove (tuples an old snapshot still sees), as its own report counts them.
+                    "dead_entries": 0 if action == "rebuild" else after.dead_tuples,
+                    "dropped": out.dropped,
+                }
+            if graph is not None:
+                out.after |= {"hnsw_m": graph[1].m, "hnsw_ef_construction": graph[1].ef_construction}
+        except (psycopg.Error, LookupError) as exc:
+            out.error = f"done, but what followed failed: {type(exc).__name__}: {exc}".strip()
+            log.error("%s %s: %s", action, target.label, out.error)
+        return target
+
+    def _follow_up(
+        self, ex: Executor, conn: psycopg.Connection[Any], target: Target, action_id: int, out: ActionOutcome
+    ) -> None:
+        """The VACUUM after a rebuild (the heap's dead tuples), once the rebuild is recorded as done:
+        whatever becomes of it is its own outcome, added to the rebuild's row."""
+        t0 = time.perf_counter()
+        done: dict[str, Any] = {"action": "vacuum", "outcome": "ok"}
+        try:
+            self._wait_for_slo(ex.stop)
+            with self.working("vacuum"):
+                ex.vacuum(conn, target)
+        except Busy as exc:
+            done |= {"outcome": "skipped", "error": str(exc)}
+        except Interrupted as exc:
+            done |= {"outcome": "interrupted", "error": str(exc)}
+        except (psycopg.Error, LookupError) as exc:
+            done |= {"outcome": "failed", "error": f"{type(exc).__name__}: {exc}".strip()}
+        done["duration_s"] = round(time.perf_counter() - t0, 3)
+        if done["outcome"] != "ok":
+            log.warning("rebuild %s done; the VACUUM after it %s: %s", target.label, done["outcome"], done["error"])
+        out.follow_up = done
+        out.after["follow_up"] = done
+        try:
+            history.record_follow_up(self.session(), action_id, done)
+        except psycopg.Error as exc:  # the rebuild's row is finished already
+            log.error("rebuild %s: could not record the VACUUM after it: %s", target.label, exc)
 
     @contextmanager
     def working(self, kind: str, *, counted: bool = True) -> Iterator[Unit]:
@@ -276,6 +384,7 @@ class MaintenanceWorker:
     def _run(
         self, ex: Executor, conn: psycopg.Connection[Any], target: Target, action: str, *, graph: Density | None = None
     ) -> None:
+        """The action itself; a rebuild's VACUUM is its follow-up (``_follow_up``)."""
         if action in ("vacuum", "rebuild"):
             self._wait_for_slo(ex.stop)
         if action == "vacuum":
@@ -290,11 +399,8 @@ class MaintenanceWorker:
                 with self.working("rebuild"):
                     ex.rebuild(conn, target, density=graph)
             finally:
-                if self.pace is not None:
+                if self.pace is not None and not conn.broken:
                     online_ddl.set_build_workers(conn, online_ddl.background_build_workers(self.settings))
-            self._wait_for_slo(ex.stop)
-            with self.working("vacuum"):
-                ex.vacuum(conn, target)
         elif action == "own_index_cleanup":
             ex.own_index_cleanup(conn, target, own=True)
         elif action == "hand_back":
@@ -356,6 +462,17 @@ class MaintenanceWorker:
         if self.latency_source is not None:
             wait_for_slo(self.latency_source, self.config, stop)
 
+    def _slo_allows(self, what: str) -> bool:
+        """Whether reads that load the server (a recall probe's exact scan, a tuning's ladder) may run
+        now: after waiting while searches are over the SLO, as an action does; False when they stayed
+        over it (or a stop came), and the reads wait for a later pass."""
+        try:
+            self._wait_for_slo(self.stop)
+        except (Busy, Interrupted) as exc:
+            log.info("%s deferred: %s", what, exc)
+            return False
+        return True
+
     # ------------------------------------------------------------------ the loop
 
     def run_once(self) -> int:
@@ -380,7 +497,7 @@ class MaintenanceWorker:
                 outcome = ActionOutcome(target.collection.name, target.table, "probe", "", "failed", error=str(exc))
             self.last_outcomes.append(outcome)
             seen.append((target, outcome))
-            failed |= outcome.outcome == "failed"
+            failed |= outcome.state == "failed"
         collections = {t.collection.name: t.collection for t in targets}
         for c in collections.values():
             own = [(t, o) for t, o in seen if t.collection.name == c.name and t.space is None]
@@ -389,7 +506,7 @@ class MaintenanceWorker:
             rebuilt = any(o.decision == "rebuild" and o.outcome == "ok" for _, o in own)
             outcome = self.tune(c, [t for t, _ in own], rebuilt=rebuilt)
             self.last_outcomes.append(outcome)
-            failed |= outcome.outcome == "failed"
+            failed |= outcome.state == "failed"
         for c in collections.values():
             if self.stop.is_set():
                 break
@@ -397,7 +514,7 @@ class MaintenanceWorker:
             if spec.compact or spec.pending:
                 outcome = self._maintain_compact(c)
                 self.last_outcomes.append(outcome)
-                failed |= outcome.outcome == "failed"
+                failed |= outcome.state == "failed"
         return EXIT_FAILED if failed else EXIT_OK
 
     # ------------------------------------------------------------------ recall target
@@ -408,8 +525,20 @@ class MaintenanceWorker:
         """Set the collection's default ef_search to the least that reaches its recall target
         (``maintenance.tuning``), from a ladder measured on each of its own tables (a partitioned
         collection takes the largest ef its partitions need); recorded as a "tune" action when the
-        ef, the target or its reachability changed."""
+        ef, the target or its reachability changed. One tuning of a collection at a time (an advisory
+        lock: skipped while another worker holds it), and its result is written only where the target
+        and the ef_search are still those it measured for (one set meanwhile is kept: skipped)."""
         conn = self.session()
+        busy = partial(Busy, f"another worker is tuning {collection.name}")
+        try:
+            with locks.session_lock(conn, tune_key(collection.id), busy=busy):
+                return self._tune(conn, collection, targets, rebuilt=rebuilt)
+        except Busy as exc:
+            return ActionOutcome(collection.name, collection.table_name, "tune", "", "skipped", error=str(exc))
+
+    def _tune(
+        self, conn: psycopg.Connection[Any], collection: Collection, targets: list[Target] | None, *, rebuilt: bool
+    ) -> ActionOutcome:
         t0 = time.perf_counter()
         try:
             c = read_collection(conn, id=collection.id)  # afresh: the target may have changed since the pass began
@@ -418,6 +547,9 @@ class MaintenanceWorker:
 
         def skipped(reason: str) -> ActionOutcome:
             return ActionOutcome(c.name, c.table_name, "tune", reason, "nothing")
+
+        def skipped_as(reason: str) -> ActionOutcome:
+            return ActionOutcome(c.name, c.table_name, "tune", reason, "skipped", error=reason)
 
         goal = c.recall_target
         if goal is None:
@@ -429,6 +561,8 @@ class MaintenanceWorker:
         targets = [t for t in targets if t.index is not None]
         if not targets:
             return skipped("no valid HNSW index")
+        if not self._slo_allows(f"{c.name}: tuning"):
+            return skipped_as(f"searches over the {self.config.slo_p99_ms:.0f} ms latency SLO: tuned at a later pass")
         measured: list[tuple[Tuning, Ladder]] = []
         scans = index_scans(conn, [t.index for t in targets if t.index])
         earlier = c.recall_tuning or {}
@@ -484,10 +618,24 @@ class MaintenanceWorker:
             info["fresh"] = fresh | {"rebuilt": rebuilt}
         elif previous.get("fresh") is not None:
             info["fresh"] = previous["fresh"]
-        with conn.transaction():
-            if tuning.ef != old:
-                set_default_ef_search(conn, c, tuning.ef)
-            set_option(conn, c, RECALL_TUNING, info)
+        try:
+            with conn.transaction():
+                # The row locked and read again: a target or an ef someone set while this tuning
+                # measured is theirs to keep (a new target is tuned for at the next pass).
+                conn.execute("SELECT 1 FROM memstore_collections WHERE id = %s FOR UPDATE", (c.id,))
+                now = read_collection(conn, id=c.id)
+                moved = now.recall_target != goal or now.default_ef_search != old
+                if not moved:
+                    if tuning.ef != old:
+                        set_default_ef_search(conn, now, tuning.ef)
+                    set_option(conn, now, RECALL_TUNING, info)
+        except LookupError as exc:
+            return ActionOutcome(c.name, c.table_name, "tune", "", "failed", error=str(exc))
+        if moved:
+            return skipped_as(
+                f"the recall target ({goal:g} -> {now.recall_target}) or ef_search ({old} -> {now.default_ef_search}) "
+                "changed while tuning: left as set"
+            )
         reason = f"recall target {goal:g}: ef_search {old} -> {tuning.ef}; {tuning.reason}"
         out = ActionOutcome(
             c.name,
@@ -568,6 +716,7 @@ class MaintenanceWorker:
             # the first round's, so the tuning reads the table once (100,000 x 128: 1,000 queries at
             # once in 1.38 s against 0.83 s + 1.50 s in two reads, ``bench.recall_probe``).
             with snapshot(on):
+                limit_statements(on, cfg.probe_timeout_s)
                 likely = not settled or rebuilt
                 first, reserve = drawing(on, cfg.tune_sample_max if likely else cfg.tune_sample).split(cfg.tune_sample)
                 ladder = rounds(on, ladder_for(cfg.tune_max_ef), first, True)
@@ -650,7 +799,11 @@ class MaintenanceWorker:
         try:
             with self.working("compact_index"):
                 seen = maintain_compact_index(
-                    self.db, collection=c.name, min_recall=self.config.recall_floor, settings=self.settings
+                    self.db,
+                    collection=c.name,
+                    min_recall=self.config.recall_floor,
+                    settings=self.settings,
+                    executor=self.executor(),
                 )
         except (psycopg.Error, LookupError) as exc:
             log.error("%s: compact index maintenance failed: %s", c.name, exc)
@@ -673,24 +826,29 @@ class MaintenanceWorker:
         p = probe(conn, target, self.config, max_scan_tuples=self.settings.max_scan_tuples, with_recall=False)
         p.search_cost = self.search_cost(conn, target)
         d = decide(p, self.config)
-        if d.action == "nothing" and p.recall_due:
+        if d.action == "nothing" and p.recall_due and self._slo_allows(f"{target.label}: recall probe"):
             with self.working("probe"):
                 self._attach_recall(conn, target, p)
             d = decide(p, self.config)
-            if d.action != "nothing":
+            if d.action != "nothing" and self._slo_allows(f"{target.label}: confirming recall probe"):
                 # Recall alone changed the verdict. A small sample can read low by chance (a few
                 # hard queries), and a rebuild costs about ten probes: confirm on a second sample
                 # and decide on both together.
                 with self.working("probe"):
                     self._attach_recall(conn, target, p, confirm=True)
                 d = decide(p, self.config)
+            elif d.action != "nothing":
+                # Unconfirmed, a low reading decides nothing: the next pass that may measures again.
+                d = decide(replace(p, recall=None), self.config)
         record_probe(conn, p, d.label)
         if self.config.own_index_cleanup and not p.owned and target.index is not None:
             owned = self.act(
                 target, "own_index_cleanup", reason="the worker cleans this index (cheaper by rebuild)", before=p
             )
             if owned.outcome == "failed":
-                return owned
+                # Its ALTER TABLE waits behind any concurrent build on the table (a keyword or
+                # metadata index): recorded, tried again next pass, and no reason to skip the action.
+                log.warning("%s: could not take index cleanup from autovacuum yet: %s", target.label, owned.error)
             p.owned = owned.outcome == "ok"
         if d.action == "nothing":
             if d.cleanup:

@@ -256,7 +256,7 @@ def test_the_compact_recall_probe_counts_what_numpy_counts(
     store.create_collection(name=collection_name, dimensions=32, representation="binary")
     _fill(store, collection_name, rows)
     queries = [q.astype(np.float32) for q in low_rank_data(20, 32, 6, seed=22)]
-    monkeypatch.setattr(compact_index, "_queries", lambda conn, c, n: (queries, "given"))
+    monkeypatch.setattr(compact_index, "_queries", lambda conn, store, c, n: (queries, "given"))
     probe = compact_index.probe_compact_recall(store, collection=collection_name, k=10, queries=20)
     hits = 0
     for q in queries:

@@ -6,15 +6,18 @@ import threading
 import time
 
 import numpy as np
+import psycopg
 import pytest
 from psycopg import sql
 
-from maintenance.compact_index import maintain_compact_index
+from maintenance.compact_index import CompactUpkeep, _queries, default_executor, maintain_compact_index
 from memstore.catalog import index_spec as specs
 from memstore.compact import ddl
 from memstore.compact.switch import reconcile
+from memstore.db.core import libpq_url
 from memstore.models import ItemIn
 from memstore.store import VectorStore
+from tests.maintenance.maint_helpers import Blocker, ccnew_exists, invalid_indexes, wait_for
 from tests.test_compact import _fill, low_rank_data
 
 
@@ -244,3 +247,58 @@ def test_the_maintenance_worker_looks_after_compact_indexes(store: VectorStore, 
         assert compact[0].before["recall"] is not None, compact
     finally:
         worker.close()
+
+
+def test_an_interrupted_compact_rebuild_leaves_no_invalid_index(
+    store: VectorStore, collection_name: str, database_url: str
+) -> None:
+    """The upkeep's REINDEX runs through the maintenance worker's executor: it waits out an open
+    transaction (no lock timeout), a stop request cancels it, and its ``*_ccnew`` copy, which every
+    write would go on maintaining, is dropped."""
+    store.create_collection(name=collection_name, dimensions=32)
+    _fill(store, collection_name, low_rank_data(1500, 32, 8, seed=31))
+    store.set_index_representation(collection=collection_name, representation="halfvec", grace_s=0)
+    c = store.get_collection(name=collection_name, fresh=True)
+    dsn = libpq_url(database_url)
+    executor = default_executor(store.db)
+    results: list[CompactUpkeep] = []
+
+    def upkeep() -> None:  # a recall no index reaches: the graph is rebuilt
+        results.append(
+            maintain_compact_index(store.db, collection=collection_name, min_recall=1.01, grace_s=0, executor=executor)
+        )
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        blocker = Blocker(dsn, c.table_name)
+        t = threading.Thread(target=upkeep)
+        t.start()
+        try:
+            wait_for(lambda: ccnew_exists(conn, c.table_name), timeout=60)
+            executor.stop.set()
+            time.sleep(0.8)  # the watchdog cancels the statement
+        finally:
+            blocker.release()
+        t.join(60)
+        [seen] = results
+        assert seen.action == "rebuild_compact_index" and seen.outcome == "interrupted", seen
+        assert invalid_indexes(conn, c.table_name) == []
+        row = conn.execute(
+            "SELECT action, outcome FROM memstore_maintenance_actions WHERE collection = %s ORDER BY id DESC LIMIT 1",
+            (collection_name,),
+        ).fetchone()
+    assert row == ("rebuild_compact_index", "interrupted")
+    assert len(store.search(collection=collection_name, vector=low_rank_data(1, 32, 8, seed=31)[0], k=5)) == 5
+
+
+def test_without_query_samples_the_compact_probe_asks_stand_ins(store: VectorStore, collection_name: str) -> None:
+    """A stored row as a query finds itself through any graph: recall near 1.0 whatever the index."""
+    rows = low_rank_data(600, 32, 8, seed=33)
+    store.create_collection(name=collection_name, dimensions=32)
+    _fill(store, collection_name, rows)
+    c = store.get_collection(name=collection_name, fresh=True)
+    with ddl.connect(store.db) as conn:
+        queries, source = _queries(conn, store, c, 8)
+        stored = np.stack([r[0].to_numpy() for r in conn.execute(sql.SQL("SELECT embedding FROM {}").format(c.table))])
+    assert source == "stand_ins" and len(queries) == 8
+    nearest = np.linalg.norm(np.stack(queries)[:, None, :] - stored[None, :, :], axis=2).min(axis=1)
+    assert (nearest > 1e-4).all(), nearest

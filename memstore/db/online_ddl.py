@@ -6,21 +6,32 @@ built ``CONCURRENTLY``; a partitioned table cannot build one that way, so its in
 ONLY`` the parent, each partition's is built concurrently and attached (PostgreSQL's own recipe),
 and the parent's becomes valid once the last partition's is attached.
 
+A ``CONCURRENTLY`` statement runs without a lock timeout (``no_lock_timeout``): it takes SHARE UPDATE
+EXCLUSIVE, which no reader or writer queues behind, and its own waits (for transactions older than
+its snapshots, for the readers of an index before it is swapped or dropped) are lock waits, so a
+short lock timeout made any transaction open a few seconds fail a build that had finished. It is
+run once, never retried: it commits as it goes, and a failure leaves an INVALID index behind, which
+``build_table_index`` drops.
+
 The compact index switch, the keyword index and the typed metadata indexes all build through here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
+import logging
 import math
 import os
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.pq import TransactionStatus
 
 from memstore.db import retrying
 
@@ -28,8 +39,15 @@ if TYPE_CHECKING:
     from memstore.catalog.collections import Collection
     from memstore.settings import Settings
 
+log = logging.getLogger(__name__)
+
 LOCK_TIMEOUT = "500ms"
 LOCK_RETRIES = 120
+# Statements that build or drop an index CONCURRENTLY (``REINDEX (VERBOSE) TABLE CONCURRENTLY`` too).
+_CONCURRENTLY = re.compile(
+    r"^\s*(?:CREATE\s+(?:UNIQUE\s+)?INDEX|REINDEX(?:\s*\([^)]*\))?\s+\w+|DROP\s+INDEX)\s+CONCURRENTLY\b",
+    re.IGNORECASE,
+)
 
 
 def build_resources(conn: psycopg.Connection[Any], settings: Settings, *, background: bool = False) -> None:
@@ -143,8 +161,34 @@ def set_lock_timeout(conn: psycopg.Connection[Any]) -> None:
     conn.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT)))
 
 
+def runs_concurrently(conn: psycopg.Connection[Any], statement: sql.Composable | str) -> bool:
+    """Whether ``statement`` builds, rebuilds or drops an index ``CONCURRENTLY``."""
+    text = statement if isinstance(statement, str) else statement.as_string(conn)
+    return _CONCURRENTLY.match(text) is not None
+
+
+@contextlib.contextmanager
+def no_lock_timeout(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """``lock_timeout = 0`` on ``conn``'s session for the block (a ``CONCURRENTLY`` statement: see the
+    module's docstring), then the caller's own again. ``statement_timeout`` still bounds the block."""
+    row = conn.execute("SELECT current_setting('lock_timeout')").fetchone()
+    previous = str(row[0]) if row else "0"
+    conn.execute("SELECT set_config('lock_timeout', '0', false)")
+    try:
+        yield
+    finally:
+        if not conn.closed and not conn.broken and conn.info.transaction_status == TransactionStatus.IDLE:
+            conn.execute("SELECT set_config('lock_timeout', %s, false)", (previous,))
+
+
 def execute(conn: psycopg.Connection[Any], statement: sql.Composable | str, params: Any = None) -> None:
-    """Run one statement, retrying lock timeouts (the statement waited, nothing was changed)."""
+    """Run one statement, retrying lock timeouts (the statement waited, nothing was changed). A
+    ``CONCURRENTLY`` statement runs once without a lock timeout (see the module's docstring): what a
+    failure of it leaves is the caller's to drop."""
+    if runs_concurrently(conn, statement):
+        with no_lock_timeout(conn):
+            conn.execute(statement, params)  # type: ignore[arg-type]
+        return
     for attempt in lock_retries():
         with attempt:
             conn.execute(statement, params)  # type: ignore[arg-type]
@@ -198,10 +242,25 @@ def build_table_index(
         return
     if valid is not None:  # an interrupted concurrent build leaves an invalid index behind
         drop_index(conn, name, partitioned=False)
-    execute(
-        conn,
-        sql.SQL("CREATE INDEX CONCURRENTLY {i} ON {t} {d}").format(i=sql.Identifier(name), t=table, d=definition),
-    )
+    try:
+        execute(
+            conn,
+            sql.SQL("CREATE INDEX CONCURRENTLY {i} ON {t} {d}").format(i=sql.Identifier(name), t=table, d=definition),
+        )
+    except BaseException:
+        drop_invalid(conn, name)
+        raise
+
+
+def drop_invalid(conn: psycopg.Connection[Any], name: str) -> None:
+    """Drop ``name`` if it is an INVALID index, what a failed concurrent build leaves (every write to
+    the table keeps maintaining it). Best effort, once and under the caller's own lock timeout (a
+    transaction still open keeps the drop waiting): the next build of it drops it otherwise."""
+    try:
+        if index_valid(conn, name) is False:
+            conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(sql.Identifier(name)))
+    except Exception as exc:  # never hide the build's own error
+        log.warning("could not drop the invalid index %s yet: %s", name, exc)
 
 
 def index_valid(conn: psycopg.Connection[Any], name: str) -> bool | None:

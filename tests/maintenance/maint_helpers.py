@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -51,3 +53,37 @@ def index_oid(conn: psycopg.Connection[Any], index: str) -> int:
     row = conn.execute("SELECT to_regclass(%s)::oid", (index,)).fetchone()
     assert row is not None and row[0] is not None
     return int(row[0])
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.02)
+
+
+class Blocker:
+    """An open transaction that has written to the table: REINDEX CONCURRENTLY waits for it after it
+    has created (and committed) its ``*_ccnew`` index, which makes the interruption deterministic.
+    ``snapshot_only``: a transaction that only holds a snapshot (read elsewhere), which the build
+    waits for too, without a lock on the table or its indexes (an ALTER INDEX goes through)."""
+
+    def __init__(self, dsn: str, table: str, *, snapshot_only: bool = False) -> None:
+        self.conn = psycopg.connect(dsn)
+        if snapshot_only:
+            self.conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            self.conn.execute("SELECT 1")
+        else:
+            self.conn.execute(f'UPDATE "{table}" SET updated_at = now() WHERE id = (SELECT min(id) FROM "{table}")')
+
+    def release(self, *, commit: bool = False) -> None:
+        if commit:
+            self.conn.commit()
+        else:
+            self.conn.rollback()
+        self.conn.close()
+
+
+def ccnew_exists(conn: psycopg.Connection[Any], table: str) -> bool:
+    return any("_ccnew" in name for name in invalid_indexes(conn, table))

@@ -234,3 +234,43 @@ def test_history_refuses_an_empty_window_or_limit(args: list[str], capsys: pytes
     option = args[-2]
     assert main([*args, "--database-url", "postgresql://nobody@127.0.0.1:1/none"]) == 2
     assert f"Invalid value for '{option}'" in capsys.readouterr().err
+
+
+def test_an_action_asked_for_by_name_and_not_done_exits_with_its_own_code(
+    cli_env: dict[str, str],
+    conn: psycopg.Connection[Any],
+    make_collection: Callable[..., Collection],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A script running `memstore-maint rebuild` must tell "not done, try later" from done and from
+    failed: another worker holding the index (or searches over the SLO) is exit 3."""
+    from maintenance.targets import targets_for
+    from maintenance.worker import EXIT_SKIPPED
+
+    c = make_collection(1000, 8)
+    [target] = targets_for(conn, c)
+    conn.execute("SELECT pg_advisory_lock(hashtext(%s))", (target.lock_key,))
+    try:
+        for command in ("rebuild", "vacuum", "handback"):
+            assert main([command, "--json", "--collection", c.name]) == EXIT_SKIPPED, command
+            assert _json_out(capsys)[0]["outcome"] == "skipped"
+    finally:
+        conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (target.lock_key,))
+    assert main(["vacuum", "--json", "--collection", c.name]) == 0
+    assert _json_out(capsys)[0]["outcome"] == "ok"
+
+
+def test_the_exit_code_of_actions_is_the_worst_of_their_outcomes() -> None:
+    from maintenance.worker import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_SKIPPED, ActionOutcome, exit_code
+
+    def done(outcome: str, follow_up: str | None = None) -> ActionOutcome:
+        after = None if follow_up is None else {"action": "vacuum", "outcome": follow_up}
+        return ActionOutcome("c", "t", "rebuild", "", outcome, follow_up=after)
+
+    assert exit_code([]) == EXIT_OK
+    assert exit_code([done("ok"), done("ok", "ok")]) == EXIT_OK
+    assert exit_code([done("ok"), done("skipped")]) == EXIT_SKIPPED
+    assert exit_code([done("ok", "skipped")]) == EXIT_SKIPPED  # rebuilt, but its VACUUM waited in vain
+    assert exit_code([done("skipped"), done("interrupted")]) == EXIT_INTERRUPTED
+    assert exit_code([done("interrupted"), done("ok", "failed")]) == EXIT_FAILED
+    assert len({EXIT_OK, EXIT_FAILED, 2, EXIT_SKIPPED, EXIT_INTERRUPTED}) == 5  # 2: a usage error

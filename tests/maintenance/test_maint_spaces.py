@@ -58,7 +58,7 @@ def test_a_space_is_a_target_probed_and_rebuilt_on_its_own_vectors(
     result = measure_recall(
         conn, side, k=10, sample=20, budget_s=30, ef_search=40, max_scan_tuples=20_000, queries=None
     )
-    assert result.source == "stored" and result.recall is not None and result.recall > 0.8
+    assert result.source == "stand_ins" and result.recall is not None and result.recall > 0.8
 
     worker = make_worker()
     [(own, _), (side_probe, _)] = worker.probe(with_recall=True)

@@ -20,32 +20,15 @@ from memstore.db import online_ddl
 from memstore.models import ItemIn
 from memstore.services.foreground import ForegroundController
 from memstore.store import VectorStore
-from tests.maintenance.maint_helpers import churn, clustered, index_oid, invalid_indexes
-
-
-def _wait_for(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.02)
-
-
-class Blocker:
-    """An open transaction that has written to the table: REINDEX CONCURRENTLY waits for it after it
-    has created (and committed) its ``*_ccnew`` index, which makes the interruption deterministic."""
-
-    def __init__(self, dsn: str, table: str) -> None:
-        self.conn = psycopg.connect(dsn)
-        self.conn.execute(f'UPDATE "{table}" SET updated_at = now() WHERE id = (SELECT min(id) FROM "{table}")')
-
-    def release(self) -> None:
-        self.conn.rollback()
-        self.conn.close()
-
-
-def _ccnew_exists(conn: psycopg.Connection[Any], table: str) -> bool:
-    return any(name.endswith("_ccnew") for name in invalid_indexes(conn, table))
+from tests.maintenance.maint_helpers import (
+    Blocker,
+    ccnew_exists,
+    churn,
+    clustered,
+    index_oid,
+    invalid_indexes,
+    wait_for,
+)
 
 
 def test_interrupted_compaction_leaves_invalid_index_that_next_run_drops(
@@ -66,13 +49,13 @@ def test_interrupted_compaction_leaves_invalid_index_that_next_run_drops(
     t = threading.Thread(target=run)
     t.start()
     try:
-        _wait_for(lambda: _ccnew_exists(conn, c.table_name))
+        wait_for(lambda: ccnew_exists(conn, c.table_name))
         conn.execute("SELECT pg_terminate_backend(%s)", (pid,))  # the backend dies mid-rebuild
         t.join(10)
     finally:
         blocker.release()
     assert errors and isinstance(errors[0], psycopg.OperationalError)
-    assert _ccnew_exists(conn, c.table_name)
+    assert ccnew_exists(conn, c.table_name)
 
     worker = make_worker()
     assert worker.run_once() == EXIT_OK
@@ -95,14 +78,14 @@ def test_stop_cancels_a_running_rebuild_and_drops_its_leftover(
     t = threading.Thread(target=lambda: result.append(worker.act(target, "rebuild", reason="test")))
     t.start()
     try:
-        _wait_for(lambda: _ccnew_exists(conn, c.table_name))
+        wait_for(lambda: ccnew_exists(conn, c.table_name))
         worker.stop.set()  # what SIGTERM does
     finally:
         time.sleep(0.8)  # let the watchdog cancel the statement, then let the cleanup proceed
         blocker.release()
     t.join(30)
     assert result and result[0].outcome == "interrupted"
-    _wait_for(lambda: not invalid_indexes(conn, c.table_name), timeout=20)
+    wait_for(lambda: not invalid_indexes(conn, c.table_name), timeout=20)
     assert history.list_actions(conn, collection=c.name)[0]["outcome"] == "interrupted"
 
 
@@ -176,7 +159,7 @@ def test_two_workers_never_compact_the_same_index_at_once(
     t = threading.Thread(target=lambda: results.append(first.act(target, "rebuild", reason="first")))
     t.start()
     try:
-        _wait_for(lambda: _ccnew_exists(conn, c.table_name))
+        wait_for(lambda: ccnew_exists(conn, c.table_name))
         during = second.act(target, "rebuild", reason="second")
     finally:
         blocker.release()
@@ -405,3 +388,187 @@ def test_the_worker_s_statements_count_as_background_work_and_are_never_held_bac
     assert outcome.outcome == "ok", outcome.error
     assert pace.state()["units_done"] == {"rebuild": 1, "vacuum": 1}
     assert pace.state()["unpaced_running"] == 0
+
+
+# ------------------------------------------------------------------ online, recorded, undone when it fails
+
+
+def test_a_rebuild_waits_out_a_transaction_open_longer_than_the_lock_timeout(
+    conn: psycopg.Connection[Any], dsn: str, make_collection: Callable[..., Collection], make_worker: Any
+) -> None:
+    """REINDEX CONCURRENTLY waits for the transactions older than its snapshots, lock waits that a
+    short lock timeout turned into a failed build (retried from scratch, and failed again). It takes
+    no lock a reader or writer queues behind, so it waits them out, and the session's lock timeout
+    is its own again afterwards."""
+    c = make_collection(2000, 16)
+    worker: MaintenanceWorker = make_worker(ddl_retries=0)  # lock timeout 1.5 s, no retry
+    [target] = targets_for(conn, c)
+    old = index_oid(conn, c.index_name)
+    blocker = Blocker(dsn, c.table_name)
+    result: list[Any] = []
+    t = threading.Thread(target=lambda: result.append(worker.act(target, "rebuild", reason="test")))
+    t.start()
+    try:
+        wait_for(lambda: ccnew_exists(conn, c.table_name))
+        time.sleep(3.0)  # twice the lock timeout
+        # Readers and writers go on meanwhile.
+        table = c.table_name
+        conn.execute(f'UPDATE "{table}" SET updated_at = now() WHERE id = (SELECT max(id) FROM "{table}")')
+    finally:
+        blocker.release(commit=True)
+    t.join(60)
+    [outcome] = result
+    assert outcome.outcome == "ok", outcome.error
+    assert index_oid(conn, c.index_name) != old
+    assert invalid_indexes(conn, c.table_name) == []
+    shown = worker.session().execute("SHOW lock_timeout").fetchone()
+    assert shown is not None and shown[0] == "1500ms"
+
+
+def test_a_rebuild_is_recorded_done_when_the_vacuum_after_it_is_not(
+    conn: psycopg.Connection[Any], make_collection: Callable[..., Collection], make_worker: Any
+) -> None:
+    """Searches go over the SLO between the REINDEX and its VACUUM: the rebuild is done and recorded
+    so (the counters the next probes count from with it); the VACUUM is reported on its own."""
+    from maintenance.probes import probe
+
+    c = make_collection(1500, 16)
+    churn(conn, c, update=0.2)
+    readings = iter([0.0])  # under the SLO before the rebuild, over it from then on
+    worker: MaintenanceWorker = make_worker(latency_source=lambda: next(readings, 10_000.0), slo_p99_ms=100.0)
+    [target] = targets_for(conn, c)
+    old = index_oid(conn, c.index_name)
+    outcome = worker.act(target, "rebuild", reason="test")
+    assert outcome.outcome == "ok", outcome.error
+    assert index_oid(conn, c.index_name) != old
+    assert outcome.follow_up is not None and outcome.follow_up["action"] == "vacuum"
+    assert outcome.follow_up["outcome"] == "skipped" and "SLO" in outcome.follow_up["error"]
+    assert outcome.state == "skipped"
+    [row] = [a for a in history.list_actions(conn, collection=c.name) if a["action"] == "rebuild"]
+    assert row["outcome"] == "ok" and row["finished_at"] is not None
+    assert row["after"]["dead_entries"] == 0 and row["after"]["counters"]
+    assert row["after"]["follow_up"]["outcome"] == "skipped"
+    after = probe(conn, target, worker.config, max_scan_tuples=20_000, with_recall=False)
+    assert after.churn_since_rebuild == 0 and after.fresh_recall is not None
+
+
+def test_an_action_s_row_is_finished_whatever_fails_after_it(
+    conn: psycopg.Connection[Any], make_collection: Callable[..., Collection], make_worker: Any, monkeypatch: Any
+) -> None:
+    """The probe after a rebuild fails: the rebuild is done and its row says so. An error of no
+    expected kind is recorded as a failure, then raised. No row is left without an outcome."""
+    import maintenance.worker as worker_module
+    from maintenance.actions import Executor
+    from maintenance.probes import probe
+
+    c = make_collection(1500, 16)
+    worker: MaintenanceWorker = make_worker()
+    [target] = targets_for(conn, c)
+    before = probe(conn, target, worker.config, max_scan_tuples=20_000, with_recall=False)
+
+    def lost(*args: Any, **kwargs: Any) -> Any:
+        raise psycopg.OperationalError("the server closed the connection")
+
+    with monkeypatch.context() as m:
+        m.setattr(worker_module, "probe", lost)
+        outcome = worker.act(target, "rebuild", reason="test", before=before)
+    assert outcome.outcome == "ok" and "closed the connection" in (outcome.error or "")
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(Executor, "vacuum", broken)
+    with pytest.raises(RuntimeError, match="a bug"):
+        worker.act(target, "vacuum", reason="test", before=before)
+    rows = {a["action"]: a for a in history.list_actions(conn, collection=c.name)}
+    assert rows["rebuild"]["outcome"] == "ok" and rows["rebuild"]["finished_at"] is not None
+    assert rows["vacuum"]["outcome"] == "failed" and "a bug" in rows["vacuum"]["error"]
+    assert all(a["outcome"] is not None for a in history.list_actions(conn, collection=c.name))
+
+
+def test_the_index_stays_locked_until_its_row_is_finished(
+    conn: psycopg.Connection[Any], make_collection: Callable[..., Collection], make_worker: Any, monkeypatch: Any
+) -> None:
+    """A second worker that found the index free before the first one's row was finished would take
+    the action for undone and do it again."""
+    c = make_collection(1500, 16)
+    churn(conn, c, update=0.2)
+    worker: MaintenanceWorker = make_worker()
+    [target] = targets_for(conn, c)
+    free: list[bool] = []
+    finish = history.finish_action
+
+    def finishing(on: psycopg.Connection[Any], action_id: int, **kwargs: Any) -> None:
+        row = conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (target.lock_key,)).fetchone()
+        assert row is not None
+        if row[0]:
+            conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (target.lock_key,))
+        free.append(bool(row[0]))
+        finish(on, action_id, **kwargs)
+
+    monkeypatch.setattr(history, "finish_action", finishing)
+    for action in ("vacuum", "rebuild"):
+        assert worker.act(target, action, reason="test").outcome == "ok"
+    assert free == [False, False]
+
+
+def test_a_failed_rebuild_into_a_denser_graph_sets_the_index_s_options_back(
+    conn: psycopg.Connection[Any], dsn: str, make_collection: Callable[..., Collection], make_worker: Any
+) -> None:
+    """The denser graph's options are set on the index before its copy is built: when the copy never
+    takes its place they must go, or the index would say m 32 of an m 16 graph and no rebuild would
+    ever build it."""
+    from maintenance.actions import index_density, reloptions
+    from memstore.catalog import density
+    from memstore.catalog.density import DENSE
+    from memstore.catalog.registry import read_collection, set_hnsw_density, set_option
+
+    c = make_collection(2000, 16)
+    with conn.transaction():  # the registry's graph, which this index has not been rebuilt into yet
+        c = set_hnsw_density(conn, c, m=DENSE.m, ef_construction=DENSE.ef_construction)
+        set_option(conn, c, density.HNSW_DENSITY, {"m": DENSE.m, "ef_construction": DENSE.ef_construction})
+    worker: MaintenanceWorker = make_worker()
+    [target] = worker.targets(worker.session())
+    options = reloptions(conn, c.index_name)
+    assert worker.wanted_density(conn, target) == DENSE != index_density(conn, c.index_name)
+    blocker = Blocker(dsn, c.table_name, snapshot_only=True)
+    result: list[Any] = []
+    t = threading.Thread(target=lambda: result.append(worker.act(target, "rebuild", reason="test")))
+    t.start()
+    try:
+        wait_for(lambda: ccnew_exists(conn, c.table_name))
+        assert index_density(conn, c.index_name) == DENSE  # set for the copy
+        worker.stop.set()  # what SIGTERM does
+        time.sleep(0.8)  # let the watchdog cancel the statement
+    finally:
+        blocker.release()
+    t.join(60)
+    assert result and result[0].outcome == "interrupted"
+    assert reloptions(conn, c.index_name) == options
+    assert invalid_indexes(conn, c.table_name) == []
+    target = targets_for(conn, read_collection(conn, id=c.id))[0]
+    assert worker.wanted_density(conn, target) == DENSE  # still to be built
+
+
+def test_a_failed_own_index_cleanup_does_not_hold_back_the_decided_action(
+    conn: psycopg.Connection[Any], make_collection: Callable[..., Collection], make_worker: Any, monkeypatch: Any
+) -> None:
+    """Its ALTER TABLE waits behind any concurrent build on the table and may time out: recorded,
+    tried again next pass, and the index still gets what the probe decided."""
+    from maintenance.actions import Executor
+
+    c = make_collection(1500, 16)
+    churn(conn, c, update=0.3)
+
+    def busy(*args: Any, **kwargs: Any) -> None:
+        raise psycopg.errors.LockNotAvailable("canceling statement due to lock timeout")
+
+    monkeypatch.setattr(Executor, "own_index_cleanup", busy)
+    old = index_oid(conn, c.index_name)
+    worker: MaintenanceWorker = make_worker()
+    assert worker.run_once() == EXIT_OK
+    [outcome] = worker.last_outcomes
+    assert outcome.decision == "rebuild" and outcome.outcome == "ok", outcome
+    assert index_oid(conn, c.index_name) != old
+    owned = [a for a in history.list_actions(conn, collection=c.name) if a["action"] == "own_index_cleanup"]
+    assert owned and owned[0]["outcome"] == "failed"

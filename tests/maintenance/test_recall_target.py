@@ -453,3 +453,92 @@ def test_cli_status_and_history_show_the_target_and_its_tuning(
         assert "UNREACHABLE" in out.out and "denser graph" in out.err and "hnsw_m" in out.err
     finally:
         get_settings.cache_clear()
+
+
+def test_one_tuning_of_a_collection_at_a_time(store, make_collection, make_worker, collection_name, conn) -> None:
+    """Two workers tuning one collection would both write, the later over the earlier."""
+    from maintenance.worker import tune_key
+
+    make_collection(1000, 16)
+    store.set_recall_target(collection=collection_name, target=0.9)
+    c = store.get_collection(name=collection_name, fresh=True)
+    worker = make_worker(tune_sample=20)
+    conn.execute("SELECT pg_advisory_lock(hashtext(%s))", (tune_key(c.id),))
+    try:
+        held = worker.tune(c)
+    finally:
+        conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (tune_key(c.id),))
+    assert held.outcome == "skipped" and "another worker" in (held.error or "")
+    assert store.get_collection(name=collection_name, fresh=True).recall_tuning is None
+    assert worker.tune(c).outcome == "ok"
+
+
+@pytest.mark.parametrize("change", ["target", "ef_search"])
+def test_a_target_or_ef_set_while_tuning_is_kept(
+    store, make_collection, make_worker, collection_name, conn, monkeypatch, change
+) -> None:
+    """What the user sets while the ladder is measured is theirs: the tuning, measured for what was
+    set before, writes nothing."""
+    from maintenance.worker import MaintenanceWorker
+    from memstore.catalog.registry import read_collection, set_default_ef_search
+
+    make_collection(1000, 16)
+    store.set_recall_target(collection=collection_name, target=0.9)
+    c = store.get_collection(name=collection_name, fresh=True)
+    measure = MaintenanceWorker._measure_ladder
+
+    def meanwhile(self, *args, **kwargs):
+        if change == "target":
+            store.set_recall_target(collection=collection_name, target=0.5)
+        else:
+            set_default_ef_search(conn, read_collection(conn, id=c.id), 123)
+        return measure(self, *args, **kwargs)
+
+    monkeypatch.setattr(MaintenanceWorker, "_measure_ladder", meanwhile)
+    outcome = make_worker(tune_sample=20).tune(c)
+    after = store.get_collection(name=collection_name, fresh=True)
+    assert outcome.outcome == "skipped" and "changed while tuning" in outcome.reason
+    assert after.recall_tuning is None
+    assert (after.recall_target, after.default_ef_search) == ((0.5, 80) if change == "target" else (0.9, 123))
+
+
+def test_recall_probes_and_tunings_wait_for_the_latency_slo(store, make_collection, make_worker, collection_name, conn):
+    """Their exact scans load the server as a VACUUM does: with searches over the SLO they wait for a
+    later pass (the index's cheap signals still decide)."""
+    make_collection(1000, 16)
+    store.set_recall_target(collection=collection_name, target=0.9)
+    worker = make_worker(tune_sample=20, latency_source=lambda: 10_000.0, slo_p99_ms=100.0)
+    assert worker.run_once() == 0
+    outcomes = {o.decision: o for o in worker.last_outcomes}
+    assert outcomes["nothing"].before["recall"] is None
+    assert outcomes["tune"].outcome == "skipped" and "SLO" in outcomes["tune"].reason
+    c = store.get_collection(name=collection_name, fresh=True)
+    assert c.recall_tuning is None and c.default_ef_search == 80
+    row = conn.execute(
+        "SELECT recall FROM memstore_maintenance_probes WHERE collection = %s ORDER BY id DESC LIMIT 1",
+        (collection_name,),
+    ).fetchone()
+    assert row == (None,)
+
+
+def test_the_reads_of_probes_and_tunings_have_a_statement_timeout(
+    store, make_collection, make_worker, collection_name, monkeypatch
+) -> None:
+    """The worker's session has none (a REINDEX may take hours); an exact scan is bounded."""
+    make_collection(1000, 16)
+    store.set_recall_target(collection=collection_name, target=0.9)
+    seen: list[str] = []
+    answer = recall.core_exact_answers
+
+    def answering(cur, **kwargs):
+        row = cur.execute("SHOW statement_timeout").fetchone()
+        seen.append(row[0])
+        return answer(cur, **kwargs)
+
+    monkeypatch.setattr(recall, "core_exact_answers", answering)
+    worker = make_worker(tune_sample=20, probe_timeout_s=123)
+    assert worker.run_once() == 0
+    assert [o.outcome for o in worker.last_outcomes if o.decision == "tune"] == ["ok"]
+    assert len(seen) >= 2 and set(seen) == {"123s"}  # the probe's and the tuning's
+    shown = worker.session().execute("SHOW statement_timeout").fetchone()
+    assert shown is not None and shown[0] == "0"
