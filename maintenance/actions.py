@@ -2,11 +2,12 @@
 
 Every statement runs on an autocommit connection of its own with ``lock_timeout`` (so no reader or
 writer waits behind it for longer than that), is retried on lock timeouts, and is cancelled when the
-worker is asked to stop. The ``CONCURRENTLY`` ones run without a lock timeout: they block no reader
-or writer, and a short one failed a finished build whenever a transaction stayed open a few seconds
-(``memstore.db.online_ddl``). One worker per index: the caller holds a session advisory lock on the index's
-name while acting. A failed or cancelled ``REINDEX ... CONCURRENTLY`` leaves an INVALID index behind;
-it is dropped at once, and any found later is dropped before anything else is done.
+worker is asked to stop. The ``CONCURRENTLY`` ones run under a long lock timeout (five minutes a
+wait): they block no reader or writer, and a short one failed a finished build whenever a
+transaction stayed open a few seconds (``memstore.db.online_ddl``). One worker per index: the
+caller holds a session advisory lock on the index's name while acting. A failed or cancelled
+``REINDEX ... CONCURRENTLY`` leaves an INVALID index behind; it is dropped at once, and any found
+later is dropped before anything else is done.
 """
 
 from __future__ import annotations
@@ -78,9 +79,9 @@ class Executor:
     ) -> None:
         """Run one statement with the lock timeout, retrying lock timeouts with a growing pause
         (``ddl_retries`` retries, from ``retry_backoff_s``); a stop request ends the wait.
-        ``concurrently``: a ``CONCURRENTLY`` statement, run without a lock timeout
-        (``online_ddl.no_lock_timeout``: its waits for older transactions are lock waits, and it
-        blocks no reader or writer) and cancelled by a stop request."""
+        ``concurrently``: a ``CONCURRENTLY`` statement, run under the long lock timeout of
+        ``online_ddl.concurrent_lock_timeout`` (its waits for older transactions are lock waits, and
+        it blocks no reader or writer) and cancelled by a stop request."""
 
         def pause(seconds: float) -> None:
             if self.stop.wait(seconds):
@@ -98,7 +99,7 @@ class Executor:
             before_sleep=before_sleep,
         )
         guard: contextlib.AbstractContextManager[None] = (
-            online_ddl.no_lock_timeout(conn) if concurrently else contextlib.nullcontext()
+            online_ddl.concurrent_lock_timeout(conn) if concurrently else contextlib.nullcontext()
         )
         with guard:
             for attempt in strategy:

@@ -232,8 +232,8 @@ def _index_name(c: Any, spec: specs.IndexSpec) -> str:
 
 def _reindex(conn: psycopg.Connection[Any], c: Any, spec: specs.IndexSpec, executor: Executor) -> None:
     """``REINDEX CONCURRENTLY`` of the compact index (each partition's), by the maintenance worker's
-    own executor: without a lock timeout, leftovers of an earlier try dropped first and those of a
-    failed one at once, cancelled by the executor's stop."""
+    own executor: under the long lock timeout of concurrent statements, leftovers of an earlier try
+    dropped first and those of a failed one at once, cancelled by the executor's stop."""
     if spec.representation == "lowrank":
         assert spec.version is not None
         names = [(_index_name(c, spec), specs.side_table(c.id, spec.version))]

@@ -8,6 +8,7 @@ handled one at a time, so the extra space and time of a rebuild stay bounded by 
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -125,6 +126,9 @@ class MaintenanceWorker:
         self.config = config or MaintenanceConfig()
         self.collections = collections
         self.latency_source = latency_source
+        # Set when a pass's reads waited out SLO_MAX_WAIT_S with searches still over the SLO: the rest
+        # of that pass's reads check once and do not wait again (one wait per pass, not per target).
+        self._slo_waited_out = False
         self.pace = pace
         self.on_progress = on_progress
         self.stop = threading.Event()
@@ -283,7 +287,10 @@ class MaintenanceWorker:
                     out.duration_s = time.perf_counter() - t0  # the action's own: not the probe after it
                     conn = self.session()  # a new one if the old backend died (its lock went with it)
                     if out.outcome == "ok":
-                        target = self._after(conn, target, action, out, graph, reason)
+                        try:
+                            target = self._after(conn, target, action, out, graph, reason)
+                        except Exception as exc:  # the action is done: its row says so whatever the probe read
+                            log.warning("%s %s: the probe after it failed: %s", action, target.label, exc)
                     record(conn)
                 if out.outcome == "ok" and action == "rebuild":
                     self._follow_up(ex, conn, target, action_id, out)
@@ -291,6 +298,10 @@ class MaintenanceWorker:
             out.outcome, out.error = "skipped", str(exc)
         finally:
             if not recorded:
+                if out.outcome == "running":  # taking the index's lock itself failed
+                    exc_now = sys.exc_info()[1]
+                    out.outcome = "failed"
+                    out.error = f"{type(exc_now).__name__}: {exc_now}".strip() if exc_now else "ended unrecorded"
                 record(self.session())
         log.info("%s %s: %s in %.1fs (%s)", action, target.label, out.outcome, out.duration_s, reason)
         return out
@@ -465,10 +476,18 @@ class MaintenanceWorker:
     def _slo_allows(self, what: str) -> bool:
         """Whether reads that load the server (a recall probe's exact scan, a tuning's ladder) may run
         now: after waiting while searches are over the SLO, as an action does; False when they stayed
-        over it (or a stop came), and the reads wait for a later pass."""
+        over it (or a stop came), and the reads wait for a later pass. Once a wait of this pass ran out,
+        the others only look: a pass over many partitions would otherwise wait for each in turn."""
+        if self._slo_waited_out and self.latency_source is not None:
+            current = self.latency_source()
+            if current is not None and current > self.config.slo_p99_ms:
+                log.info("%s deferred: search latency %.0f ms still over the SLO", what, current)
+                return False
+            self._slo_waited_out = False
         try:
             self._wait_for_slo(self.stop)
         except (Busy, Interrupted) as exc:
+            self._slo_waited_out = isinstance(exc, Busy)
             log.info("%s deferred: %s", what, exc)
             return False
         return True
@@ -478,6 +497,7 @@ class MaintenanceWorker:
     def run_once(self) -> int:
         """One pass over every (selected) collection; 0 when nothing failed, else 1."""
         self.last_outcomes = []
+        self._slo_waited_out = False
         failed = False
         try:
             self._finish_bulk_loads(self.session())

@@ -151,7 +151,8 @@ def from_exception(exc: BaseException) -> Problem:
     if isinstance(exc, enc.EncoderUnreachableError | enc.EncoderNoAnswerError):
         return Problem("service-unavailable", f"{exc}; retry shortly", headers={"Retry-After": "5"})
     if isinstance(exc, enc.RequestCancelledError):
-        return Problem("service-unavailable", f"the encoder did not answer: {exc}")
+        # Stuck, stopping or busy past a query's wait: the same request may well succeed shortly.
+        return Problem("service-unavailable", f"the encoder did not answer: {exc}", headers={"Retry-After": "5"})
     if isinstance(
         exc, psycopg.errors.DeadlockDetected | psycopg.errors.SerializationFailure
     ):  # a deadlock or serialization failure

@@ -6,12 +6,14 @@ built ``CONCURRENTLY``; a partitioned table cannot build one that way, so its in
 ONLY`` the parent, each partition's is built concurrently and attached (PostgreSQL's own recipe),
 and the parent's becomes valid once the last partition's is attached.
 
-A ``CONCURRENTLY`` statement runs without a lock timeout (``no_lock_timeout``): it takes SHARE UPDATE
-EXCLUSIVE, which no reader or writer queues behind, and its own waits (for transactions older than
-its snapshots, for the readers of an index before it is swapped or dropped) are lock waits, so a
-short lock timeout made any transaction open a few seconds fail a build that had finished. It is
-run once, never retried: it commits as it goes, and a failure leaves an INVALID index behind, which
-``build_table_index`` drops.
+A ``CONCURRENTLY`` statement runs under a long lock timeout (``concurrent_lock_timeout``,
+CONCURRENT_LOCK_TIMEOUT): it takes SHARE UPDATE EXCLUSIVE, which no reader or writer queues behind,
+and its own waits (for transactions older than its snapshots, for the readers of an index before it
+is swapped or dropped) are lock waits, so a short lock timeout made any transaction open a few
+seconds fail a build that had finished; with none, a session left idle in a transaction (or a
+manual VACUUM holding the table) would hold a seal, a keyword change or an API request for ever. It
+is run once, never retried: it commits as it goes, and a failure leaves an INVALID index behind,
+which ``build_table_index`` drops.
 
 The compact index switch, the keyword index and the typed metadata indexes all build through here.
 """
@@ -42,6 +44,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 LOCK_TIMEOUT = "500ms"
+# Each lock wait of a CONCURRENTLY statement (see the module's docstring): long enough for the
+# transactions a running service has open, short enough that a forgotten one cannot stall it for good.
+CONCURRENT_LOCK_TIMEOUT = "5min"
 LOCK_RETRIES = 120
 # Statements that build or drop an index CONCURRENTLY (``REINDEX (VERBOSE) TABLE CONCURRENTLY`` too).
 _CONCURRENTLY = re.compile(
@@ -168,12 +173,12 @@ def runs_concurrently(conn: psycopg.Connection[Any], statement: sql.Composable |
 
 
 @contextlib.contextmanager
-def no_lock_timeout(conn: psycopg.Connection[Any]) -> Iterator[None]:
-    """``lock_timeout = 0`` on ``conn``'s session for the block (a ``CONCURRENTLY`` statement: see the
-    module's docstring), then the caller's own again. ``statement_timeout`` still bounds the block."""
+def concurrent_lock_timeout(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """``lock_timeout = CONCURRENT_LOCK_TIMEOUT`` on ``conn``'s session for the block (a ``CONCURRENTLY``
+    statement: see the module's docstring), then the caller's own again."""
     row = conn.execute("SELECT current_setting('lock_timeout')").fetchone()
     previous = str(row[0]) if row else "0"
-    conn.execute("SELECT set_config('lock_timeout', '0', false)")
+    conn.execute("SELECT set_config('lock_timeout', %s, false)", (CONCURRENT_LOCK_TIMEOUT,))
     try:
         yield
     finally:
@@ -183,10 +188,10 @@ def no_lock_timeout(conn: psycopg.Connection[Any]) -> Iterator[None]:
 
 def execute(conn: psycopg.Connection[Any], statement: sql.Composable | str, params: Any = None) -> None:
     """Run one statement, retrying lock timeouts (the statement waited, nothing was changed). A
-    ``CONCURRENTLY`` statement runs once without a lock timeout (see the module's docstring): what a
-    failure of it leaves is the caller's to drop."""
+    ``CONCURRENTLY`` statement runs once under the long CONCURRENT_LOCK_TIMEOUT (see the module's
+    docstring): what a failure of it leaves is the caller's to drop."""
     if runs_concurrently(conn, statement):
-        with no_lock_timeout(conn):
+        with concurrent_lock_timeout(conn):
             conn.execute(statement, params)  # type: ignore[arg-type]
         return
     for attempt in lock_retries():

@@ -124,7 +124,8 @@ def test_a_query_waits_for_the_encoder_a_bounded_time(monkeypatch: pytest.Monkey
         assert not thread.is_alive(), "the query waited for the encoder without a bound"
         assert len(outcome) == 1 and isinstance(outcome[0], RequestCancelledError)
         assert submitted[0].cancelled()
-        assert from_exception(outcome[0]).status == 503
+        problem = from_exception(outcome[0])
+        assert problem.status == 503 and problem.headers == {"Retry-After": "5"}  # worth trying again
     finally:
         engine.stop()
         thread.join(5)

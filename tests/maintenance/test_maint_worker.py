@@ -485,6 +485,15 @@ def test_an_action_s_row_is_finished_whatever_fails_after_it(
     assert rows["vacuum"]["outcome"] == "failed" and "a bug" in rows["vacuum"]["error"]
     assert all(a["outcome"] is not None for a in history.list_actions(conn, collection=c.name))
 
+    def no_lock(*args: Any, **kwargs: Any) -> Any:
+        raise psycopg.OperationalError("the lock's round trip broke")
+
+    monkeypatch.setattr(Executor, "index_lock", no_lock)
+    with pytest.raises(psycopg.OperationalError):
+        worker.act(target, "rebuild", reason="no lock", before=before)
+    [row] = [a for a in history.list_actions(conn, collection=c.name) if a["reason"].startswith("no lock")]
+    assert row["outcome"] == "failed" and "round trip broke" in row["error"]  # never "running"
+
 
 def test_the_index_stays_locked_until_its_row_is_finished(
     conn: psycopg.Connection[Any], make_collection: Callable[..., Collection], make_worker: Any, monkeypatch: Any

@@ -542,3 +542,27 @@ def test_the_reads_of_probes_and_tunings_have_a_statement_timeout(
     assert len(seen) >= 2 and set(seen) == {"123s"}  # the probe's and the tuning's
     shown = worker.session().execute("SHOW statement_timeout").fetchone()
     assert shown is not None and shown[0] == "0"
+
+
+def test_a_pass_waits_for_the_slo_once_not_once_per_target(
+    store, make_collection, make_worker, collection_name, monkeypatch
+) -> None:
+    """Searches over the SLO through a whole pass over three partitions: the first read waits its
+    SLO_MAX_WAIT_S, the others only look (three waits in a row would delay the pass threefold)."""
+    from maintenance import worker as worker_module
+
+    make_collection(600, 16, partitions=3)
+    store.set_recall_target(collection=collection_name, target=0.9)
+    waits: list[int] = []
+    wait = worker_module.wait_for_slo
+
+    def counted(*args, **kwargs):
+        waits.append(1)
+        return wait(*args, **kwargs)
+
+    monkeypatch.setattr(worker_module, "wait_for_slo", counted)
+    worker = make_worker(tune_sample=20, latency_source=lambda: 10_000.0, slo_p99_ms=100.0, recall_interval_s=0)
+    assert worker.run_once() == 0
+    assert len(waits) == 1, waits
+    assert worker.run_once() == 0  # a new pass waits again, once
+    assert len(waits) == 2, waits
