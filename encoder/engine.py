@@ -16,8 +16,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import struct
 import threading
 import time
+import zlib
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import Future, InvalidStateError
@@ -45,6 +47,11 @@ from .types import EncoderInfo, ImageEmbedding, Modality, Priority
 from .workers import PriorityPool
 
 log = logging.getLogger(__name__)
+
+
+# What Pillow and its codecs raise on truncated or malformed data (OSError: "image file is
+# truncated", "broken data stream"; SyntaxError: a bad header; struct and zlib errors in chunks).
+_BAD_DATA: tuple[type[BaseException], ...] = (OSError, ValueError, SyntaxError, EOFError, struct.error, zlib.error)
 
 
 class EmbeddingEngine:
@@ -333,12 +340,16 @@ class EmbeddingEngine:
             # The shared use's ``take`` runs in here, before the views are queued: before the vectors.
             views = load_views(blob, probe, plan, self.encoders[req.model].spec, share=share)
         except Exception as exc:
-            # Only the decode's own verdicts blame the image: memory running out is retried later
-            # (DecodeUnavailableError), and any other error is a fault here, reported as itself.
+            # What the imaging library raises on bad data blames the image; memory running out is
+            # retried later (DecodeUnavailableError); any other error is a fault here, reported as itself.
             error: Exception = exc
-            if isinstance(exc, MemoryError):
+            if isinstance(exc, ImageRejectedError | DecodeUnavailableError):
+                pass
+            elif isinstance(exc, MemoryError):
                 error = DecodeUnavailableError("out of memory while preparing the image's views; retry shortly")
-            elif not isinstance(exc, ImageRejectedError | DecodeUnavailableError):
+            elif isinstance(exc, _BAD_DATA):
+                error = ImageRejectedError(f"cannot decode image: {exc}")
+            else:
                 log.exception("preparing an image's views failed")
             with self._lock:
                 self._remove(req)

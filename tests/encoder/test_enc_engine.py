@@ -256,7 +256,8 @@ def test_one_tenants_images_do_not_hold_every_preprocessing_thread(fake, monkeyp
 def test_only_the_decodes_verdicts_blame_the_image(fake, monkeypatch):
     """Every failure while preparing the views was reported as ImageRejectedError ("cannot decode
     image"), which ingest fails for good: memory running out is DecodeUnavailableError (retried), a
-    fault in this code is itself, and the decode's own verdicts stay as they are."""
+    fault in this code is itself, and the decode's own verdicts and the imaging library's errors on
+    bad data blame the image."""
     import encoder.engine as engine_module
     from encoder.errors import DecodeUnavailableError
 
@@ -266,6 +267,8 @@ def test_only_the_decodes_verdicts_blame_the_image(fake, monkeypatch):
         (RuntimeError("a bug"), RuntimeError),
         (DecodeUnavailableError("a decode worker died"), DecodeUnavailableError),
         (ImageRejectedError("corrupt"), ImageRejectedError),
+        (OSError("image file is truncated"), ImageRejectedError),  # Pillow's word on bad data
+        (SyntaxError("not a PNG file"), ImageRejectedError),
     ]:
 
         def failing(*args, raised=raised, **kwargs):
