@@ -299,6 +299,10 @@ def main(argv: list[str] | None = None) -> int:
         queue_units_query=100_000,
         queue_units_sync_ingest=100_000,
         queue_units_background=100_000,
+        # The benchmark measures scheduling, not admission: no burst is refused for its bytes.
+        queue_bytes_query=1 << 40,
+        queue_bytes_sync_ingest=1 << 40,
+        queue_bytes_background=1 << 40,
         device=args.device,
     )
     enc: BatchEncoder = (

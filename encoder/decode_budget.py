@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import heapq
 import io
+import itertools
 import json
 import logging
 import math
 import os
-import queue
 import re
 import select
 import struct
@@ -44,6 +45,7 @@ from typing import IO, Any
 from PIL import Image, PngImagePlugin
 
 from .errors import DecodeTimeoutError, DecodeUnavailableError, DecompressionBombError, EncoderError, ImageRejectedError
+from .types import Priority
 
 log = logging.getLogger(__name__)
 
@@ -530,21 +532,79 @@ class _Worker:
                 stream.close()
 
 
+class _Waiter:
+    """A caller waiting for a decode slot; the releasing thread hands the slot to it directly."""
+
+    __slots__ = ("granted", "worker")
+
+    def __init__(self) -> None:
+        self.granted = False
+        self.worker: _Worker | None = None
+
+
 class DecodePool:
-    """``size`` long-lived decode processes, started on first use; one that overruns is killed."""
+    """``size`` long-lived decode processes, started on first use; one that overruns is killed.
+
+    Slots go to waiting callers by priority, then by arrival: the engine's query images, the OCR
+    pass, thumbnails and bulk ingest share one pool per process, and a query's picture must not wait
+    behind bulk decodes that may take the whole time limit each (the wait is not charged to it)."""
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._slots: queue.Queue[_Worker | None] = queue.Queue()
-        for _ in range(size):
-            self._slots.put(None)
+        self._cond = threading.Condition()
+        # Free slots (None: no worker started yet). Never non-empty while someone waits: a released
+        # slot goes straight to the first waiter.
+        self._idle: list[_Worker | None] = [None] * size
+        self._waiters: list[tuple[int, int, _Waiter]] = []  # heap of (-priority, arrival, waiter)
+        self._arrivals = itertools.count()
         self.killed = 0  # workers killed for running past the limit (or dying)
 
-    def decode(self, data: bytes, job: DecodeJob, timeout_s: float) -> Image.Image:
+    @property
+    def waiting(self) -> int:
+        """Callers waiting for a free slot."""
+        with self._cond:
+            return len(self._waiters)
+
+    def _acquire(self, priority: Priority) -> _Worker | None:
+        with self._cond:
+            if self._idle:
+                return self._idle.pop()
+            waiter = _Waiter()
+            entry = (-int(priority), next(self._arrivals), waiter)
+            heapq.heappush(self._waiters, entry)
+            try:
+                while not waiter.granted:
+                    self._cond.wait()
+            except BaseException:
+                if waiter.granted:
+                    self._release_locked(waiter.worker)
+                else:
+                    self._waiters.remove(entry)
+                    heapq.heapify(self._waiters)
+                raise
+            return waiter.worker
+
+    def _release(self, worker: _Worker | None) -> None:
+        with self._cond:
+            self._release_locked(worker)
+
+    def _release_locked(self, worker: _Worker | None) -> None:
+        if self._waiters:
+            _, _, waiter = heapq.heappop(self._waiters)
+            waiter.worker, waiter.granted = worker, True
+            self._cond.notify_all()
+        else:
+            self._idle.append(worker)
+
+    def decode(
+        self, data: bytes, job: DecodeJob, timeout_s: float, *, priority: Priority = Priority.BACKGROUND
+    ) -> Image.Image:
         """The decoded picture. The image's faults raise ImageRejectedError (DecodeTimeoutError past
         the time limit); the pool's own (a worker that does not start, or dies under the image: the
-        machine out of memory, a killed process) raise DecodeUnavailableError, to be retried."""
-        worker = self._slots.get()  # waiting for a free worker is not charged to the time limit
+        machine out of memory, a killed process) raise DecodeUnavailableError, to be retried.
+        ``priority`` orders the callers waiting for a slot (a query first; a caller that does not say
+        waits with bulk work)."""
+        worker = self._acquire(priority)  # waiting for a free worker is not charged to the time limit
         try:
             if worker is None or worker.proc.poll() is not None:
                 if worker is not None:
@@ -576,7 +636,7 @@ class DecodePool:
             worker = None
             raise
         finally:
-            self._slots.put(worker)
+            self._release(worker)
 
     @staticmethod
     def _start() -> _Worker:
@@ -594,16 +654,12 @@ class DecodePool:
         return None
 
     def close(self) -> None:
-        workers = []
-        while True:
-            try:
-                workers.append(self._slots.get_nowait())
-            except queue.Empty:
-                break
+        """Stop the idle workers; busy ones are left to finish and come back as usual."""
+        with self._cond:
+            workers, self._idle = self._idle, [None] * len(self._idle)
         for worker in workers:
             if worker is not None:
                 worker.kill()
-            self._slots.put(None)
 
 
 _POOLS: dict[int, DecodePool] = {}

@@ -90,6 +90,7 @@ class EmbeddingEngine:
         self.planner = planner
         self.image_options = self.settings.image_options()
         self.limits = self.settings.queue_limits()
+        self.byte_limits = self.settings.queue_byte_limits()
         self.controller = ShareController(
             self.settings.slo_query_p99_ms / 1000.0,
             min_query_share=self.settings.min_query_share,
@@ -106,6 +107,7 @@ class EmbeddingEngine:
         self._wake = threading.Event()
         self._requests: dict[int, QueuedRequest] = {}
         self._queued = dict.fromkeys(Priority, 0)
+        self._encoded_bytes = dict.fromkeys(Priority, 0)  # per class: image files waiting to be decoded
         self._next_id = 0
         self._ticks = 0
         self._units_done = 0
@@ -196,22 +198,42 @@ class EmbeddingEngine:
             )
 
     def _admit(
-        self, priority: Priority, modality: Modality, n_units: int, deadline_s: float | None, encoder: BatchEncoder
+        self,
+        priority: Priority,
+        modality: Modality,
+        n_units: int,
+        deadline_s: float | None,
+        encoder: BatchEncoder,
+        n_bytes: int = 0,
     ) -> QueuedRequest:
+        """Queue a request, or raise QueueFullError when its class has no room for its units, or for
+        its ``n_bytes`` of encoded images (held until each is decoded). A request whose bytes alone
+        exceed the byte limit is admitted when no other image of its class waits to be decoded: it is
+        the caller's batch, not a fault of its items, and the class then holds that one request."""
         self._check_size(priority, n_units)
         limit = self.limits[priority]
+        byte_limit = self.byte_limits[priority]
         now = time.monotonic()
         with self._lock:
             if self._closed:
                 raise RequestCancelledError("the encoder engine is stopped")
+            held = self._encoded_bytes[priority]
             if self._queued[priority] + n_units > limit:
+                full = f"is full ({self._queued[priority]} of {limit} units)"
+            elif n_bytes and held and held + n_bytes > byte_limit:
+                full = (
+                    f"holds {held} bytes of images waiting to be decoded and this request brings {n_bytes}; "
+                    f"the limit is {byte_limit} (MEMSTORE_ENCODER_QUEUE_BYTES_{priority.name})"
+                )
+            else:
+                full = ""
+            if full:
                 ahead = sum(v for p, v in self._queued.items() if p >= priority)
                 rate = self._rate or self.batch_size / 0.1
                 retry = min(60.0, max(0.05, ahead / rate))
                 self.metrics.rejected.labels(priority.label, "queue_full").inc()
                 raise QueueFullError(
-                    f"the {priority.label} queue is full ({self._queued[priority]} of {limit} units); "
-                    f"retry after {retry:.2f} s",
+                    f"the {priority.label} queue {full}; retry after {retry:.2f} s",
                     retry_after=retry,
                 )
             if deadline_s is None:  # bigger requests get proportionally later default deadlines
@@ -230,6 +252,8 @@ class EmbeddingEngine:
             )
             self._requests[req.id] = req
             self._queued[priority] += n_units
+            req.encoded_bytes = n_bytes
+            self._encoded_bytes[priority] += n_bytes
         return req
 
     def submit_texts(
@@ -296,8 +320,11 @@ class EmbeddingEngine:
         probes = [probe_image(b, self.image_options) for b in blobs]
         plans = [plan_for(p, encoder.spec, self.image_options) for p in probes]
         offsets = np.cumsum([0] + [p.n_units for p in plans]).tolist()
-        req = self._admit(Priority.parse(priority), Modality.IMAGE, offsets[-1], deadline_s, encoder)
+        n_bytes = sum(len(b) for b in blobs)
+        req = self._admit(Priority.parse(priority), Modality.IMAGE, offsets[-1], deadline_s, encoder, n_bytes)
         req.plans, req.return_tiles = plans, return_tiles
+        # A cancelled request's files are let go at the next tick (``_take``): wake it now.
+        req.future.add_done_callback(self._wake_on_cancel)
         tenant = TENANT.get()
         for i, (blob, probe, plan) in enumerate(zip(blobs, probes, plans, strict=True)):
             heavy = not is_light(blob, probe, plan)
@@ -325,11 +352,23 @@ class EmbeddingEngine:
         try:
             self._prepare_views(req, offset, blob, probe, plan, share)
         finally:
-            if self._pool is not None:
-                with self._lock:
+            with self._lock:
+                self._release_bytes(req, len(blob))  # decoded, refused or skipped: no longer waiting
+                if self._pool is not None:
                     self._tenant_images[lane] -= 1
                     if not self._tenant_images[lane]:
                         del self._tenant_images[lane]
+
+    def _release_bytes(self, req: QueuedRequest, n_bytes: int) -> None:
+        """Give back the byte room of ``n_bytes`` of the request's images (lock held); at most what
+        it still holds, so an image finishing after its request was removed gives back nothing."""
+        n_bytes = min(n_bytes, req.encoded_bytes)
+        req.encoded_bytes -= n_bytes
+        self._encoded_bytes[req.priority] -= n_bytes
+
+    def _wake_on_cancel(self, future: Future[Any]) -> None:
+        if future.cancelled():
+            self._wake.set()
 
     def _prepare_views(
         self, req: QueuedRequest, offset: int, blob: bytes, probe: Any, plan: TilePlan, share: SharedDecode | None
@@ -338,7 +377,7 @@ class EmbeddingEngine:
             return  # cancelled or failed meanwhile: do not decode for nothing
         try:
             # The shared use's ``take`` runs in here, before the views are queued: before the vectors.
-            views = load_views(blob, probe, plan, self.encoders[req.model].spec, share=share)
+            views = load_views(blob, probe, plan, self.encoders[req.model].spec, share=share, priority=req.priority)
         except Exception as exc:
             # What the imaging library raises on bad data blames the image; memory running out is
             # retried later (DecodeUnavailableError); any other error is a fault here, reported as itself.
@@ -401,6 +440,7 @@ class EmbeddingEngine:
         if self._requests.pop(req.id, None) is not None:
             self._queued[req.priority] -= req.queued
             req.queued = 0
+            self._release_bytes(req, req.encoded_bytes)
             req.inputs = []
             req.ready.clear()
 
@@ -527,7 +567,15 @@ class EmbeddingEngine:
         pool = self._pool.state() if self._pool is not None else None  # its own lock, never under ours
         with self._lock:
             queues = {
-                p.label: {"requests": 0, "units": 0, "ready": 0, "preprocessing": 0, "limit": self.limits[p]}
+                p.label: {
+                    "requests": 0,
+                    "units": 0,
+                    "ready": 0,
+                    "preprocessing": 0,
+                    "limit": self.limits[p],
+                    "encoded_bytes": self._encoded_bytes[p],
+                    "encoded_bytes_limit": self.byte_limits[p],
+                }
                 for p in Priority
             }
             for r in self._requests.values():

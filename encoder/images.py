@@ -46,6 +46,7 @@ from .decode_budget import (
 )
 from .errors import DecompressionBombError, ImageRejectedError
 from .tiling import TilePlan, plan_tiles
+from .types import Priority
 
 log = logging.getLogger(__name__)
 
@@ -256,6 +257,7 @@ def decode_image(
     probe: ImageProbe | None = None,
     min_size: tuple[int, int] | Callable[[int, int], tuple[int, int]] | None = None,
     grey: bool = False,
+    priority: Priority = Priority.BACKGROUND,
 ) -> Image.Image:
     """Decode the first frame of an image under the decode budget: upright (EXIF orientation
     applied), 8-bit, mode L, RGB or RGBA (RGBA where it has transparency; L always when ``grey``).
@@ -263,7 +265,9 @@ def decode_image(
     ``min_size`` (upright width, height, or a function of the upright size giving them) is the
     smallest picture the caller needs: JPEGs decode at a reduced scale and 16-bit or float rasters
     are box-reduced down to it; other images keep their size. ``probe`` is the header check already
-    made (``probe_image``); without it the check runs here, against ``options``.
+    made (``probe_image``); without it the check runs here, against ``options``. ``priority``: the
+    caller's class, which orders the wait for a decode worker (a query's picture first; thumbnails,
+    OCR and bulk ingest, the default, last).
     Raises ImageRejectedError, DecompressionBombError, or DecodeTimeoutError past the time limit.
     """
     if probe is None:
@@ -271,10 +275,12 @@ def decode_image(
     opts = options or probe.options
     want = min_size(probe.width, probe.height) if callable(min_size) else min_size
     min_raw = None if want is None else ((want[1], want[0]) if probe.orientation in TRANSPOSED else want)
-    return _decode(data, probe, DecodeJob(min_raw, probe.orientation, grey), opts)
+    return _decode(data, probe, DecodeJob(min_raw, probe.orientation, grey), opts, priority)
 
 
-def _decode(data: bytes, probe: ImageProbe, job: DecodeJob, opts: ImageOptions) -> Image.Image:
+def _decode(
+    data: bytes, probe: ImageProbe, job: DecodeJob, opts: ImageOptions, priority: Priority = Priority.BACKGROUND
+) -> Image.Image:
     """The decode itself, once the checks have passed: the one place pixels are decoded, in this
     process when ``_inline`` proves it cheap, else in a worker of the decode pool."""
     if _inline(data, probe, opts):
@@ -282,7 +288,7 @@ def _decode(data: bytes, probe: ImageProbe, job: DecodeJob, opts: ImageOptions) 
             return decode_here(data, job)
         except Exception as exc:
             raise decode_error(exc) from None
-    return pool(opts.decode_workers).decode(data, job, opts.decode_timeout_s)
+    return pool(opts.decode_workers).decode(data, job, opts.decode_timeout_s, priority=priority)
 
 
 def plan_for(probe: ImageProbe, spec: ImageSpec, options: ImageOptions) -> TilePlan:
@@ -360,17 +366,24 @@ class SharedDecode:
 
 
 def load_views(
-    data: bytes, probe: ImageProbe, plan: TilePlan, spec: ImageSpec, *, share: SharedDecode | None = None
+    data: bytes,
+    probe: ImageProbe,
+    plan: TilePlan,
+    spec: ImageSpec,
+    *,
+    share: SharedDecode | None = None,
+    priority: Priority = Priority.BACKGROUND,
 ) -> np.ndarray:
     """Decode an image into its views: uint8 array (1 + len(plan.tiles), size, size, 3).
 
     View 0 is the global view; view i + 1 is plan.tiles[i]. The decode runs under the budget of the
     options the probe was checked against. ``share``: another use of the decoded picture (above).
+    ``priority``: the request's class, its place in the wait for a decode worker (``decode_image``).
     """
     # The decode is sized for the views alone, shared or not: a larger one (JPEG's reduced decode at
     # another scale) would cut slightly different views, and an image must get the same vector at
     # ingest as when it is searched with.
-    decoded = decode_image(data, probe=probe, min_size=_needed_size(probe, plan, spec))
+    decoded = decode_image(data, probe=probe, min_size=_needed_size(probe, plan, spec), priority=priority)
     rgb = _to_rgb(decoded)
     views = [np.asarray(_global_view(rgb, spec))]
     if plan.tiles:

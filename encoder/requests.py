@@ -61,6 +61,7 @@ class QueuedRequest:
         self.ready: dict[int, None] = {}  # insertion-ordered set of unit indices
         self.pending = n_units
         self.queued = n_units  # units counted against the class's queue limit
+        self.encoded_bytes = 0  # image bytes not yet decoded, counted against the class's byte limit
         self.done = 0
         self.served = 0  # units handed to the model so far
         self.vectors = np.zeros((n_units, dims), dtype=np.float32)

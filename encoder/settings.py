@@ -63,6 +63,12 @@ class EncoderSettings(BaseSettings):
     queue_units_query: int = Field(default=512, ge=1)
     queue_units_sync_ingest: int = Field(default=2048, ge=1)
     queue_units_background: int = Field(default=4096, ge=1)
+    # Encoded image bytes admitted and not yet decoded, per class: each admitted image keeps its file
+    # until a decoding thread reaches it, and the unit limits alone let the queues hold thousands of
+    # files of up to max_image_bytes each.
+    queue_bytes_query: int = Field(default=256 * 1024 * 1024, ge=1)
+    queue_bytes_sync_ingest: int = Field(default=256 * 1024 * 1024, ge=1)
+    queue_bytes_background: int = Field(default=256 * 1024 * 1024, ge=1)
     slo_query_p99_ms: float = Field(default=250.0, gt=0)
     min_query_share: float = Field(default=0.5, ge=0.0, le=1.0)
     sync_ingest_share: float = Field(default=0.75, ge=0.0, le=1.0)  # of what queries leave over
@@ -154,6 +160,13 @@ class EncoderSettings(BaseSettings):
             Priority.QUERY: self.queue_units_query,
             Priority.SYNC_INGEST: self.queue_units_sync_ingest,
             Priority.BACKGROUND: self.queue_units_background,
+        }
+
+    def queue_byte_limits(self) -> dict[Priority, int]:
+        return {
+            Priority.QUERY: self.queue_bytes_query,
+            Priority.SYNC_INGEST: self.queue_bytes_sync_ingest,
+            Priority.BACKGROUND: self.queue_bytes_background,
         }
 
     def default_deadline_s(self, priority: Priority) -> float:

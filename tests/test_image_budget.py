@@ -10,7 +10,10 @@ import struct
 import subprocess
 import sys
 import textwrap
+import threading
+import types
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -418,3 +421,97 @@ def test_running_out_of_memory_while_decoding_is_not_the_images_fault(monkeypatc
     # The same verdict from a worker's answer; a real decoder error stays the image's.
     assert isinstance(decode_budget.decode_error(MemoryError()), DecodeUnavailableError)
     assert isinstance(decode_budget.decode_error(OSError("broken data stream")), ImageRejectedError)
+
+
+# -- finding: priority inversion in the decode pool ---------------------------------------------------
+
+
+class _HeldWorker:
+    """A stand-in decode worker: records the order it serves callers in; the first holds its slot
+    until the test lets it go."""
+
+    def __init__(self, order: list[bytes], hold: threading.Event, running: threading.Event) -> None:
+        self.order, self.hold, self.running = order, hold, running
+        self.proc = types.SimpleNamespace(poll=lambda: None)
+
+    def run(self, data: bytes, job: decode_budget.DecodeJob, timeout_s: float) -> Image.Image:
+        self.order.append(data)
+        if data == b"first-bulk":
+            self.running.set()
+            assert self.hold.wait(30), "the test never let the first decode finish"
+        return Image.new("L", (1, 1))
+
+    def kill(self) -> None:
+        pass
+
+
+def _until(condition: Callable[[], bool]) -> None:
+    """Wait for another thread to reach a state (a bound only so a broken pool fails, not hangs)."""
+    for _ in range(30_000):
+        if condition():
+            return
+        threading.Event().wait(0.001)
+    raise AssertionError("the state was never reached")
+
+
+def test_a_query_waiting_for_a_decode_worker_goes_before_earlier_bulk_decodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pool's slots were a FIFO queue shared by query images, OCR, thumbnails and bulk ingest: a
+    query's progressive JPEG waited behind bulk decodes of up to the time limit each. Slots go by
+    priority now, in arrival order within one."""
+    from encoder.types import Priority
+
+    order: list[bytes] = []
+    hold, running = threading.Event(), threading.Event()
+    pool = decode_budget.DecodePool(1)
+    monkeypatch.setattr(pool, "_start", lambda: _HeldWorker(order, hold, running))
+    job = decode_budget.DecodeJob()
+
+    def decode(name: bytes, priority: Priority) -> threading.Thread:
+        thread = threading.Thread(target=pool.decode, args=(name, job, 5.0), kwargs={"priority": priority})
+        thread.start()
+        return thread
+
+    threads = [decode(b"first-bulk", Priority.BACKGROUND)]
+    assert running.wait(30)  # the only slot is busy
+    threads.append(decode(b"bulk-1", Priority.BACKGROUND))
+    _until(lambda: pool.waiting == 1)
+    threads.append(decode(b"sync-1", Priority.SYNC_INGEST))
+    _until(lambda: pool.waiting == 2)
+    threads.append(decode(b"bulk-2", Priority.BACKGROUND))
+    _until(lambda: pool.waiting == 3)
+    threads.append(decode(b"query", Priority.QUERY))
+    _until(lambda: pool.waiting == 4)
+    hold.set()
+    for thread in threads:
+        thread.join(30)
+    assert order == [b"first-bulk", b"query", b"sync-1", b"bulk-1", b"bulk-2"]
+    assert pool.waiting == 0
+
+
+def test_each_caller_of_the_decode_pool_says_its_priority(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Query images ask for a decode worker at their request's class; OCR and thumbnails, bulk work,
+    at the lowest."""
+    from encoder import images
+    from encoder.engine import EmbeddingEngine
+    from encoder.types import Priority
+    from tests.encoder.enc_helpers import FakeEncoder, settings_for
+
+    asked: list[Priority] = []
+
+    class Recording:
+        def decode(self, data: bytes, job: decode_budget.DecodeJob, timeout_s: float, *, priority: Priority):
+            asked.append(priority)
+            return decode_budget.decode_here(data, job)
+
+    monkeypatch.setattr(images, "pool", lambda size: Recording())
+    progressive = io.BytesIO()
+    Image.new("RGB", (64, 48), (9, 9, 9)).save(progressive, "JPEG", progressive=True)
+    data = progressive.getvalue()
+    engine = EmbeddingEngine(FakeEncoder(), settings_for(preprocess_workers=0))
+    engine.submit_images([data], priority=Priority.QUERY)
+    engine.submit_images([data], priority=Priority.SYNC_INGEST)
+    assert asked == [Priority.QUERY, Priority.SYNC_INGEST]
+    asked.clear()
+    ocr.prepare(data)
+    assert thumbnails.make(data) is not None
+    assert asked == [Priority.BACKGROUND, Priority.BACKGROUND]

@@ -32,6 +32,7 @@ from PIL import Image
 from encoder.errors import DecompressionBombError, ImageRejectedError
 from encoder.images import decode_image
 from encoder.settings import stored_options
+from encoder.types import Priority
 
 # Longest side after rescaling: a 2,000 px page holds body text at the 20-30 px letter height
 # Tesseract reads best, and bounds its time on a 50-megapixel photo.
@@ -110,7 +111,10 @@ def prepare(content: bytes, settings: OcrSettings = OcrSettings()) -> Image.Imag
         return max(1, math.ceil(width * scale)), max(1, math.ceil(height * scale))
 
     try:
-        image = decode_image(content, stored_options(MAX_PIXELS), min_size=needed, grey=True)
+        # Bulk work: a query's picture takes a free decode worker before it.
+        image = decode_image(
+            content, stored_options(MAX_PIXELS), min_size=needed, grey=True, priority=Priority.BACKGROUND
+        )
     except DecompressionBombError as exc:  # too many pixels, scans or frames, or past the time limit
         raise OcrFailedError(str(exc)) from exc
     except ImageRejectedError as exc:

@@ -27,6 +27,7 @@ from psycopg import sql
 from encoder.decode_budget import ALLOWED_FORMATS
 from encoder.images import ImageOptions, decode_image
 from encoder.settings import stored_options
+from encoder.types import Priority
 from memstore.catalog.collections import Collection
 from memstore.db.core import Database
 
@@ -48,7 +49,10 @@ def make(content: bytes, options: ImageOptions | None = None) -> bytes | None:
     try:
         # JPEG decodes at 1/2, 1/4 or 1/8 scale, the largest reduction that still covers the
         # thumbnail: a 1024 x 768 photo decodes at 256 x 192, a fraction of the work.
-        decoded = decode_image(content, options or stored_options(MAX_PIXELS), min_size=box)
+        # Bulk work, as OCR: a query's picture takes a free decode worker before it.
+        decoded = decode_image(
+            content, options or stored_options(MAX_PIXELS), min_size=box, priority=Priority.BACKGROUND
+        )
         return encode(in_srgb(shrink(decoded), content))
     except Exception as exc:  # a corrupt, exotic or too costly file: the item simply has no thumbnail
         log.info("no thumbnail: %s: %s", type(exc).__name__, exc)

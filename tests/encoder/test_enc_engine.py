@@ -199,7 +199,15 @@ def test_stats_and_metrics_describe_the_queues(fake):
     engine.submit_images([BIG], priority=Priority.SYNC_INGEST)
     engine.submit_texts(["q"])
     s = engine.stats()
-    assert s["queues"]["sync_ingest"] == {"requests": 1, "units": 65, "ready": 65, "preprocessing": 0, "limit": 2048}
+    assert s["queues"]["sync_ingest"] == {
+        "requests": 1,
+        "units": 65,
+        "ready": 65,
+        "preprocessing": 0,
+        "limit": 2048,
+        "encoded_bytes": 0,  # decoded already (in the submitting thread)
+        "encoded_bytes_limit": 256 * 1024 * 1024,
+    }
     assert s["queues"]["query"]["units"] == 1 and s["batch_size"] == 8
     engine.tick()
     from prometheus_client import generate_latest
@@ -281,3 +289,78 @@ def test_only_the_decodes_verdicts_blame_the_image(fake, monkeypatch):
         if expected is not ImageRejectedError:
             assert not isinstance(error, ImageRejectedError)
         assert engine.stats()["queues"]["query"]["units"] == 0
+
+
+def test_encoded_images_waiting_to_be_decoded_are_bounded_in_bytes_per_class(fake, monkeypatch):
+    """Admission counted model units only, while each admitted image keeps its file until a decoding
+    thread reaches it: the queues could hold (512 + 2048 + 4096) files of up to 32 MiB. Each class
+    now has a byte budget for them, given back as images are decoded or their request is dropped."""
+    from encoder import engine as engine_module
+
+    gate = threading.Event()
+    real = engine_module.load_views
+
+    def held(*args, **kwargs):
+        assert gate.wait(30), "the test never let the decodes run"
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "load_views", held)
+    size = len(SMALL)
+    engine = engine_for(fake, preprocess_workers=1, queue_bytes_background=2 * size)
+
+    def waiting(label: str) -> int:
+        return engine.stats()["queues"][label]["encoded_bytes"]
+
+    try:
+        first = engine.submit_images([SMALL], priority=Priority.BACKGROUND)
+        second = engine.submit_images([SMALL], priority=Priority.BACKGROUND)
+        assert waiting("background") == 2 * size
+        with pytest.raises(QueueFullError, match="MEMSTORE_ENCODER_QUEUE_BYTES_BACKGROUND") as info:
+            engine.submit_images([SMALL], priority=Priority.BACKGROUND)
+        assert info.value.retry_after > 0
+        query = engine.submit_images([SMALL], priority=Priority.QUERY)  # each class has its own budget
+        assert waiting("query") == size
+
+        second.cancel()  # cancelled before its decode: its bytes go at the next tick
+        engine.tick()
+        assert waiting("background") == size
+        third = engine.submit_images([SMALL], priority=Priority.BACKGROUND)
+        with pytest.raises(QueueFullError):
+            engine.submit_images([SMALL], priority=Priority.BACKGROUND)
+
+        gate.set()  # decoded: the room comes back, before the model has run any of them
+        for _ in range(10_000):
+            if waiting("background") == waiting("query") == 0:
+                break
+            threading.Event().wait(0.001)
+        assert waiting("background") == 0 and waiting("query") == 0
+        futures = [first, third, query]
+        assert not any(f.done() for f in futures)
+        for _ in range(10_000):
+            if all(f.done() for f in futures):
+                break
+            engine.tick()
+            threading.Event().wait(0.001)
+        assert all(f.result().shape == (1, 8) for f in futures)
+        # The cancelled image's job, run meanwhile, gave back nothing more.
+        assert waiting("background") == 0 and waiting("query") == 0
+        # A request larger than the whole budget is admitted while no other image of its class waits.
+        big = engine.submit_images([SMALL] * 3, priority=Priority.BACKGROUND)
+        assert waiting("background") == 3 * size
+        with pytest.raises(QueueFullError):
+            engine.submit_images([SMALL], priority=Priority.BACKGROUND)
+        big.cancel()
+        engine.tick()
+        assert waiting("background") == 0
+    finally:
+        gate.set()
+        engine.stop()
+
+
+def test_a_failed_image_gives_its_bytes_back(fake):
+    engine = engine_for(fake, preprocess_workers=0, queue_bytes_query=10 * len(SMALL))
+    broken = SMALL[: len(SMALL) // 2]  # the header passes, the pixel data is cut
+    fut = engine.submit_images([broken, SMALL])
+    with pytest.raises(ImageRejectedError):
+        fut.result(0)
+    assert engine.stats()["queues"]["query"]["encoded_bytes"] == 0

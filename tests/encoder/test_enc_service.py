@@ -142,6 +142,31 @@ def test_queue_full_is_429_with_retry_after_and_the_client_raises_queue_full():
     assert info.value.retry_after > 0
 
 
+def test_images_past_the_byte_budget_are_429_with_retry_after(monkeypatch):
+    from encoder import engine as engine_module
+
+    gate = threading.Event()
+    real = engine_module.load_views
+
+    def held(*args, **kwargs):
+        assert gate.wait(30), "the test never let the decodes run"
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "load_views", held)
+    image = make_image(20, 20)
+    engine = EmbeddingEngine(FakeEncoder(), settings_for(preprocess_workers=1, queue_bytes_query=len(image)))
+    try:
+        engine.submit_images([image])  # waits to be decoded: the query class's bytes are spent
+        http = TestClient(create_app(engine))
+        resp = post(http, input=[b64(image)], modality="image")
+        body = assert_problem(resp, 429, "queue-full")
+        assert "MEMSTORE_ENCODER_QUEUE_BYTES_QUERY" in body["detail"] and body["retry_after"] > 0
+        assert int(resp.headers["Retry-After"]) >= 1
+    finally:
+        gate.set()
+        engine.stop()
+
+
 def test_remote_encoder_tells_an_unreachable_service_from_one_that_gave_no_answer():
     """Nothing listening: the request never arrived (no input at fault). A service that takes the
     request and drops the connection: no answer came (the input may be at fault)."""
