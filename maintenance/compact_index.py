@@ -34,7 +34,7 @@ from psycopg import sql
 
 from maintenance.actions import Executor, Interrupted
 from maintenance.config import MaintenanceConfig
-from maintenance.recall import limit_statements, moved_apart
+from maintenance.recall import limit_statements, moved_apart, snapshot
 from maintenance.targets import Target
 from memstore import action_log
 from memstore.catalog import index_spec as specs
@@ -47,7 +47,9 @@ from memstore.db.core import Database
 from memstore.search import compact as compact_search
 from memstore.search import query_samples
 from memstore.search.exact_answers import exact_answers, recall_hits
-from memstore.search.statements import SearchSettings, apply
+from memstore.search.plan import plan
+from memstore.search.request import check_query
+from memstore.search.statements import SearchSettings, apply, run_search
 from memstore.settings import Settings, get_settings
 from memstore.store import VectorStore
 
@@ -134,6 +136,17 @@ def _exhaustive(conn: psycopg.Connection[Any], c: Any, spec: specs.IndexSpec, v:
     return sorted(((int(r[0]), float(r[1])) for r in rows), key=lambda x: x[1])[:k]
 
 
+def _compact_answer(
+    conn: psycopg.Connection[Any], store: VectorStore, c: Any, v: np.ndarray, k: int
+) -> list[tuple[int, float]]:
+    """The collection's own search of ``v`` (its plan: the compact index's pool, re-ranked exactly, at
+    the collection's ef_search), run on ``conn`` inside the caller's transaction and snapshot."""
+    query = check_query(mode="vector", vector=v, text=None, k=k)
+    p = plan(c, query, ef_search=None, exact=False, max_scan_tuples=store.settings.max_scan_tuples, conn=conn)
+    rows = run_search(conn, p.settings, p.statement, p.params, prepare=p.prepare)
+    return [(int(r[0]), float(r[3])) for r in rows if r[3] is not None]
+
+
 def probe_compact_recall(
     store: VectorStore, *, collection: str, k: int = 10, queries: int = DEFAULT_QUERIES
 ) -> CompactProbe:
@@ -147,12 +160,12 @@ def probe_compact_recall(
         vectors = [v for v in vectors if v.shape == (c.dimensions,) and np.isfinite(v).all()]
         # The compact search's answers (the index as configured, re-ranked on full vectors), then the
         # true answers of every query from one scan bounded by them, as the maintenance probes do.
-        found = [
-            [(r.id, r.distance) for r in store.search(collection=collection, vector=v, k=k) if r.distance is not None]
-            for v in vectors
-        ]
-        with conn.transaction(), conn.cursor() as cur:
+        # All in one snapshot on this one connection: rows written between the index's answers and
+        # the exact ones (a busy collection) would otherwise count as misses the index never had a
+        # chance to find, and a low reading rebuilds or refits for nothing.
+        with snapshot(conn), conn.cursor() as cur:
             limit_statements(conn, MaintenanceConfig().probe_timeout_s)  # the exact scan, bounded
+            found = [_compact_answer(conn, store, c, v, k) for v in vectors]
             apply(
                 cur,
                 SearchSettings(
@@ -168,14 +181,15 @@ def probe_compact_recall(
                 found=found,
                 k=k,
             )
-        hits = exhaustive_hits = total = 0
-        for v, answer, exact in zip(vectors, found, truth, strict=True):
-            if not exact:
-                continue
-            hits += recall_hits(answer, exact)
-            if spec.representation == "lowrank":
-                exhaustive_hits += recall_hits(_exhaustive(conn, c, spec, v, k), exact)
-            total += len(exact)
+            hits = exhaustive_hits = total = 0
+            for v, answer, exact in zip(vectors, found, truth, strict=True):
+                if not exact:
+                    continue
+                hits += recall_hits(answer, exact)
+                if spec.representation == "lowrank":
+                    # In the same snapshot too: the projection is judged against the same truth.
+                    exhaustive_hits += recall_hits(_exhaustive(conn, c, spec, v, k), exact)
+                total += len(exact)
     return CompactProbe(
         recall=hits / total if total else None,
         exhaustive_recall=exhaustive_hits / total if total and spec.representation == "lowrank" else None,

@@ -17,7 +17,7 @@ from maintenance.config import MaintenanceConfig
 from maintenance.recall import RecallResult, measure_recall
 from maintenance.search_cost import SearchCost
 from maintenance.sizing import estimate_index_bytes, fresh_bytes
-from maintenance.targets import Target, representation
+from maintenance.targets import Target, index_representation, representation
 from memstore.db import sqlfiles
 
 COUNTERS = ("n_tup_ins", "n_tup_upd", "n_tup_hot_upd", "n_tup_del", "vector_fills")
@@ -60,6 +60,9 @@ class Probe:
     fresh_recall_queries: int | None = None  # the queries of the fresh recall reading
     fresh_recall_ef: int | None = None  # the ef_search it was read at
     hnsw_m: int = 16  # the graph's m (what a VACUUM's repair share depends on)
+    # What the index holds of each vector (``targets.index_representation``): what fresh_bytes is
+    # estimated for, and recorded so that a rebuild's correction is not applied to another form.
+    representation: str = "full"
     search_cost: SearchCost | None = None  # the recall target's cost here (the worker attaches it)
     duration_s: float = 0.0
     taken_at: datetime = field(default_factory=lambda: datetime.now(UTC))
@@ -126,6 +129,9 @@ def probe(
         live = int(row[0]) if row else 0
     owned = str(stats["index_cleanup"]).lower() in ("off", "false", "0", "no")
     index_bytes = int(stats["index_bytes"]) if target.index else 0
+    # A compact index holds 2 bytes a dimension (halfvec) or 1 bit (binary): sized as float32, a fresh
+    # one read far below 1 and the size rule saw bloat only once it had doubled it, or never.
+    held = index_representation(target)
 
     last_clean = parse_json(history["last_clean"])
     last_compact = parse_json(history["last_compact"])
@@ -161,8 +167,10 @@ def probe(
             churn = (index_entries_made(counters) - index_entries_made(base)) + (
                 index_entries_killed(counters) - index_entries_killed(base)
             )
-        if after.get("index_bytes") and after.get("live_rows"):
-            built = estimate_index_bytes(int(after["live_rows"]), dims=v.dimensions, m=v.hnsw_m)
+        # A rebuild of the index in another form (before a switch of representation) says nothing of
+        # this one's bytes; history written before the form was recorded is taken as this one's.
+        if after.get("index_bytes") and after.get("live_rows") and after.get("representation", held) == held:
+            built = estimate_index_bytes(int(after["live_rows"]), dims=v.dimensions, m=v.hnsw_m, representation=held)
             correction = int(after["index_bytes"]) / built
         fresh_recall = after.get("recall")
         fresh_queries = after.get("recall_queries")
@@ -179,7 +187,7 @@ def probe(
         dead_entries=dead_entries,
         churn_since_rebuild=churn,
         index_bytes=index_bytes,
-        fresh_bytes=fresh_bytes(live, dims=v.dimensions, m=v.hnsw_m, correction=correction),
+        fresh_bytes=fresh_bytes(live, dims=v.dimensions, m=v.hnsw_m, correction=correction, representation=held),
         leftovers=[lo.name for lo in target.leftovers],
         owned=owned,
         counters=counters,
@@ -191,6 +199,7 @@ def probe(
         fresh_recall_queries=None if fresh_queries is None else int(fresh_queries),
         fresh_recall_ef=None if fresh_ef is None else int(fresh_ef),
         hnsw_m=v.hnsw_m,
+        representation=held,
     )
     if with_recall:
         attach_recall(conn, target, result, config, max_scan_tuples=max_scan_tuples)

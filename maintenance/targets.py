@@ -61,6 +61,16 @@ def representation(c: Collection) -> str:
     return str(spec.index_spec(c).representation)
 
 
+def index_representation(target: Target) -> str:
+    """What the target's HNSW index holds of each vector (what sizes it): ``halfvec`` or ``binary``
+    for the compact index on a collection's own table, else ``full`` (a side space's index is always
+    full; a low-rank collection's own table has none, its index is on a side table)."""
+    if target.space is not None:
+        return "full"
+    held = representation(target.collection)
+    return held if held in ("halfvec", "binary") else "full"
+
+
 def leftovers_of(conn: psycopg.Connection[Any], table: str) -> list[Leftover]:
     """The INVALID indexes of one table (a collection's, a partition's, a space's or a compact index's side table)."""
     rows = conn.cursor(row_factory=dict_row).execute(sqlfiles.text("indexes"), {"table": table}).fetchall()

@@ -267,3 +267,37 @@ def test_the_compact_recall_probe_counts_what_numpy_counts(
     assert probe.queries == 20 and probe.recall is not None
     assert probe.recall == pytest.approx(hits / 200)
     assert 0.3 < probe.recall <= 1.0
+
+
+@pytest.mark.parametrize("representation", ["halfvec", "binary"])
+def test_rows_written_during_the_compact_recall_probe_do_not_lower_it(
+    store: VectorStore, collection_name: str, monkeypatch: pytest.MonkeyPatch, representation: str
+) -> None:
+    """Near-duplicates of the queries, written (and committed) after the index has answered and before
+    the exact answers are read, are the true nearest rows of a later snapshot: read there, they would
+    count as misses the index never had a chance to find. One snapshot for both keeps the reading."""
+    from maintenance import compact_index
+
+    rows = low_rank_data(1500, 32, 6, seed=31)
+    store.create_collection(name=collection_name, dimensions=32, representation=representation)
+    _fill(store, collection_name, rows)
+    queries = [q.astype(np.float32) for q in low_rank_data(10, 32, 6, seed=32)]
+    monkeypatch.setattr(compact_index, "_queries", lambda conn, store, c, n: (queries, "given"))
+    quiet = compact_index.probe_compact_recall(store, collection=collection_name, k=10, queries=10)
+    assert quiet.recall is not None and quiet.recall > 0.5
+
+    exact = compact_index.exact_answers
+    written = []
+
+    def after_the_index_answered(*args: object, **kwargs: object) -> object:
+        rng = np.random.default_rng(33)
+        near = [q + rng.normal(scale=1e-4, size=q.shape).astype(np.float32) for q in queries for _ in range(3)]
+        _fill(store, collection_name, np.stack(near), start=len(rows))
+        written.append(len(near))
+        return exact(*args, **kwargs)
+
+    monkeypatch.setattr(compact_index, "exact_answers", after_the_index_answered)
+    busy = compact_index.probe_compact_recall(store, collection=collection_name, k=10, queries=10)
+    assert written == [30]
+    assert busy.queries == quiet.queries
+    assert busy.recall == pytest.approx(quiet.recall)

@@ -368,3 +368,68 @@ def test_a_first_vector_written_into_a_stored_item_kills_no_graph_element(
     _wait_for_counters(conn, c, 50)
     probes = [probe(conn, t, config, max_scan_tuples=20_000, with_recall=False) for t in targets_for(conn, c)]
     assert sum(p.dead_entries for p in probes) == 10
+
+
+def _fresh_index(
+    conn: psycopg.Connection[Any], dsn: str, store: VectorStore, name: str, representation: str, dims: int, n: int
+) -> Collection:
+    """A collection of ``n`` rows on an index of ``representation``, rebuilt so it is packed as a fresh build."""
+    store.create_collection(name=name, dimensions=dims, representation=representation)
+    vectors = clustered(n, dims, seed=5)
+    for s in range(0, n, 1000):
+        store.upsert_items(
+            collection=name,
+            items=[ItemIn(vector=v, external_id=f"e{s + i}") for i, v in enumerate(vectors[s : s + 1000])],
+        )
+    c = store.get_collection(name=name, fresh=True)
+    settle_live_count(dsn, store, c, n)
+    conn.execute(f'REINDEX INDEX "{c.index_name}"')
+    return c
+
+
+@pytest.mark.parametrize(
+    ("representation", "dims"), [("full", 128), ("halfvec", 128), ("binary", 128), ("binary", 768)]
+)
+def test_a_fresh_compact_index_reads_a_size_ratio_near_one(
+    conn: psycopg.Connection[Any], dsn: str, store: VectorStore, collection_name: str, representation: str, dims: int
+) -> None:
+    """A compact index holds 2 bytes a dimension (halfvec) or 1 bit (binary), not 4. Sized as float32,
+    fresh builds read 0.70 (halfvec), 0.39 and 0.10 (binary, 128 and 768 dimensions): the size rule
+    fired only once bloat had outgrown the float32 size, or (binary) never. Fresh, each must read healthy."""
+    n = 2000
+    c = _fresh_index(conn, dsn, store, collection_name, representation, dims, n)
+    [target] = targets_for(conn, c)
+    assert target.index == c.index_name
+    config = MaintenanceConfig(_env_file=None)  # type: ignore[call-arg]
+    p = probe(conn, target, config, max_scan_tuples=20_000, with_recall=False)
+    assert p.live_rows == n
+    assert 0.9 < p.size_ratio < config.max_size_ratio, (p.index_bytes, p.fresh_bytes)
+    assert p.summary()["representation"] == representation  # what a rebuild's correction is kept for
+    if representation == "full":
+        assert p.fresh_bytes == estimate_index_bytes(n, dims=dims, m=16)  # float32 sizing is what it was
+
+
+def test_a_rebuild_of_another_representation_does_not_correct_the_size(
+    conn: psycopg.Connection[Any], dsn: str, store: VectorStore, collection_name: str
+) -> None:
+    """The bytes per row of the last rebuild correct the estimate of the index it built; once the
+    collection switched to halfvec, the float32 index's figures would scale the halfvec estimate by
+    its 4-byte vectors (a correction inside the bounds kept), and bloat would go unseen again."""
+    from maintenance import history
+
+    n = 2000
+    c = _fresh_index(conn, dsn, store, collection_name, "halfvec", 128, n)
+    [target] = targets_for(conn, c)
+    config = MaintenanceConfig(_env_file=None)  # type: ignore[call-arg]
+    fresh = probe(conn, target, config, max_scan_tuples=20_000, with_recall=False)
+    # The float32 index's rebuild, recorded before the switch: its real bytes, its representation.
+    built = fresh.summary() | {
+        "representation": "full",
+        "index_bytes": estimate_index_bytes(n, dims=128, m=16),
+        "dead_entries": 0,
+    }
+    action = history.start_action(conn, target, "rebuild", "test", fresh.summary())
+    history.finish_action(conn, action, outcome="ok", duration_s=0.1, after=built, error=None)
+    p = probe(conn, target, config, max_scan_tuples=20_000, with_recall=False)
+    assert p.index_bytes == fresh.index_bytes
+    assert 0.9 < p.size_ratio < config.max_size_ratio, (p.index_bytes, p.fresh_bytes)
