@@ -7,6 +7,11 @@ on it (``memstore.media.ocr``, with its rescale and time limit), and the text, o
 be read, is written in the same transaction. A worker killed mid-read leaves the item pending for
 the next; embedding always comes first, since the worker claims its ingest batch before each step.
 
+A decode worker that died or did not start (``DecodeUnavailableError``) is the decoder's trouble,
+not the image's: the item stays pending and is read again on a later step, up to DECODER_TRIES times
+in this process before it is failed with the reason (an image that kills every worker must not hold
+the queue for ever).
+
 Without Tesseract installed the pass stays idle (items wait, pending) and says so in the log every
 few minutes, so adding the package to a worker's host is all it takes to catch up.
 """
@@ -18,6 +23,7 @@ import time
 
 import psycopg
 
+from encoder.errors import DecodeUnavailableError
 from memstore.catalog import ocr_items
 from memstore.catalog.collections import Collection
 from memstore.catalog.registry import CACHE_SECONDS, Registry
@@ -28,6 +34,8 @@ log = logging.getLogger(__name__)
 
 # How long the pass trusts its answer to "is Tesseract installed here" when it was no.
 RECHECK_S = 300.0
+# Reads of one image the decoder itself failed before the item is failed (see the module's docstring).
+DECODER_TRIES = 3
 
 
 class OcrPass:
@@ -43,6 +51,7 @@ class OcrPass:
         self._missing: str | None = None
         self._listed_at = -CACHE_SECONDS
         self._collections: list[Collection] = []
+        self._decoder_failures: dict[tuple[int, int], int] = {}  # (collection id, item id): failed reads
 
     def step(self) -> int:
         """Mark or read what is due now; returns how much it did (0: nothing waits). Database errors
@@ -70,6 +79,15 @@ class OcrPass:
                 text = ocr.extract(content, self.settings)
             except ocr.OcrUnavailableError:
                 raise  # the item waits for a worker that can read it
+            except DecodeUnavailableError as exc:
+                key = (c.id, item_id)
+                tries = self._decoder_failures[key] = self._decoder_failures.get(key, 0) + 1
+                if tries < DECODER_TRIES:
+                    raise  # the claim is undone: the item stays pending for a later step
+                self._decoder_failures.pop(key, None)
+                reason = f"the image's decode failed {tries} times: {exc}"
+                log.info("ocr: item %d of %s: %s", item_id, c.name, reason)
+                ocr_items.write_failure(conn, c, item_id, reason)
             except Exception as exc:  # this image's failure (OcrFailedError, or anything the imaging library raises)
                 reason = str(exc) if isinstance(exc, ocr.OcrFailedError) else f"{type(exc).__name__}: {exc}"
                 log.info("ocr: item %d of %s: %s", item_id, c.name, reason)
@@ -90,6 +108,8 @@ class OcrPass:
         except ocr.OcrUnavailableError as exc:
             self._missing, self._checked_at = str(exc), time.monotonic()
             log.warning("ocr: %s; images of collections with OCR on wait until it is", exc)
+        except DecodeUnavailableError as exc:
+            log.warning("ocr: %s; the image is read again on a later step", exc)
         return work
 
     def _reading(self) -> list[Collection]:

@@ -167,6 +167,39 @@ def test_an_unexpected_error_on_one_image_fails_that_read_only(worker_engine, wo
     assert second.ocr_status == "done"
 
 
+def test_a_decoder_that_died_leaves_the_image_pending_then_fails_it_named(worker_engine, worker_store, collection_name):
+    """A decode worker that died is the decoder's trouble: the read is tried again on later steps, the
+    item pending meanwhile; an image that kills every worker is failed after DECODER_TRIES, saying so."""
+    from encoder.errors import DecodeUnavailableError
+    from memstore.workers import ocr_pass
+
+    c = worker_store.create_collection(name=collection_name, dimensions=64, model="memstore-tiny", ocr=True)
+    jobs.enqueue(Database(worker_engine), c, [_pending(_image(72), "once"), _pending(_image(73), "always")])
+    IngestWorker(Database(worker_engine), FakeBackend(), settings=IngestSettings()).run_batch()
+    ids = {e: worker_store.get_item(collection=collection_name, external_id=e).id for e in ("once", "always")}
+    real = ocr.extract
+    seen: list[int] = []
+
+    def dying(content, settings):
+        seen.append(len(seen))
+        if content == bytes(_image(73).content) or len(seen) == 1:
+            raise DecodeUnavailableError("a decode worker died")
+        return real(content, settings)
+
+    reader = OcrPass(Database(worker_engine))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ocr, "extract", dying)
+        assert reader.step() == 0  # the first read failed for the decoder: nothing done, nothing failed
+        once = worker_store.get_item(collection=collection_name, external_id="once")
+        assert once.ocr_status == "pending", once
+        for _ in range(3 * ocr_pass.DECODER_TRIES):
+            reader.step()
+    once, always = (worker_store.get_item(collection=collection_name, external_id=e) for e in ("once", "always"))
+    assert once.ocr_status == "done" and once.id == ids["once"]
+    assert always.ocr_status == "failed"
+    assert always.ocr_error.startswith(f"the image's decode failed {ocr_pass.DECODER_TRIES} times")
+
+
 _WORKER = """
 import sys
 from memstore.db.core import Database, create_engine
