@@ -34,7 +34,6 @@ from memstore_client.errors import APIError, NotFoundError
 from memstore_client.models import (
     Collection,
     Content,
-    DeleteResult,
     DuplicatePair,
     DuplicatesPage,
     Health,
@@ -525,19 +524,7 @@ class AsyncClient(_core.Base):
             for chunk in _core.chunked(external_ids, 1000):
                 deleted += await self.delete_items(collection, external_ids=chunk)
             return deleted
-        body = drop_none(
-            ids=list(ids) if ids is not None else None,
-            external_ids=list(external_ids) if external_ids is not None else None,
-            filter=dict(filter) if filter is not None else None,
-        )
-        call = Call(
-            "POST",
-            path(collection, "items", "delete"),
-            as_model(DeleteResult),
-            json=body,
-            idempotent=filter is None,  # ids name what goes: deleting them twice deletes nothing more
-        )
-        result = await self._send(call)
+        result = await self._send(_core.delete_call(collection, ids, external_ids, filter))
         return result.deleted
 
     async def lookup(self, collection: str, external_ids: Sequence[str]) -> dict[str, int]:

@@ -18,7 +18,16 @@ from pydantic import BaseModel
 from tenacity import RetryCallState
 
 from memstore_client.errors import APIError, ConnectionFailedError
-from memstore_client.models import Collection, Content, ItemIn, ItemsAck, MetadataIndex, SearchHit, Space
+from memstore_client.models import (
+    Collection,
+    Content,
+    DeleteResult,
+    ItemIn,
+    ItemsAck,
+    MetadataIndex,
+    SearchHit,
+    Space,
+)
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -204,6 +213,26 @@ def items_call(collection: str, items: Sequence[ItemLike], wait: bool) -> Call[I
         params={"wait": "true"} if wait else None,
         json={"items": bodies},
         idempotent=all("external_id" in b for b in bodies),
+    )
+
+
+def delete_call(
+    collection: str,
+    ids: Sequence[int] | None,
+    external_ids: Sequence[str] | None,
+    filter: Mapping[str, Any] | None,
+) -> Call[DeleteResult]:
+    body = drop_none(
+        ids=list(ids) if ids is not None else None,
+        external_ids=list(external_ids) if external_ids is not None else None,
+        filter=dict(filter) if filter is not None else None,
+    )
+    return Call(
+        "POST",
+        path(collection, "items", "delete"),
+        as_model(DeleteResult),
+        json=body,
+        idempotent=filter is None,  # ids name what goes: deleting them twice deletes nothing more
     )
 
 

@@ -33,7 +33,6 @@ from memstore_client.errors import APIError, NotFoundError
 from memstore_client.models import (
     Collection,
     Content,
-    DeleteResult,
     DuplicatePair,
     DuplicatesPage,
     Health,
@@ -513,19 +512,7 @@ class Client(_core.Base):
         More than 1,000 external ids go in several requests."""
         if external_ids is not None and len(external_ids) > 1000 and ids is None and filter is None:
             return sum(self.delete_items(collection, external_ids=c) for c in _core.chunked(external_ids, 1000))
-        body = drop_none(
-            ids=list(ids) if ids is not None else None,
-            external_ids=list(external_ids) if external_ids is not None else None,
-            filter=dict(filter) if filter is not None else None,
-        )
-        call = Call(
-            "POST",
-            path(collection, "items", "delete"),
-            as_model(DeleteResult),
-            json=body,
-            idempotent=filter is None,  # ids name what goes: deleting them twice deletes nothing more
-        )
-        result = self._send(call)
+        result = self._send(_core.delete_call(collection, ids, external_ids, filter))
         return result.deleted
 
     def lookup(self, collection: str, external_ids: Sequence[str]) -> dict[str, int]:
