@@ -6,6 +6,8 @@ No test here touches the network: HF_HUB_OFFLINE is set before anything imports 
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Iterator
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 
@@ -17,6 +19,24 @@ from tests.encoder.enc_helpers import FakeEncoder
 @pytest.fixture
 def fake() -> FakeEncoder:
     return FakeEncoder()
+
+
+@pytest.fixture
+def held_decodes(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
+    """The engine's decodes wait until the event is set (set at the end in any case): images stay
+    admitted and undecoded for as long as a test needs them to."""
+    from encoder import engine as engine_module
+
+    gate = threading.Event()
+    real = engine_module.load_views
+
+    def held(*args, **kwargs):
+        assert gate.wait(30), "the test never let the decodes run"
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "load_views", held)
+    yield gate
+    gate.set()
 
 
 @pytest.fixture(scope="session")

@@ -291,20 +291,11 @@ def test_only_the_decodes_verdicts_blame_the_image(fake, monkeypatch):
         assert engine.stats()["queues"]["query"]["units"] == 0
 
 
-def test_encoded_images_waiting_to_be_decoded_are_bounded_in_bytes_per_class(fake, monkeypatch):
+def test_encoded_images_waiting_to_be_decoded_are_bounded_in_bytes_per_class(fake, held_decodes):
     """Admission counted model units only, while each admitted image keeps its file until a decoding
     thread reaches it: the queues could hold (512 + 2048 + 4096) files of up to 32 MiB. Each class
     now has a byte budget for them, given back as images are decoded or their request is dropped."""
-    from encoder import engine as engine_module
-
-    gate = threading.Event()
-    real = engine_module.load_views
-
-    def held(*args, **kwargs):
-        assert gate.wait(30), "the test never let the decodes run"
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(engine_module, "load_views", held)
+    gate = held_decodes
     size = len(SMALL)
     engine = engine_for(fake, preprocess_workers=1, queue_bytes_background=2 * size)
 

@@ -142,17 +142,8 @@ def test_queue_full_is_429_with_retry_after_and_the_client_raises_queue_full():
     assert info.value.retry_after > 0
 
 
-def test_images_past_the_byte_budget_are_429_with_retry_after(monkeypatch):
-    from encoder import engine as engine_module
-
-    gate = threading.Event()
-    real = engine_module.load_views
-
-    def held(*args, **kwargs):
-        assert gate.wait(30), "the test never let the decodes run"
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(engine_module, "load_views", held)
+def test_images_past_the_byte_budget_are_429_with_retry_after(held_decodes):
+    gate = held_decodes
     image = make_image(20, 20)
     engine = EmbeddingEngine(FakeEncoder(), settings_for(preprocess_workers=1, queue_bytes_query=len(image)))
     try:
