@@ -190,9 +190,8 @@ def results(c: Collection, q: SearchQuery, rows: list[tuple[Any, ...]]) -> list[
         spec = c.space(q.using).spec  # looked up once for every row; its score computed inline
         sign, offset, finite = spec.score_sign, spec.score_offset, math.isfinite
         # Rows near nothing are left out before the page is cut, so ranks stay contiguous.
-        near = [r for r in rows if finite(float(r[3]))]
-        for rank, r in enumerate(near[q.offset : q.window], start=q.offset + 1):
-            d = float(r[3])
+        near = [(d, r) for r in rows if finite(d := float(r[3]))]  # each distance converted once
+        for rank, (d, r) in enumerate(near[q.offset : q.window], start=q.offset + 1):
             out.append(SearchResult(r[0], r[1], d, sign * d + offset, r[2], rank, None, r[4]))
     else:
         for r in rows:
